@@ -1,0 +1,167 @@
+"""llama-server's flag names, defaults and `LLAMA_ARG_*` environment mirrors.
+
+Each flag's environment variable is llama-server's documented name where it has one, else
+`LLAMA_ARG_` plus the long flag in upper snake case (`--repeat-penalty` ->
+`LLAMA_ARG_REPEAT_PENALTY`). The command line wins over the environment, which wins over
+the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlxcel_core.sampling import SamplingParams, parse_sampler_order
+
+
+class UsageError(Exception):
+    """A flag or environment variable has a value the command cannot use."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option.
+
+    Attributes:
+        names: its spellings, long name last (`-n`, `--n-predict`).
+        dest: the attribute name on the parsed namespace.
+        type: converts the text given on the command line or in the environment.
+        default: the value when neither gives one.
+        help: one line for `--help`.
+        env: the environment variable mirroring it; derived from the long name if empty.
+        is_switch: a flag without a value (its environment mirror takes 1/0/true/false).
+    """
+
+    names: tuple[str, ...]
+    dest: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    env: str = ""
+    is_switch: bool = False
+
+    @property
+    def env_name(self) -> str:
+        if self.env:
+            return self.env
+        return "LLAMA_ARG_" + self.names[-1].lstrip("-").replace("-", "_").upper()
+
+
+def _switch_value(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on", "enabled"):
+        return True
+    if lowered in ("0", "false", "no", "off", "disabled"):
+        return False
+    raise ValueError(f"expected 1/0/true/false, got {text!r}")
+
+
+MODEL_FLAGS = (
+    Flag(("-m", "--model"), "model", str, None,
+         "model path: a GGUF file or a safetensors folder (default: embedded SmolLM2-135M)"),
+    Flag(("-c", "--ctx-size"), "ctx_size", int, 4096,
+         "context size in tokens; 0 = the model's trained context", env="LLAMA_ARG_CTX_SIZE"),
+    Flag(("-b", "--batch-size"), "batch_size", int, 2048,
+         "prompt tokens per prefill step", env="LLAMA_ARG_BATCH"),
+)  # fmt: skip
+
+SAMPLING_FLAGS = (
+    Flag(("--temp",), "temperature", float, 0.8, "temperature; 0 = greedy"),
+    Flag(("--top-k",), "top_k", int, 40, "top-k sampling; 0 = off"),
+    Flag(("--top-p",), "top_p", float, 0.95, "top-p sampling; 1.0 = off"),
+    Flag(("--min-p",), "min_p", float, 0.05, "min-p sampling; 0.0 = off"),
+    Flag(("--typical",), "typical_p", float, 1.0, "locally typical sampling; 1.0 = off"),
+    Flag(("--top-nsigma",), "top_n_sigma", float, -1.0, "top-n-sigma sampling; -1 = off"),
+    Flag(("--xtc-probability",), "xtc_probability", float, 0.0, "XTC probability; 0 = off"),
+    Flag(("--xtc-threshold",), "xtc_threshold", float, 0.1, "XTC threshold; > 0.5 = off"),
+    Flag(("--repeat-penalty",), "repeat_penalty", float, 1.0,
+         "repetition penalty; 1.0 = off"),
+    Flag(("--repeat-last-n",), "repeat_last_n", int, 64,
+         "tokens the penalties look back; 0 = off, -1 = context size"),
+    Flag(("--presence-penalty",), "presence_penalty", float, 0.0, "presence penalty; 0 = off"),
+    Flag(("--frequency-penalty",), "frequency_penalty", float, 0.0,
+         "frequency penalty; 0 = off"),
+    Flag(("--dry-multiplier",), "dry_multiplier", float, 0.0, "DRY multiplier; 0 = off"),
+    Flag(("--dry-base",), "dry_base", float, 1.75, "DRY base"),
+    Flag(("--dry-allowed-length",), "dry_allowed_length", int, 2,
+         "longest repetition DRY allows"),
+    Flag(("--dry-penalty-last-n",), "dry_penalty_last_n", int, -1,
+         "tokens DRY scans; 0 = off, -1 = context size"),
+    Flag(("--dry-sequence-breaker",), "dry_sequence_breakers", str, None,
+         "a string that ends a DRY repetition (repeatable; 'none' clears the defaults)"),
+    Flag(("--samplers",), "samplers", parse_sampler_order, None,
+         "sampler order, ';'-separated names or a letter sequence (default: "
+         "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)"),
+    Flag(("-s", "--seed"), "seed", int, -1, "random seed; -1 = random"),
+)  # fmt: skip
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
+    """Declare `flags` on `parser`; defaults are resolved later by `resolve_defaults`."""
+    for flag in flags:
+        help_text = f"{flag.help} (env: {flag.env_name})"
+        if flag.is_switch:
+            parser.add_argument(
+                *flag.names, dest=flag.dest, action="store_const", const=True, help=help_text
+            )
+        elif flag.dest == "dry_sequence_breakers":
+            parser.add_argument(*flag.names, dest=flag.dest, action="append", help=help_text)
+        else:
+            parser.add_argument(*flag.names, dest=flag.dest, type=str, help=help_text)
+
+
+def resolve_defaults(
+    namespace: argparse.Namespace, flags: tuple[Flag, ...], environ: Mapping[str, str]
+) -> None:
+    """Convert each flag's text, falling back to its environment mirror, then its default.
+
+    Raises:
+        UsageError: a value does not convert; the message names the flag or variable.
+    """
+    for flag in flags:
+        given = getattr(namespace, flag.dest)
+        source = flag.names[-1]
+        if given is None and flag.env_name in environ:
+            given, source = environ[flag.env_name], flag.env_name
+            if flag.dest == "dry_sequence_breakers":
+                given = [given]
+        if given is None:
+            setattr(namespace, flag.dest, flag.default)
+            continue
+        convert = _switch_value if flag.is_switch else flag.type
+        try:
+            if isinstance(given, list):
+                value: Any = [convert(item) for item in given]
+            elif isinstance(given, bool):
+                value = given
+            else:
+                value = convert(given)
+        except ValueError as error:
+            raise UsageError(f"{source}: invalid value {given!r} ({error})") from error
+        setattr(namespace, flag.dest, value)
+
+
+def sampling_params_from(namespace: argparse.Namespace) -> SamplingParams:
+    """Build validated `SamplingParams` from parsed sampling flags.
+
+    Raises:
+        UsageError: a value is out of range; the message names the parameter.
+    """
+    options: dict[str, Any] = {
+        flag.dest: getattr(namespace, flag.dest)
+        for flag in SAMPLING_FLAGS
+        if flag.dest not in ("samplers", "seed", "dry_sequence_breakers")
+    }
+    if namespace.samplers is not None:
+        options["samplers"] = namespace.samplers
+    if namespace.dry_sequence_breakers is not None:
+        breakers = namespace.dry_sequence_breakers
+        options["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(breakers)
+    options["seed"] = None if namespace.seed < 0 else namespace.seed
+    try:
+        return SamplingParams(**options)
+    except ValueError as error:
+        raise UsageError(str(error)) from error

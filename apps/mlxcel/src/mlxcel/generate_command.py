@@ -1,0 +1,145 @@
+"""`mlxcel generate`: one prompt in, streamed text out, timings on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+from mlxcel.flags import (
+    MODEL_FLAGS,
+    SAMPLING_FLAGS,
+    Flag,
+    UsageError,
+    add_flags,
+    resolve_defaults,
+    sampling_params_from,
+)
+from mlxcel.loading import load_for_command
+from mlxcel_core.generate import GenerationConfig, GenerationStats, stream_generate
+from mlxcel_core.sampling import Sampler
+from mlxcel_models.loaded import LoadedModel
+from mlxcel_models.tokenizer import resolve_chat_template
+
+PROMPT_FLAGS = (
+    Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),
+    Flag(("-f", "--file"), "file", str, None, "read the prompt from a file"),
+    Flag(("-n", "--n-predict"), "n_predict", int, -1,
+         "tokens to generate; -1 = until the context is full", env="LLAMA_ARG_N_PREDICT"),
+    Flag(("-sys", "--system-prompt"), "system_prompt", str, None,
+         "system message for the chat template"),
+    Flag(("--chat-template",), "chat_template", str, None,
+         "a built-in template name or Jinja text (default: the model's own)",
+         env="LLAMA_ARG_CHAT_TEMPLATE"),
+    Flag(("--chat-template-file",), "chat_template_file", str, None,
+         "read the Jinja chat template from a file", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
+    Flag(("-no-cnv", "--no-conversation"), "raw", bool, False,
+         "raw completion: send the prompt as it is, without the chat template",
+         is_switch=True),
+)  # fmt: skip
+FLAGS = MODEL_FLAGS + PROMPT_FLAGS + SAMPLING_FLAGS
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate text for one prompt", description=__doc__
+    )
+    add_flags(parser, FLAGS)
+    parser.set_defaults(command=run)
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None and args.file is not None:
+        raise UsageError("give the prompt with -p or -f, not both")
+    if args.file is not None:
+        try:
+            return Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"cannot read prompt file {args.file}: {error}") from error
+    if args.prompt is None:
+        raise UsageError("no prompt: give one with -p PROMPT or -f FILE")
+    return args.prompt
+
+
+def _chat_template(args: argparse.Namespace) -> str | None:
+    if args.chat_template is not None and args.chat_template_file is not None:
+        raise UsageError("give --chat-template or --chat-template-file, not both")
+    if args.chat_template_file is not None:
+        try:
+            return Path(args.chat_template_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"cannot read {args.chat_template_file}: {error}") from error
+    if args.chat_template is not None:
+        try:
+            return resolve_chat_template(args.chat_template)
+        except ValueError as error:
+            raise UsageError(str(error)) from error
+    return None
+
+
+def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) -> list[int]:
+    """Token ids of the prompt: through the chat template unless raw mode is asked for.
+
+    Raises:
+        UsageError: chat mode is asked for but the model has no chat template.
+    """
+    tokenizer = loaded.tokenizer
+    template = _chat_template(args)
+    if args.raw:
+        return tokenizer.encode(prompt)
+    if template is None and tokenizer.chat_template is None:
+        raise UsageError(
+            "the model has no chat template: pass --chat-template NAME or -no-cnv for raw text"
+        )
+    messages = [{"role": "user", "content": prompt}]
+    if args.system_prompt:
+        messages.insert(0, {"role": "system", "content": args.system_prompt})
+    try:
+        return tokenizer.encode_chat(messages, chat_template=template)
+    except ValueError as error:
+        raise UsageError(f"cannot render the chat template: {error}") from error
+
+
+def format_stats(stats: GenerationStats, load_seconds: float) -> str:
+    return (
+        f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s"
+        f" ({stats.prompt_seconds:.2f} s)\n"
+        f"generated: {stats.generated_tokens} tokens, "
+        f"{stats.decode_tokens_per_second:.1f} tokens/s ({stats.decode_seconds:.2f} s)\n"
+        f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s"
+    )
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    resolve_defaults(args, FLAGS, environ)
+    prompt = _read_prompt(args)
+    params = sampling_params_from(args)
+    if args.n_predict < -1:
+        raise UsageError(f"-n/--n-predict must be -1 or >= 0, got {args.n_predict}")
+    if args.ctx_size < 0:
+        raise UsageError(f"-c/--ctx-size must be >= 0, got {args.ctx_size}")
+    if args.batch_size < 1:
+        raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
+    loaded = load_for_command(args.model)
+    tokens = prompt_tokens(loaded, args, prompt)
+    tokenizer = loaded.tokenizer
+    config = GenerationConfig(
+        context_size=args.ctx_size or loaded.config.context_length,
+        max_tokens=args.n_predict,
+        prefill_step_size=args.batch_size,
+        stop_token_ids=tokenizer.eos_token_ids,
+    )
+    breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
+    sampler = Sampler(params, dry_breaker_ids=breakers)
+    for chunk in stream_generate(
+        loaded.model, tokens, sampler, tokenizer.make_detokenizer(), config
+    ):
+        out.write(chunk.text)
+        out.flush()
+        if chunk.stats is not None:
+            out.write("\n")
+            out.flush()
+            print(format_stats(chunk.stats, loaded.load_seconds), file=err)
+    return 0

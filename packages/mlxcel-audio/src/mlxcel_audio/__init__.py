@@ -1,0 +1,1 @@
+"""mlxcel audio: speech-to-text and text-to-speech on MLX (not implemented yet)."""

@@ -1,0 +1,44 @@
+"""The KV cache protocol that attention layers call."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import mlx.core as mx
+
+AttentionMask = mx.array | Literal["causal"] | None
+
+
+class KVCache(Protocol):
+    """Per-layer key/value storage for one batch of sequences.
+
+    The method names and mask contract follow mlx-lm's cache classes, so mlx-lm's model
+    classes run on mlxcel caches unchanged.
+    """
+
+    @property
+    def offset(self) -> int:
+        """Number of positions already stored (tokens)."""
+        ...
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Append new keys and values and return everything stored so far.
+
+        Args:
+            keys: (B, H_kv, L, D_k) keys of the L new positions.
+            values: (B, H_kv, L, D_v) values of the L new positions.
+
+        Returns:
+            Keys (B, H_kv, offset + L, D_k) and values (B, H_kv, offset + L, D_v).
+        """
+        ...
+
+    def make_mask(
+        self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
+    ) -> AttentionMask:
+        """The attention mask for `num_queries` new positions after `offset` cached ones."""
+        ...
+
+    def trim(self, num_tokens: int) -> int:
+        """Drop up to `num_tokens` most recent positions; return how many were dropped."""
+        ...

@@ -1,0 +1,255 @@
+"""Single-sequence generation: chunked prefill, pipelined decode, stop criteria.
+
+Layered as mlx-lm's generator is: `generate_tokens` yields raw token ids, `stream_generate`
+turns them into text chunks with stop handling and timings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+import mlx.core as mx
+
+from mlxcel_core.cache import KVCache
+from mlxcel_core.stopping import StopStringMatcher
+
+Sampler = Callable[[mx.array, mx.array], mx.array]
+"""Maps logits (V,) float and the token history (T,) int32 to a token id, shape () int32."""
+
+
+class LanguageModel(Protocol):
+    """A causal language model over mlxcel KV caches."""
+
+    def make_cache(self) -> list[KVCache]:
+        """One empty KV cache per attention layer."""
+        ...
+
+    def __call__(
+        self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
+    ) -> mx.array:
+        """Run the model on new tokens, extending `cache`.
+
+        Args:
+            tokens: (B, L) int32 token ids following what `cache` holds.
+            cache: the per-layer caches from `make_cache`, updated in place.
+            last_only: compute logits for the last position only.
+
+        Returns:
+            Logits (B, L, V), or (B, 1, V) with `last_only`.
+        """
+        ...
+
+
+class Detokenizer(Protocol):
+    """Turns a stream of token ids into text without splitting characters."""
+
+    def add_token(self, token_id: int) -> str:
+        """Add one token; return the text that became final."""
+        ...
+
+    def finalize(self) -> str:
+        """Return whatever text is still held back."""
+        ...
+
+
+class FinishReason(str, Enum):
+    """Why generation ended, with OpenAI's `finish_reason` values."""
+
+    STOP = "stop"
+    LENGTH = "length"
+
+
+class ContextOverflowError(ValueError):
+    """The prompt does not fit in the context window."""
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Limits and stop criteria of one generation.
+
+    Attributes:
+        context_size: the context window (tokens); prompt plus output never exceed it.
+        max_tokens: most tokens to generate; -1 generates until the context is full.
+        prefill_step_size: prompt tokens per forward pass during prefill.
+        stop_token_ids: tokens that end generation (EOS, end of turn); never shown.
+        stop_strings: strings that end generation; never shown.
+    """
+
+    context_size: int
+    max_tokens: int = -1
+    prefill_step_size: int = 2048
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.context_size < 1:
+            raise ValueError(f"context_size must be >= 1, got {self.context_size}")
+        if self.max_tokens < -1:
+            raise ValueError(f"max_tokens must be -1 (no limit) or >= 0, got {self.max_tokens}")
+        if self.prefill_step_size < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Timings of one generation.
+
+    Attributes:
+        prompt_tokens: tokens prefilled.
+        prompt_seconds: prefill time, up to the first sampled token (the TTFT).
+        generated_tokens: tokens sampled, the stop token included.
+        decode_seconds: time from the first sampled token to the last.
+        peak_memory_bytes: MLX's peak memory during the run.
+    """
+
+    prompt_tokens: int
+    prompt_seconds: float
+    generated_tokens: int
+    decode_seconds: float
+    peak_memory_bytes: int
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens/s over the decode steps (the first token is counted in prefill)."""
+        steps = self.generated_tokens - 1
+        return steps / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One piece of streamed output.
+
+    Attributes:
+        text: newly final text (may be empty while a character or stop string is pending).
+        token_id: the token that produced this chunk, or None for the final flush.
+        finish_reason: set on the last chunk only.
+        stats: set on the last chunk only.
+    """
+
+    text: str
+    token_id: int | None
+    finish_reason: FinishReason | None = None
+    stats: GenerationStats | None = None
+
+
+def prefill(
+    model: LanguageModel,
+    prompt: mx.array,
+    cache: Sequence[KVCache],
+    *,
+    prefill_step_size: int,
+) -> mx.array:
+    """Run all prompt tokens through the model in chunks; return the last logits.
+
+    Args:
+        prompt: (L,) int32 prompt token ids, L >= 1.
+
+    Returns:
+        Logits of the last prompt position, shape (V,), not yet evaluated.
+    """
+    while prompt.shape[0] > prefill_step_size:
+        model(prompt[None, :prefill_step_size], cache)
+        mx.eval([state for layer in cache for state in layer.state])
+        prompt = prompt[prefill_step_size:]
+    return model(prompt[None], cache, last_only=True)[0, -1]
+
+
+def generate_tokens(
+    model: LanguageModel,
+    prompt: Sequence[int],
+    sampler: Sampler,
+    *,
+    cache: Sequence[KVCache] | None = None,
+    prefill_step_size: int = 2048,
+) -> Iterator[int]:
+    """Yield sampled token ids without end; the caller decides when to stop.
+
+    Decode is pipelined: step n+1 is queued with `mx.async_eval` before token n is read
+    back, so the host never waits for the device between steps (as mlx-lm does).
+
+    Raises:
+        ValueError: `prompt` is empty.
+    """
+    if not prompt:
+        raise ValueError("prompt must hold at least one token")
+    cache = model.make_cache() if cache is None else cache
+    history = mx.array(prompt, dtype=mx.int32)
+    logits = prefill(model, history, cache, prefill_step_size=prefill_step_size)
+    token = sampler(logits, history)
+    mx.async_eval(token)
+    while True:
+        history = mx.concatenate([history, token.reshape(1)])
+        next_logits = model(token.reshape(1, 1), cache, last_only=True)[0, -1]
+        next_token = sampler(next_logits, history)
+        mx.async_eval(next_token)
+        yield int(token.item())
+        token = next_token
+
+
+def stream_generate(
+    model: LanguageModel,
+    prompt: Sequence[int],
+    sampler: Sampler,
+    detokenizer: Detokenizer,
+    config: GenerationConfig,
+) -> Iterator[GenerationChunk]:
+    """Generate text for `prompt`, streaming chunks until a stop criterion.
+
+    Generation ends with `FinishReason.STOP` on a stop token or stop string, and with
+    `FinishReason.LENGTH` at `max_tokens` or when the context window is full. Stop tokens
+    and stop strings are never part of the text.
+
+    Raises:
+        ContextOverflowError: the prompt fills the whole context window.
+    """
+    if len(prompt) >= config.context_size:
+        raise ContextOverflowError(
+            f"the prompt has {len(prompt)} tokens but the context size is "
+            f"{config.context_size}; shorten the prompt or raise -c/--ctx-size"
+        )
+    budget = config.context_size - len(prompt)
+    if config.max_tokens >= 0:
+        budget = min(budget, config.max_tokens)
+    matcher = StopStringMatcher(config.stop_strings)
+    mx.reset_peak_memory()
+    start = time.perf_counter()
+    first_token_time = start
+    generated = 0
+    finish_reason = FinishReason.LENGTH
+    tokens = generate_tokens(model, prompt, sampler, prefill_step_size=config.prefill_step_size)
+    for token_id in tokens if budget > 0 else ():
+        generated += 1
+        if generated == 1:
+            first_token_time = time.perf_counter()
+        if token_id in config.stop_token_ids:
+            finish_reason = FinishReason.STOP
+            break
+        match = matcher.feed(detokenizer.add_token(token_id))
+        if match.stopped:
+            finish_reason = FinishReason.STOP
+            yield GenerationChunk(match.text, token_id)
+            break
+        yield GenerationChunk(match.text, token_id)
+        if generated == budget:
+            break
+    end = time.perf_counter()
+    rest = matcher.feed(detokenizer.finalize())
+    if rest.stopped:
+        finish_reason = FinishReason.STOP
+    final_text = rest.text if rest.stopped else rest.text + matcher.flush()
+    stats = GenerationStats(
+        prompt_tokens=len(prompt),
+        prompt_seconds=first_token_time - start,
+        generated_tokens=generated,
+        decode_seconds=end - first_token_time,
+        peak_memory_bytes=mx.get_peak_memory(),
+    )
+    yield GenerationChunk(final_text, None, finish_reason, stats)

@@ -1,0 +1,42 @@
+"""The sampler chain of llama-server on MLX: logit bias, penalties, DRY, truncation, XTC,
+temperature, and a per-request seeded draw."""
+
+from mlxcel_core.sampling.params import (
+    DEFAULT_SAMPLERS,
+    SamplerStage,
+    SamplingParams,
+    parse_sampler_chars,
+    parse_sampler_names,
+    parse_sampler_order,
+)
+from mlxcel_core.sampling.penalties import apply_dry, apply_logit_bias, apply_penalties
+from mlxcel_core.sampling.sampler import Sampler
+from mlxcel_core.sampling.stages import (
+    apply_min_p,
+    apply_temperature,
+    apply_top_k,
+    apply_top_n_sigma,
+    apply_top_p,
+    apply_typical_p,
+    apply_xtc,
+)
+
+__all__ = [
+    "DEFAULT_SAMPLERS",
+    "Sampler",
+    "SamplerStage",
+    "SamplingParams",
+    "apply_dry",
+    "apply_logit_bias",
+    "apply_min_p",
+    "apply_penalties",
+    "apply_temperature",
+    "apply_top_k",
+    "apply_top_n_sigma",
+    "apply_top_p",
+    "apply_typical_p",
+    "apply_xtc",
+    "parse_sampler_chars",
+    "parse_sampler_names",
+    "parse_sampler_order",
+]

@@ -1,0 +1,146 @@
+"""The per-request sampler: logit bias, llama-server's chain of stages, then one draw."""
+
+import secrets
+
+import mlx.core as mx
+
+from mlxcel_core.sampling.params import SamplerStage, SamplingParams
+from mlxcel_core.sampling.penalties import apply_dry, apply_logit_bias, apply_penalties
+from mlxcel_core.sampling.stages import (
+    apply_min_p,
+    apply_temperature,
+    apply_top_k,
+    apply_top_n_sigma,
+    apply_top_p,
+    apply_typical_p,
+    apply_xtc,
+)
+
+
+def _as_vector(logits: mx.array) -> mx.array:
+    if logits.ndim == 2 and logits.shape[0] == 1:
+        logits = logits[0]
+    if logits.ndim != 1:
+        raise ValueError(f"logits must have shape (V,) or (1, V), got {tuple(logits.shape)}")
+    return logits.astype(mx.float32)
+
+
+class Sampler:
+    """Samples one request's next token the way llama-server's sampler chain does.
+
+    Logit bias is applied first, then the stages in `params.samplers` order, then a
+    categorical draw over the surviving logits (argmax when `params.temperature <= 0`).
+    Temperature scales the logits only where the order puts it (last by default, so top-k,
+    top-p and min-p see the untempered distribution). An order without the temperature stage
+    draws at temperature 1, as llama.cpp does, except that temperature <= 0 stays greedy.
+    Source: llama.cpp `common/sampling.cpp`
+    (`common_sampler_init`, `common_sampler_sample`).
+
+    Each sampler owns its random stream, `mx.random.key(seed)` split once per random use, so
+    a seeded request draws the same tokens whatever else runs beside it.
+
+    Attributes:
+        params: The request's settings.
+        seed: The stream's seed: `params.seed`, or a random 32-bit one when that is None
+            (llama-server reports it back as `seed`).
+    """
+
+    def __init__(
+        self, params: SamplingParams, *, dry_breaker_ids: frozenset[int] = frozenset()
+    ) -> None:
+        """Build a sampler.
+
+        Args:
+            params: The request's settings.
+            dry_breaker_ids: Token ids that end a DRY repetition; the caller maps
+                `params.dry_sequence_breakers` to ids with its tokenizer.
+        """
+        self.params = params
+        self.seed = secrets.randbits(32) if params.seed is None else params.seed
+        self._dry_breaker_ids = dry_breaker_ids
+        self._key = mx.random.key(self.seed)
+
+    def _next_key(self) -> mx.array:
+        self._key, key = mx.random.split(self._key)
+        return key
+
+    def _apply_stage(
+        self, stage: SamplerStage, logits: mx.array, history: mx.array, xtc_draw: mx.array
+    ) -> mx.array:
+        p = self.params
+        match stage:
+            case SamplerStage.PENALTIES:
+                return apply_penalties(
+                    logits,
+                    history,
+                    repeat_penalty=p.repeat_penalty,
+                    repeat_last_n=p.repeat_last_n,
+                    presence_penalty=p.presence_penalty,
+                    frequency_penalty=p.frequency_penalty,
+                )
+            case SamplerStage.DRY:
+                return apply_dry(
+                    logits,
+                    history,
+                    multiplier=p.dry_multiplier,
+                    base=p.dry_base,
+                    allowed_length=p.dry_allowed_length,
+                    penalty_last_n=p.dry_penalty_last_n,
+                    breaker_ids=self._dry_breaker_ids,
+                )
+            case SamplerStage.TOP_N_SIGMA:
+                return apply_top_n_sigma(logits, p.top_n_sigma)
+            case SamplerStage.TOP_K:
+                return apply_top_k(logits, p.top_k)
+            case SamplerStage.TYPICAL_P:
+                return apply_typical_p(logits, p.typical_p)
+            case SamplerStage.TOP_P:
+                return apply_top_p(logits, p.top_p)
+            case SamplerStage.MIN_P:
+                return apply_min_p(logits, p.min_p)
+            case SamplerStage.XTC:
+                return apply_xtc(logits, p.xtc_probability, p.xtc_threshold, xtc_draw)
+            case SamplerStage.TEMPERATURE:
+                return apply_temperature(logits, p.temperature)
+
+    def apply_chain(self, logits: mx.array, history: mx.array) -> mx.array:
+        """Apply logit bias and the stages; the result's softmax is the distribution drawn from.
+
+        Advances the random stream by one key (XTC's draw), used or not, so that the stream
+        does not depend on the settings.
+
+        Args:
+            logits: (V,) or (1, V) float logits of the next token.
+            history: (T,) int32 token ids so far, prompt and generated; may be lazy (only an
+                active DRY stage evaluates it).
+
+        Returns:
+            (V,) float32 logits; removed tokens are -inf.
+
+        Raises:
+            ValueError: `logits` has another shape, or a logit-bias token id is >= V.
+        """
+        xtc_draw = mx.random.uniform(key=self._next_key())
+        logits = apply_logit_bias(_as_vector(logits), self.params.logit_bias)
+        for stage in self.params.samplers:
+            logits = self._apply_stage(stage, logits, history, xtc_draw)
+        return logits
+
+    def __call__(self, logits: mx.array, history: mx.array) -> mx.array:
+        """Sample the next token.
+
+        Args:
+            logits: (V,) or (1, V) float logits of the next token.
+            history: (T,) int32 token ids so far, prompt and generated; may be lazy.
+
+        Returns:
+            () int32 token id, left unevaluated so the caller can `mx.async_eval` it.
+
+        Raises:
+            ValueError: As `apply_chain`.
+        """
+        processed = self.apply_chain(logits, history)
+        draw_key = self._next_key()
+        if self.params.temperature <= 0.0:
+            return mx.argmax(processed).astype(mx.int32)
+        return mx.random.categorical(processed, key=draw_key).astype(mx.int32)

@@ -1,0 +1,1 @@
+"""mlxcel distributed: tensor and pipeline parallel inference on mx.distributed (not implemented yet)."""

@@ -1,0 +1,1 @@
+"""mlxcel models: detection, metadata, GGUF and safetensors loaders, tokenizers and chat templates."""

@@ -1,0 +1,50 @@
+"""`LoadedModel`: the one object callers hold for a loaded model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlxcel_models.detection import ModelSource
+from mlxcel_models.language_model import MlxLmLanguageModel
+from mlxcel_models.metadata import FamilyMetadata
+from mlxcel_models.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters callers need without knowing the architecture.
+
+    Attributes:
+        context_length: the context window the model was trained for (tokens).
+        vocab_size: rows of the embedding table.
+        num_layers: decoder layers.
+        num_parameters: parameter count, counting quantized weights unpacked.
+        weight_bytes: bytes the weights occupy in memory.
+    """
+
+    context_length: int
+    vocab_size: int
+    num_layers: int
+    num_parameters: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to generate: network, tokenizer, configuration and capabilities.
+
+    Attributes:
+        model: the network behind mlxcel-core's `LanguageModel` protocol.
+        tokenizer: its tokenizer and chat template.
+        config: architecture-independent hyperparameters.
+        family: the family's metadata (kind, formats, adapter support).
+        source: where it was loaded from.
+        load_seconds: wall time of the load, weights evaluated.
+    """
+
+    model: MlxLmLanguageModel
+    tokenizer: Tokenizer
+    config: ModelConfig
+    family: FamilyMetadata
+    source: ModelSource
+    load_seconds: float

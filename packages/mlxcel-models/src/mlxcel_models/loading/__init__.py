@@ -1,0 +1,1 @@
+"""Model loaders: GGUF files and Hugging Face / mlx-lm safetensors folders."""

@@ -1,0 +1,132 @@
+"""Building an mlx-lm model from a GGUF file: hyperparameters, tensor names, Q/K layout."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.metadata import FamilyMetadata
+
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias|scales|biases)$")
+
+
+def gguf_model_config(
+    metadata: dict[str, Any], tensor_names: set[str], family: FamilyMetadata
+) -> dict[str, Any]:
+    """A Hugging Face-style config for mlx-lm's model class, from GGUF metadata.
+
+    Raises:
+        ModelLoadError: a required hyperparameter is missing, or the file uses a feature
+            mlxcel does not load yet (RoPE frequency factors).
+    """
+    arch = family.model_type
+
+    def required(key: str) -> Any:
+        value = metadata.get(f"{arch}.{key}")
+        if value is None:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    if "rope_freqs.weight" in tensor_names:
+        raise ModelLoadError(
+            "GGUF files with RoPE frequency factors (rope_freqs, Llama 3.1 and later) "
+            "are not supported yet"
+        )
+    num_heads = int(required("attention.head_count"))
+    hidden_size = int(required("embedding_length"))
+    vocab = metadata.get("tokenizer.ggml.tokens")
+    config: dict[str, Any] = {
+        "model_type": arch,
+        "hidden_size": hidden_size,
+        "num_hidden_layers": int(required("block_count")),
+        "intermediate_size": int(required("feed_forward_length")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(metadata.get(f"{arch}.attention.head_count_kv", num_heads)),
+        "rms_norm_eps": float(required("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
+        "vocab_size": len(vocab) if isinstance(vocab, list) else int(required("vocab_size")),
+        "max_position_embeddings": int(metadata.get(f"{arch}.context_length", 2048)),
+        "head_dim": int(metadata.get(f"{arch}.attention.key_length", hidden_size // num_heads)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+    }
+    return config
+
+
+def unpermute_rope_rows(weight: mx.array, num_heads: int) -> mx.array:
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE) for half-split RoPE.
+
+    llama.cpp's converter reshapes rows to (heads, 2, head_dim / 2) and swaps the last two
+    axes; this applies the inverse. Works on packed quantized rows, scales and biases alike.
+
+    Args:
+        weight: (num_heads * head_dim, ...) projection rows.
+    """
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def gguf_weights_to_mlx_lm(
+    tensors: dict[str, mx.array], family: FamilyMetadata, config: dict[str, Any]
+) -> dict[str, mx.array]:
+    """Rename llama.cpp tensors to mlx-lm parameter paths, undoing the Q/K permutation.
+
+    Raises:
+        ModelLoadError: a tensor name has no mapping.
+    """
+    weights: dict[str, mx.array] = {}
+    for name, tensor in tensors.items():
+        match = _TENSOR_NAME.match(name)
+        target = None
+        if match:
+            layer, base, suffix = match.groups()
+            if layer is None and base in _GLOBAL_TENSORS:
+                target = f"{_GLOBAL_TENSORS[base]}.{suffix}"
+            elif layer is not None and base in _LAYER_TENSORS:
+                target = f"model.layers.{layer}.{_LAYER_TENSORS[base]}.{suffix}"
+                if family.gguf_rope_permuted and base in ("attn_q", "attn_k"):
+                    heads = config["num_attention_heads" if base == "attn_q" else "num_key_value_heads"]
+                    tensor = unpermute_rope_rows(tensor, heads)
+        if target is None:
+            raise ModelLoadError(
+                f"GGUF tensor '{name}' has no counterpart in mlxcel's {family.model_type} model"
+            )
+        weights[target] = tensor
+    return weights
+
+
+def quantization_of(weights: dict[str, mx.array], path: str) -> dict[str, Any] | None:
+    """The affine quantization parameters of layer `path`, or None if it is not quantized.
+
+    MLX maps Q4_0 / Q4_1 / Q8_0 onto group size 32; bits follow from the packed width.
+    """
+    scales = weights.get(f"{path}.scales")
+    if scales is None:
+        return None
+    packed = weights[f"{path}.weight"]
+    return {"group_size": 32, "bits": packed.shape[-1] // scales.shape[-1], "mode": "affine"}

@@ -1,0 +1,102 @@
+"""Loading any supported model: detect, route to the format's loader, evaluate weights."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.utils import get_total_parameters
+from mlx_lm.utils import load_model as mlx_lm_load_model
+
+from mlxcel_models.detection import ModelSource, detect_model
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.language_model import MlxLmLanguageModel
+from mlxcel_models.loaded import LoadedModel, ModelConfig
+from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.loading.gguf_model import (
+    gguf_model_config,
+    gguf_weights_to_mlx_lm,
+    quantization_of,
+)
+from mlxcel_models.metadata import FamilyMetadata, WeightFormat, family_for
+from mlxcel_models.tokenizer import Tokenizer
+
+LoadProgress = Callable[[int, int], None]
+"""Called with (layers evaluated, total layers) while weights are read."""
+
+
+def load_model(path: str | Path, *, progress: LoadProgress | None = None) -> LoadedModel:
+    """Load a GGUF file or a Hugging Face / mlx-lm safetensors folder.
+
+    Args:
+        path: a `.gguf` file or a folder with config.json and *.safetensors.
+        progress: optional callback reporting weight evaluation per layer.
+
+    Raises:
+        ModelLoadError: missing or corrupt files, an unsupported model type or
+            quantization; the message names the problem in one line.
+    """
+    start = time.perf_counter()
+    source = detect_model(path)
+    family = family_for(source.model_type, source.weight_format)
+    if source.weight_format is WeightFormat.GGUF:
+        module, tokenizer, context_length = _load_gguf(source, family)
+    else:
+        module, tokenizer, context_length = _load_safetensors(source)
+    model = MlxLmLanguageModel(module)
+    _evaluate_weights(module, progress)
+    config = _model_config(module, model.num_layers, context_length)
+    return LoadedModel(model, tokenizer, config, family, source, time.perf_counter() - start)
+
+
+def _mlx_lm_model(config: dict[str, Any]) -> nn.Module:
+    architecture = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    return architecture.Model(architecture.ModelArgs.from_dict(config))
+
+
+def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, Tokenizer, int]:
+    contents = read_gguf(source.path)
+    config = gguf_model_config(contents.metadata, set(contents.tensors), family)
+    weights = gguf_weights_to_mlx_lm(contents.tensors, family, config)
+    module = _mlx_lm_model(config)
+    nn.quantize(module, class_predicate=lambda path, _: quantization_of(weights, path) or False)
+    try:
+        module.load_weights(list(weights.items()), strict=True)
+    except ValueError as error:
+        raise ModelLoadError(f"{source.path}: weights do not match the model: {error}") from error
+    tokenizer = Tokenizer.from_gguf_metadata(contents.metadata)
+    return module, tokenizer, config["max_position_embeddings"]
+
+
+def _load_safetensors(source: ModelSource) -> tuple[nn.Module, Tokenizer, int]:
+    try:
+        module, config = mlx_lm_load_model(source.path, lazy=True)
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        raise ModelLoadError(f"{source.path}: {error}") from error
+    tokenizer = Tokenizer.from_folder(source.path)
+    return module, tokenizer, int(config.get("max_position_embeddings", 4096))
+
+
+def _evaluate_weights(module: nn.Module, progress: LoadProgress | None) -> None:
+    layers = module.model.layers
+    for index, layer in enumerate(layers):
+        mx.eval(layer.parameters())
+        if progress is not None:
+            progress(index + 1, len(layers))
+    mx.eval(module.parameters())
+
+
+def _model_config(module: nn.Module, num_layers: int, context_length: int) -> ModelConfig:
+    return ModelConfig(
+        context_length=context_length,
+        vocab_size=module.model.embed_tokens.weight.shape[0],
+        num_layers=num_layers,
+        num_parameters=get_total_parameters(module),
+        weight_bytes=sum(array.nbytes for _, array in tree_flatten(module.parameters())),
+    )

@@ -1,0 +1,69 @@
+"""What mlxcel knows about each model family: kind, loading formats, capabilities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from mlxcel_models.errors import ModelLoadError
+
+
+class ModelKind(str, Enum):
+    TEXT = "text"
+    VLM = "vlm"
+    AUDIO = "audio"
+
+
+class WeightFormat(str, Enum):
+    GGUF = "gguf"
+    SAFETENSORS = "safetensors"
+
+
+@dataclass(frozen=True)
+class FamilyMetadata:
+    """One model family as `config.json`'s `model_type` (or GGUF's architecture) names it.
+
+    Attributes:
+        model_type: the `model_type` / `general.architecture` value.
+        kind: text, vision-language or audio.
+        formats: weight formats mlxcel loads for this family.
+        supports_adapters: LoRA adapters can be attached.
+        gguf_rope_permuted: llama.cpp's converter permuted the Q/K rows of this family
+            for its interleaved RoPE layout; the loader permutes them back.
+    """
+
+    model_type: str
+    kind: ModelKind
+    formats: frozenset[WeightFormat]
+    supports_adapters: bool
+    gguf_rope_permuted: bool = False
+
+
+_BOTH = frozenset(WeightFormat)
+_SAFETENSORS_ONLY = frozenset({WeightFormat.SAFETENSORS})
+
+FAMILIES: dict[str, FamilyMetadata] = {
+    family.model_type: family
+    for family in (
+        FamilyMetadata("llama", ModelKind.TEXT, _BOTH, True, gguf_rope_permuted=True),
+        FamilyMetadata("mistral", ModelKind.TEXT, _SAFETENSORS_ONLY, True),
+        FamilyMetadata("qwen2", ModelKind.TEXT, _BOTH, True),
+        FamilyMetadata("qwen3", ModelKind.TEXT, _BOTH, True),
+    )
+}
+
+
+def family_for(model_type: str, weight_format: WeightFormat) -> FamilyMetadata:
+    """The family metadata for `model_type` in `weight_format`.
+
+    Raises:
+        ModelLoadError: the type is unknown or not loadable from this format.
+    """
+    family = FAMILIES.get(model_type)
+    if family is None or weight_format not in family.formats:
+        supported = sorted(t for t, f in FAMILIES.items() if weight_format in f.formats)
+        raise ModelLoadError(
+            f"unsupported model type '{model_type}' for {weight_format.value} files; "
+            f"supported: {', '.join(supported)}"
+        )
+    return family

@@ -1,0 +1,1 @@
+"""mlxcel vision: image inputs, processors, vision encoders and connectors for vision-language models (not implemented yet)."""
