@@ -125,7 +125,11 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _tensor_type(name: str, matrix_type: str) -> str:
-    return matrix_type if name.endswith("proj.weight") or "embed" in name or "lm_head" in name else "F32"
+    return (
+        matrix_type
+        if name.endswith("proj.weight") or "embed" in name or "lm_head" in name
+        else "F32"
+    )
 
 
 def reference_weights(config: TinyConfig, matrix_type: str) -> dict[str, np.ndarray]:

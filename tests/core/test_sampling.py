@@ -457,6 +457,12 @@ def test_sampling_params_defaults_follow_llama_server():
     assert params.seed is None
 
 
+def test_sampling_params_accept_numpy_scalars():
+    params = SamplingParams(top_p=np.float32(0.5), top_k=np.int64(3), seed=np.uint32(9))
+    assert Sampler(params)(LOGITS, no_history()).item() == 0
+    assert Sampler(params).seed == 9
+
+
 def test_sampling_params_are_immutable_and_normalised():
     params = SamplingParams(logit_bias={3: 1.0}, samplers=["top_k", "temperature"])
     assert params.samplers == (SamplerStage.TOP_K, SamplerStage.TEMPERATURE)
@@ -488,7 +494,12 @@ def test_sampling_params_are_immutable_and_normalised():
         ("dry_base", -1.0, "dry_base must be a number >= 0, got -1.0"),
         ("dry_allowed_length", 1.5, "dry_allowed_length must be an integer >= 0, got 1.5"),
         ("dry_penalty_last_n", -3, "dry_penalty_last_n must be an integer >= -1, got -3"),
-        ("dry_sequence_breakers", ("\n", ""), "dry_sequence_breakers must be non-empty strings"),
+        (
+            "dry_sequence_breakers",
+            ("\n", ""),
+            "dry_sequence_breakers must be a sequence of non-empty strings",
+        ),
+        ("dry_sequence_breakers", "\n", "dry_sequence_breakers must be a sequence of"),
         ("logit_bias", {-1: 1.0}, "logit_bias token id must be an integer >= 0, got -1"),
         ("logit_bias", {2: INF}, r"logit_bias\[2\] must be a finite number or -inf, got inf"),
         ("samplers", ("top_k", "beam"), "samplers must be stage names from .*, got 'beam'"),

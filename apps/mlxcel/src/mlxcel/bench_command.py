@@ -16,14 +16,15 @@ from typing import TextIO
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
-
-from mlxcel.flags import MODEL_FLAGS, Flag, UsageError, add_flags, resolve_defaults
-from mlxcel.loading import load_for_command
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.loaded import LoadedModel
 
-BENCH_FLAGS = MODEL_FLAGS + (
+from mlxcel.flags import MODEL_FLAGS, Flag, UsageError, add_flags, resolve_defaults
+from mlxcel.loading import load_for_command
+
+BENCH_FLAGS = (
+    *MODEL_FLAGS,
     Flag(("-p", "--n-prompt"), "n_prompt", int, 512, "prompt tokens to prefill"),
     Flag(("-n", "--n-gen"), "n_gen", int, 128, "tokens to generate"),
     Flag(("-r", "--repetitions"), "repetitions", int, 3, "runs per implementation (median)"),
@@ -57,9 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _mlxcel_stream(loaded: LoadedModel, batch_size: int) -> TokenStream:
     def stream(prompt: list[int]) -> Iterator[int]:
-        return generate_tokens(
-            loaded.model, prompt, Sampler(GREEDY), prefill_step_size=batch_size
-        )
+        return generate_tokens(loaded.model, prompt, Sampler(GREEDY), prefill_step_size=batch_size)
 
     return stream
 

@@ -8,10 +8,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn, TextIO
 
-from mlxcel import bench_command, generate_command
-from mlxcel.flags import UsageError
 from mlxcel_core.generate import ContextOverflowError
 from mlxcel_models.errors import ModelLoadError
+
+from mlxcel import bench_command, generate_command
+from mlxcel.flags import UsageError
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1

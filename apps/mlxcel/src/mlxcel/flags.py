@@ -9,7 +9,6 @@ the default.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
+
+from mlxcel_core.generate import GenerationConfig, GenerationStats, stream_generate
+from mlxcel_core.sampling import Sampler
+from mlxcel_models.loaded import LoadedModel
+from mlxcel_models.tokenizer import resolve_chat_template
 
 from mlxcel.flags import (
     MODEL_FLAGS,
@@ -18,10 +22,6 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
-from mlxcel_core.generate import GenerationConfig, GenerationStats, stream_generate
-from mlxcel_core.sampling import Sampler
-from mlxcel_models.loaded import LoadedModel
-from mlxcel_models.tokenizer import resolve_chat_template
 
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 import mlx.core as mx
@@ -56,7 +56,7 @@ class Detokenizer(Protocol):
         ...
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     """Why generation ended, with OpenAI's `finish_reason` values."""
 
     STOP = "stop"

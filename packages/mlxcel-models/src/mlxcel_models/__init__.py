@@ -1,1 +1,1 @@
-"""mlxcel models: detection, metadata, GGUF and safetensors loaders, tokenizers and chat templates."""
+"""mlxcel models: detection, metadata, GGUF and safetensors loaders, tokenizers, chat templates."""

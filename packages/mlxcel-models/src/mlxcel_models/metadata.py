@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from mlxcel_models.errors import ModelLoadError
 
 
-class ModelKind(str, Enum):
+class ModelKind(StrEnum):
     TEXT = "text"
     VLM = "vlm"
     AUDIO = "audio"
 
 
-class WeightFormat(str, Enum):
+class WeightFormat(StrEnum):
     GGUF = "gguf"
     SAFETENSORS = "safetensors"
 

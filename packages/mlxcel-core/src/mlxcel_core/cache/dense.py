@@ -7,9 +7,7 @@ import mlx.core as mx
 from mlxcel_core.cache.protocol import AttentionMask
 
 
-def make_causal_mask(
-    num_queries: int, offset: int, *, window_size: int | None = None
-) -> mx.array:
+def make_causal_mask(num_queries: int, offset: int, *, window_size: int | None = None) -> mx.array:
     """Boolean mask (num_queries, offset + num_queries); True where a query may attend.
 
     Query i sits at position offset + i and sees keys at positions <= its own (and, with

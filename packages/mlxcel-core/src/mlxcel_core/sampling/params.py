@@ -5,6 +5,7 @@ Reference: llama.cpp `common/common.h` (`common_params_sampling`) and `common/sa
 """
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -145,16 +146,22 @@ def _fail(name: str, allowed: str, value: object) -> NoReturn:
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_finite(name: str, value: object) -> None:
     if not _is_number(value) or not math.isfinite(value):
         _fail(name, "a finite number", value)
+
+
+def _check_positive(name: str, value: object, *, allow_zero: bool) -> None:
+    _check_finite(name, value)
+    if value < 0 or (value == 0 and not allow_zero):
+        _fail(name, "a number >= 0" if allow_zero else "a number > 0", value)
 
 
 def _check_range(name: str, value: object, low: float, high: float) -> None:
@@ -238,29 +245,23 @@ class SamplingParams:
         _check_finite("top_n_sigma", self.top_n_sigma)
         _check_range("xtc_probability", self.xtc_probability, 0.0, 1.0)
         _check_range("xtc_threshold", self.xtc_threshold, 0.0, 1.0)
-        _check_finite("repeat_penalty", self.repeat_penalty)
-        if self.repeat_penalty <= 0:
-            _fail("repeat_penalty", "a number > 0", self.repeat_penalty)
+        _check_positive("repeat_penalty", self.repeat_penalty, allow_zero=False)
         _check_int_at_least("repeat_last_n", self.repeat_last_n, -1)
         _check_finite("presence_penalty", self.presence_penalty)
         _check_finite("frequency_penalty", self.frequency_penalty)
-        _check_finite("dry_multiplier", self.dry_multiplier)
-        if self.dry_multiplier < 0:
-            _fail("dry_multiplier", "a number >= 0", self.dry_multiplier)
-        _check_finite("dry_base", self.dry_base)
-        if self.dry_base < 0:
-            _fail("dry_base", "a number >= 0", self.dry_base)
+        _check_positive("dry_multiplier", self.dry_multiplier, allow_zero=True)
+        _check_positive("dry_base", self.dry_base, allow_zero=True)
         _check_int_at_least("dry_allowed_length", self.dry_allowed_length, 0)
         _check_int_at_least("dry_penalty_last_n", self.dry_penalty_last_n, -1)
-        breakers = tuple(self.dry_sequence_breakers)
-        if not all(isinstance(b, str) and b for b in breakers):
-            _fail("dry_sequence_breakers", "non-empty strings", self.dry_sequence_breakers)
-        object.__setattr__(self, "dry_sequence_breakers", breakers)
+        breakers = self.dry_sequence_breakers
+        if isinstance(breakers, str) or not all(isinstance(b, str) and b for b in breakers):
+            _fail("dry_sequence_breakers", "a sequence of non-empty strings", breakers)
+        object.__setattr__(self, "dry_sequence_breakers", tuple(breakers))
         _check_logit_bias(self.logit_bias)
         object.__setattr__(self, "logit_bias", MappingProxyType(dict(self.logit_bias)))
-        valid_stages = tuple(stage.value for stage in SamplerStage)
         if isinstance(self.samplers, str):
             _fail("samplers", "a sequence of stage names", self.samplers)
+        valid_stages = tuple(stage.value for stage in SamplerStage)
         for name in self.samplers:
             if name not in valid_stages:
                 _fail("samplers", f"stage names from {valid_stages}", name)

@@ -17,6 +17,17 @@ from mlxcel_core.sampling.stages import (
 )
 
 
+_ARGMAX_PRESERVING_STAGES = frozenset(
+    {
+        SamplerStage.TOP_N_SIGMA,
+        SamplerStage.TOP_K,
+        SamplerStage.TOP_P,
+        SamplerStage.MIN_P,
+        SamplerStage.TEMPERATURE,
+    }
+)
+
+
 def _as_vector(logits: mx.array) -> mx.array:
     if logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits[0]
@@ -33,11 +44,11 @@ class Sampler:
     Temperature scales the logits only where the order puts it (last by default, so top-k,
     top-p and min-p see the untempered distribution). An order without the temperature stage
     draws at temperature 1, as llama.cpp does, except that temperature <= 0 stays greedy.
-    Source: llama.cpp `common/sampling.cpp`
-    (`common_sampler_init`, `common_sampler_sample`).
+    Source: llama.cpp `common/sampling.cpp` (`common_sampler_init`, `common_sampler_sample`).
 
-    Each sampler owns its random stream, `mx.random.key(seed)` split once per random use, so
-    a seeded request draws the same tokens whatever else runs beside it.
+    Each sampler owns its random stream: `mx.random.key(seed)`, split twice per token (XTC's
+    draw and the final draw, used or not), so a seeded request draws the same tokens whatever
+    else runs beside it.
 
     Attributes:
         params: The request's settings.
@@ -56,9 +67,13 @@ class Sampler:
                 `params.dry_sequence_breakers` to ids with its tokenizer.
         """
         self.params = params
-        self.seed = secrets.randbits(32) if params.seed is None else params.seed
+        self.seed = secrets.randbits(32) if params.seed is None else int(params.seed)
         self._dry_breaker_ids = dry_breaker_ids
         self._key = mx.random.key(self.seed)
+        # Greedy decoding skips the stages that always keep the most likely token.
+        self._greedy_stages = tuple(
+            stage for stage in params.samplers if stage not in _ARGMAX_PRESERVING_STAGES
+        )
 
     def _next_key(self) -> mx.array:
         self._key, key = mx.random.split(self._key)
@@ -120,9 +135,14 @@ class Sampler:
         Raises:
             ValueError: `logits` has another shape, or a logit-bias token id is >= V.
         """
+        return self._run_stages(logits, history, self.params.samplers)
+
+    def _run_stages(
+        self, logits: mx.array, history: mx.array, stages: tuple[SamplerStage, ...]
+    ) -> mx.array:
         xtc_draw = mx.random.uniform(key=self._next_key())
         logits = apply_logit_bias(_as_vector(logits), self.params.logit_bias)
-        for stage in self.params.samplers:
+        for stage in stages:
             logits = self._apply_stage(stage, logits, history, xtc_draw)
         return logits
 
@@ -139,8 +159,9 @@ class Sampler:
         Raises:
             ValueError: As `apply_chain`.
         """
-        processed = self.apply_chain(logits, history)
-        draw_key = self._next_key()
         if self.params.temperature <= 0.0:
+            processed = self._run_stages(logits, history, self._greedy_stages)
+            self._next_key()
             return mx.argmax(processed).astype(mx.int32)
-        return mx.random.categorical(processed, key=draw_key).astype(mx.int32)
+        processed = self.apply_chain(logits, history)
+        return mx.random.categorical(processed, key=self._next_key()).astype(mx.int32)

@@ -110,7 +110,9 @@ def gguf_weights_to_mlx_lm(
             elif layer is not None and base in _LAYER_TENSORS:
                 target = f"model.layers.{layer}.{_LAYER_TENSORS[base]}.{suffix}"
                 if family.gguf_rope_permuted and base in ("attn_q", "attn_k"):
-                    heads = config["num_attention_heads" if base == "attn_q" else "num_key_value_heads"]
+                    heads = config[
+                        "num_attention_heads" if base == "attn_q" else "num_key_value_heads"
+                    ]
                     tensor = unpermute_rope_rows(tensor, heads)
         if target is None:
             raise ModelLoadError(

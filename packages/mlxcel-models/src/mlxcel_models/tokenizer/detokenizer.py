@@ -28,7 +28,10 @@ class IncrementalDetokenizer:
     become the next prefix. Each step costs O(window), not O(tokens so far).
 
     The concatenation of every `add_token` result and `finalize()` equals
-    `decoder.decode(all_tokens)`.
+    `decoder.decode(all_tokens)`. One exception, for output that is not valid UTF-8: the
+    SentencePiece byte-fallback decoder turns a whole run of byte tokens into one U+FFFD per
+    byte when the run is invalid, so where a model emits invalid bytes the stream may place
+    U+FFFD differently (it keeps the valid characters the full decode would blank).
 
     Args:
         decoder: What decodes token ids; it must be deterministic and context-free beyond

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -34,8 +35,8 @@ TOKEN_TYPE_USER_DEFINED = 4
 _SPIECE_SPACE = "\u2581"
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-# llama.cpp spells the contractions out instead of using `(?i:...)`, which under Unicode case
-# folding would also match characters such as the long s.
+# Contractions spelled out as llama.cpp does: `(?i:...)` would also match Unicode case-folding
+# variants such as the long s (U+017F).
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _LLAMA3_SPLIT = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -88,33 +89,35 @@ _DIGITS_GPT2_RULE = PreTokenizerRule((r"\p{N}", _GPT2_SPLIT))
 _LLAMA3_RULE = PreTokenizerRule((_LLAMA3_SPLIT,), ignore_merges=True, add_bos=True)
 _QWEN2_RULE = PreTokenizerRule((_QWEN2_SPLIT,))
 
-PRE_TOKENIZER_RULES: Mapping[str, PreTokenizerRule] = {
-    "default": _DEFAULT_RULE,
-    "gpt-2": _GPT2_RULE,
-    "phi-2": _GPT2_RULE,
-    "mpt": _GPT2_RULE,
-    "olmo": _GPT2_RULE,
-    "smollm": _DIGITS_GPT2_RULE,
-    "starcoder": _DIGITS_GPT2_RULE,
-    "refact": _DIGITS_GPT2_RULE,
-    "command-r": _DIGITS_GPT2_RULE,
-    "codeshell": _DIGITS_GPT2_RULE,
-    "exaone": _DIGITS_GPT2_RULE,
-    "llama3": _LLAMA3_RULE,
-    "llama-v3": _LLAMA3_RULE,
-    "llama-bpe": _LLAMA3_RULE,
-    "falcon3": _LLAMA3_RULE,
-    "pixtral": _LLAMA3_RULE,
-    "dbrx": PreTokenizerRule((_LLAMA3_SPLIT,)),
-    "smaug-bpe": PreTokenizerRule((_LLAMA3_SPLIT,)),
-    "qwen2": _QWEN2_RULE,
-    "deepseek-r1-qwen": _QWEN2_RULE,
-    "stablelm2": _QWEN2_RULE,
-    "megrez": _QWEN2_RULE,
-    "tekken": PreTokenizerRule((_TEKKEN_SPLIT,), ignore_merges=True, add_bos=True),
-    "gpt-4o": PreTokenizerRule((_GPT4O_SPLIT,)),
-    "llama4": PreTokenizerRule((_GPT4O_SPLIT,)),
-}
+PRE_TOKENIZER_RULES: Mapping[str, PreTokenizerRule] = MappingProxyType(
+    {
+        "default": _DEFAULT_RULE,
+        "gpt-2": _GPT2_RULE,
+        "phi-2": _GPT2_RULE,
+        "mpt": _GPT2_RULE,
+        "olmo": _GPT2_RULE,
+        "smollm": _DIGITS_GPT2_RULE,
+        "starcoder": _DIGITS_GPT2_RULE,
+        "refact": _DIGITS_GPT2_RULE,
+        "command-r": _DIGITS_GPT2_RULE,
+        "codeshell": _DIGITS_GPT2_RULE,
+        "exaone": _DIGITS_GPT2_RULE,
+        "llama3": _LLAMA3_RULE,
+        "llama-v3": _LLAMA3_RULE,
+        "llama-bpe": _LLAMA3_RULE,
+        "falcon3": _LLAMA3_RULE,
+        "pixtral": _LLAMA3_RULE,
+        "dbrx": PreTokenizerRule((_LLAMA3_SPLIT,)),
+        "smaug-bpe": PreTokenizerRule((_LLAMA3_SPLIT,)),
+        "qwen2": _QWEN2_RULE,
+        "deepseek-r1-qwen": _QWEN2_RULE,
+        "stablelm2": _QWEN2_RULE,
+        "megrez": _QWEN2_RULE,
+        "tekken": PreTokenizerRule((_TEKKEN_SPLIT,), ignore_merges=True, add_bos=True),
+        "gpt-4o": PreTokenizerRule((_GPT4O_SPLIT,)),
+        "llama4": PreTokenizerRule((_GPT4O_SPLIT,)),
+    }
+)
 """llama.cpp's pre-tokenizers by `tokenizer.ggml.pre` name (a subset of `llama-vocab.cpp`)."""
 
 
@@ -164,28 +167,32 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
             missing or inconsistent.
     """
     model = metadata.get("tokenizer.ggml.model")
+    tokens = list(_required(metadata, "tokenizer.ggml.tokens"))
+    types = _token_types(metadata, len(tokens))
     if model == "gpt2":
-        tokenizer = _build_byte_level_bpe(metadata)
+        tokenizer = _build_byte_level_bpe(metadata, tokens)
     elif model == "llama":
-        tokenizer = _build_sentencepiece_bpe(metadata)
+        tokenizer = _build_sentencepiece_bpe(metadata, tokens, types)
     else:
         raise ModelLoadError(
             f"unsupported GGUF tokenizer model {model!r} (tokenizer.ggml.model); "
             "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
         )
     tokenizer.add_special_tokens(
-        [_added_token(text, special=True) for text in _tokens_of_types(metadata, _SPECIAL_TYPES)]
+        [
+            _added_token(text, special=True)
+            for text, token_type in zip(tokens, types, strict=True)
+            if token_type in (TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL)
+        ]
     )
     tokenizer.add_tokens(
         [
             _added_token(text, special=False)
-            for text in _tokens_of_types(metadata, {TOKEN_TYPE_USER_DEFINED})
+            for text, token_type in zip(tokens, types, strict=True)
+            if token_type == TOKEN_TYPE_USER_DEFINED
         ]
     )
     return tokenizer
-
-
-_SPECIAL_TYPES = frozenset({TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL})
 
 
 def _added_token(text: str, *, special: bool) -> AddedToken:
@@ -198,28 +205,17 @@ def _required(metadata: Mapping[str, Any], key: str) -> Any:
     return metadata[key]
 
 
-def _tokens(metadata: Mapping[str, Any]) -> list[str]:
-    return list(_required(metadata, "tokenizer.ggml.tokens"))
+def _per_token(metadata: Mapping[str, Any], key: str, num_tokens: int) -> list[Any]:
+    values = list(_required(metadata, key))
+    if len(values) < num_tokens:
+        raise ModelLoadError(f"GGUF {key} has {len(values)} entries for {num_tokens} tokens")
+    return values[:num_tokens]
 
 
-def _token_types(metadata: Mapping[str, Any]) -> list[int]:
-    tokens = _tokens(metadata)
-    types = metadata.get("tokenizer.ggml.token_type")
-    if types is None:
-        return [TOKEN_TYPE_NORMAL] * len(tokens)
-    if len(types) < len(tokens):
-        raise ModelLoadError(
-            f"GGUF tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens"
-        )
-    return list(types)
-
-
-def _tokens_of_types(metadata: Mapping[str, Any], token_types: frozenset[int] | set[int]) -> list[str]:
-    return [
-        text
-        for text, token_type in zip(_tokens(metadata), _token_types(metadata), strict=False)
-        if token_type in token_types
-    ]
+def _token_types(metadata: Mapping[str, Any], num_tokens: int) -> list[int]:
+    if "tokenizer.ggml.token_type" not in metadata:
+        return [TOKEN_TYPE_NORMAL] * num_tokens
+    return _per_token(metadata, "tokenizer.ggml.token_type", num_tokens)
 
 
 def _vocabulary(tokens: Sequence[str]) -> dict[str, int]:
@@ -242,15 +238,11 @@ def _split_merge(merge: str) -> tuple[str, str]:
     return merge[:position], merge[position + 1 :]
 
 
-def _build_byte_level_bpe(metadata: Mapping[str, Any]) -> Tokenizer:
+def _build_byte_level_bpe(metadata: Mapping[str, Any], tokens: Sequence[str]) -> Tokenizer:
     rule = pre_tokenizer_rule(metadata)
     merges = [_split_merge(merge) for merge in _required(metadata, "tokenizer.ggml.merges")]
     tokenizer = Tokenizer(
-        models.BPE(
-            vocab=_vocabulary(_tokens(metadata)),
-            merges=merges,
-            ignore_merges=rule.ignore_merges,
-        )
+        models.BPE(vocab=_vocabulary(tokens), merges=merges, ignore_merges=rule.ignore_merges)
     )
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in rule.regexes]
@@ -267,15 +259,16 @@ def sentencepiece_merges(
 
     Every mergeable token that splits into two mergeable tokens yields one merge per split;
     merges are ordered by the score of the token they form, highest first, as SentencePiece's
-    BPE picks the pair whose union scores best (transformers' `generate_merges` with scores).
+    BPE merges the adjacent pair whose union scores best (the order transformers'
+    `generate_merges` gives when passed scores).
 
     Args:
         tokens: Token texts by id.
-        scores: Token scores by id (log-probabilities; higher merges earlier).
+        scores: Token scores by id (higher merges earlier).
         mergeable: Per id, whether the token takes part in merges (normal tokens only).
 
     Returns:
-        `(left, right)` pairs, highest-priority first.
+        `(left, right)` pairs, highest priority first.
     """
     candidates = {text: index for index, text in enumerate(tokens) if mergeable[index]}
     ranked: list[tuple[float, int, int, str, str]] = []
@@ -288,35 +281,30 @@ def sentencepiece_merges(
     return [(left, right) for *_, left, right in ranked]
 
 
-def _build_sentencepiece_bpe(metadata: Mapping[str, Any]) -> Tokenizer:
-    tokens = _tokens(metadata)
-    scores = list(_required(metadata, "tokenizer.ggml.scores"))
-    if len(scores) < len(tokens):
-        raise ModelLoadError(
-            f"GGUF tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens"
-        )
-    types = _token_types(metadata)
-    unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+def _build_sentencepiece_bpe(
+    metadata: Mapping[str, Any], tokens: Sequence[str], types: Sequence[int]
+) -> Tokenizer:
+    scores = _per_token(metadata, "tokenizer.ggml.scores", len(tokens))
+    unk_id = metadata.get("tokenizer.ggml.unknown_token_id", 0)
     tokenizer = Tokenizer(
         models.BPE(
             vocab=_vocabulary(tokens),
             merges=sentencepiece_merges(
                 tokens, scores, [token_type == TOKEN_TYPE_NORMAL for token_type in types]
             ),
-            unk_token=tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None,
+            unk_token=tokens[unk_id] if 0 <= unk_id < len(tokens) else None,
             fuse_unk=True,
             byte_fallback=True,
         )
     )
-    add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     replace_spaces = normalizers.Replace(" ", _SPIECE_SPACE)
-    decoder_steps = [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if add_space_prefix:
+    steps = [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if metadata.get("tokenizer.ggml.add_space_prefix", True):
         tokenizer.normalizer = normalizers.Sequence(
             [normalizers.Prepend(_SPIECE_SPACE), replace_spaces]
         )
-        decoder_steps.append(decoders.Strip(" ", 1, 0))
+        steps.append(decoders.Strip(" ", 1, 0))
     else:
         tokenizer.normalizer = replace_spaces
-    tokenizer.decoder = decoders.Sequence(decoder_steps)
+    tokenizer.decoder = decoders.Sequence(steps)
     return tokenizer

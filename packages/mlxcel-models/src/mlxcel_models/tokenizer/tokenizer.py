@@ -8,6 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
 from tokenizers import Tokenizer as BackendTokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -99,6 +100,9 @@ class Tokenizer:
                 "GGUF tokenizer adds BOS (tokenizer.ggml.add_bos_token) but names no valid "
                 "BOS token (tokenizer.ggml.bos_token_id)"
             )
+        # transformers makes every named token special (matched whole, skipped in decode), so
+        # only tokens the vocabulary already marks special are named; BOS too when it is added.
+        special = set(_special_token_ids(backend).values())
         named = {
             name: tokens[index]
             for name, key in (
@@ -108,6 +112,7 @@ class Tokenizer:
                 ("pad_token", "padding_token_id"),
             )
             if (index := token_id(key)) is not None
+            and (index in special or (name == "bos_token" and add_bos))
         }
         hf_tokenizer = PreTrainedTokenizerFast(
             tokenizer_object=backend,
@@ -232,7 +237,8 @@ class Tokenizer:
             template_kwargs: Extra template variables (e.g. `enable_thinking`).
 
         Raises:
-            ValueError: neither `chat_template` nor the model provides a template.
+            ValueError: neither `chat_template` nor the model provides a template, or the
+                template rejects the conversation (e.g. roles that do not alternate).
         """
         template = chat_template if chat_template is not None else self.chat_template
         if template is None:
@@ -240,14 +246,17 @@ class Tokenizer:
                 "the model has no chat template; pass chat_template (a Jinja template or a "
                 "built-in name such as 'chatml')"
             )
-        return self._hf.apply_chat_template(
-            [dict(message) for message in messages],
-            tools=[dict(tool) for tool in tools] if tools is not None else None,
-            chat_template=template,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-            **(template_kwargs or {}),
-        )
+        try:
+            return self._hf.apply_chat_template(
+                [dict(message) for message in messages],
+                tools=[dict(tool) for tool in tools] if tools is not None else None,
+                chat_template=template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **(template_kwargs or {}),
+            )
+        except TemplateError as error:
+            raise ValueError(f"the chat template cannot render these messages: {error}") from error
 
     def encode_chat(
         self,
@@ -300,14 +309,18 @@ class Tokenizer:
         return IncrementalDetokenizer(self, skip_special_tokens=skip_special_tokens)
 
 
-def _end_of_turn_ids(backend: BackendTokenizer) -> set[int]:
-    # Only special tokens count: a normal token that merely spells one of these texts can be
-    # part of ordinary output (code, markup) and must not stop generation.
-    special = {
+def _special_token_ids(backend: BackendTokenizer) -> dict[str, int]:
+    return {
         token.content: index
         for index, token in backend.get_added_tokens_decoder().items()
         if token.special
     }
+
+
+def _end_of_turn_ids(backend: BackendTokenizer) -> set[int]:
+    # Only special tokens count: a normal token that merely spells one of these texts can be
+    # part of ordinary output (code, markup) and must not stop generation.
+    special = _special_token_ids(backend)
     names = set(END_OF_TURN_TOKENS)
     # In OpenAI's harmony format `<|end|>` closes one message of several; `<|return|>` ends.
     if "<|return|>" in special:

