@@ -1,1 +1,1 @@
-"""mlxcel audio: speech-to-text and text-to-speech on MLX (not implemented yet)."""
+"""mlxcel audio: speech-to-text and text-to-speech on MLX (not built yet)."""

@@ -1,1 +1,1 @@
-"""mlxcel distributed: tensor and pipeline parallel inference on mx.distributed (not implemented yet)."""
+"""mlxcel distributed: tensor and pipeline parallel inference on mx.distributed (not built yet)."""

@@ -1,1 +1,1 @@
-"""mlxcel server: the OpenAI-compatible HTTP API as a Quart app (not implemented yet)."""
+"""mlxcel server: the OpenAI-compatible HTTP API as a Quart app (not built yet)."""

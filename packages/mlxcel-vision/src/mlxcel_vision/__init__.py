@@ -1,1 +1,1 @@
-"""mlxcel vision: image inputs, processors, vision encoders and connectors for vision-language models (not implemented yet)."""
+"""mlxcel vision: vision-language model inputs, encoders and connectors (not built yet)."""

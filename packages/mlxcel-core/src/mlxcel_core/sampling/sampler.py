@@ -16,7 +16,6 @@ from mlxcel_core.sampling.stages import (
     apply_xtc,
 )
 
-
 _ARGMAX_PRESERVING_STAGES = frozenset(
     {
         SamplerStage.TOP_N_SIGMA,
