@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from factories import TinyConfig, write_gguf_model, write_safetensors_model
+
 from mlxcel_models.default_model import default_model_path
+
+from factories import TinyConfig, write_gguf_model, write_safetensors_model
 
 
 @pytest.fixture(scope="session")

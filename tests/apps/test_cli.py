@@ -1,11 +1,13 @@
 """`mlxcel generate` and `mlxcel bench` through `main(argv)`, on a tiny GGUF model."""
 
 import io
-import shutil
 
+import mlx.core as mx
 import pytest
-from factories import TinyConfig, write_gguf_model
+
 from mlxcel.cli import main
+
+from factories import TinyConfig, write_gguf_model, write_safetensors_model
 
 
 def run_cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -66,7 +68,7 @@ def test_model_from_environment(tiny_gguf):
 @pytest.mark.parametrize(
     ("argv", "environ", "code", "message"),
     [
-        (("--top-p", "1.5"), {}, 2, "top_p"),
+        (("--top-p", "1.5"), {}, 2, "--top-p: top_p must be"),
         (("--temp", "hot"), {}, 2, "--temp: invalid value 'hot'"),
         ((), {"LLAMA_ARG_TOP_K": "many"}, 2, "LLAMA_ARG_TOP_K: invalid value 'many'"),
         (("--samplers", "top_k;magic"), {}, 2, "magic"),
@@ -75,6 +77,10 @@ def test_model_from_environment(tiny_gguf):
         (("--no-such-flag",), {}, 2, "unrecognized arguments"),
         (("-c", "4"), {}, 1, "the context size is 4"),
         (("--chat-template", "nonsense"), {}, 2, "chatml"),
+        (("--chat-template", "{{ 1 / 0 }}"), {}, 1, "chat template cannot render"),
+        (("-sys", "be brief", "-no-cnv"), {}, 2, "-sys/--system-prompt needs the chat template"),
+        (("-p", "\udcff"), {}, 1, "not valid UTF-8"),
+        (("-p", "", "-no-cnv"), {}, 1, "encodes to no tokens"),
     ],
 )
 def test_bad_input_gets_one_line_and_an_exit_code(tiny_gguf, argv, environ, code, message):
@@ -86,7 +92,7 @@ def test_missing_prompt_and_prompt_file(tiny_gguf, tmp_path):
     code, _, err = run_cli("generate", "-m", str(tiny_gguf))
     assert_one_line_error(code, err, 2, "no prompt")
     code, _, err = run_cli("generate", "-m", str(tiny_gguf), "-f", str(tmp_path / "none.txt"))
-    assert_one_line_error(code, err, 2, "cannot read prompt file")
+    assert_one_line_error(code, err, 1, "cannot read prompt file")
 
 
 def test_prompt_from_file(tiny_gguf, tmp_path):
@@ -106,13 +112,24 @@ def test_bad_model_files(tiny_gguf, tmp_path):
     not_gguf.write_text("definitely not a model")
     unknown = write_gguf_model(tmp_path / "mamba.gguf", TinyConfig(architecture="mamba"), "F16")
     folder = tmp_path / "folder"
-    shutil.os.makedirs(folder)
+    folder.mkdir()
+    missing_tensor = write_safetensors_model(tmp_path / "missing-tensor", TinyConfig())
+    weights = mx.load(str(missing_tensor / "model.safetensors"))
+    del weights["model.norm.weight"]
+    mx.save_safetensors(str(missing_tensor / "model.safetensors"), weights)
+    corrupt_weights = write_safetensors_model(tmp_path / "corrupt", TinyConfig())
+    (corrupt_weights / "model.safetensors").write_bytes(b"\x00" * 64)
+    bad_config = write_safetensors_model(tmp_path / "bad-config", TinyConfig())
+    (bad_config / "config.json").write_text('{"model_type": "llama"}')
     for path, message in (
         (missing, "model not found"),
         (truncated, "corrupt or truncated"),
         (not_gguf, "neither a GGUF file nor a model folder"),
         (unknown, "unsupported model type 'mamba'"),
         (folder, "holds no .safetensors"),
+        (missing_tensor, "model.norm.weight"),
+        (corrupt_weights, "corrupt"),
+        (bad_config, "bad-config"),
     ):
         code, _, err = run_cli("generate", "-m", str(path), "-p", "hi")
         assert_one_line_error(code, err, 1, message)
@@ -132,5 +149,6 @@ def test_bench_rejects_bad_sizes(tiny_gguf):
     assert_one_line_error(code, err, 2, "-p/--n-prompt must be >= 1")
 
 
-def test_help_returns_zero():
+def test_help_and_version_return_zero():
     assert run_cli("generate", "--help")[0] == 0
+    assert run_cli("--version")[0] == 0

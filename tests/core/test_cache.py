@@ -1,5 +1,6 @@
 import mlx.core as mx
 import pytest
+
 from mlxcel_core.cache import DenseKVCache
 from mlxcel_core.cache.dense import make_causal_mask
 

@@ -2,6 +2,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import pytest
+
 from mlxcel_core.cache import DenseKVCache, KVCache
 from mlxcel_core.generate import (
     ContextOverflowError,

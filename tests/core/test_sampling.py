@@ -6,6 +6,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from mlxcel_core.sampling import (
     DEFAULT_SAMPLERS,
     Sampler,
@@ -199,6 +200,7 @@ def test_penalties_look_only_at_the_last_repeat_last_n_tokens():
         [2 / 2 - 0.25 - 0.5, -1.0, 0.5, 1 / 2 - 0.25 - 0.5, 0.0],
     )
     np.testing.assert_allclose(penalise([0, 1, 0, 3], repeat_last_n=64), penalise([0, 1, 0, 3]))
+    np.testing.assert_allclose(penalise([0, 1, 0, 3], repeat_last_n=10**20), penalise([0, 1, 0, 3]))
 
 
 def test_penalties_disabled():

@@ -5,6 +5,7 @@ import io
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
+
 from mlxcel.cli import main
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from jinja2 import TemplateError
+from transformers import AutoTokenizer
+
 from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.tokenizer import BUILTIN_CHAT_TEMPLATES, Tokenizer, resolve_chat_template
-from transformers import AutoTokenizer
 
 # The Llama 2 chat template as published with the model: BOS/EOS variables, strip(), and an
 # exception when roles do not alternate.

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
 from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.tokenizer import IncrementalDetokenizer, Tokenizer
 

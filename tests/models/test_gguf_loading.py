@@ -5,11 +5,13 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from factories import TinyConfig, reference_weights, write_gguf_model
+
 from mlxcel_models.detection import detect_model
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.metadata import ModelKind, WeightFormat
+
+from factories import TinyConfig, reference_weights, write_gguf_model
 
 TOKENS = [5, 80, 81, 200, 17, 42, 9, 260]
 
@@ -127,3 +129,24 @@ def test_paths_that_hold_no_model(tmp_path, name, content, message):
         path.write_bytes(content)
     with pytest.raises(ModelLoadError, match=message):
         detect_model(path)
+
+
+def test_absurd_header_counts_are_reported_as_corrupt(tmp_path, tiny_gguf):
+    data = bytearray(tiny_gguf.read_bytes())
+    data[16:24] = (2**40).to_bytes(8, "little")  # kv_count
+    path = tmp_path / "absurd.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        load_model(path)
+
+
+def test_inconsistent_vocabulary_is_a_load_error(tmp_path):
+    config = TinyConfig()
+    path = write_gguf_model(tmp_path / "m.gguf", config, "F16")
+    data = path.read_bytes()
+    merge = b"he ll"
+    broken = data.replace(merge, b"hx ll", 1)
+    assert broken != data
+    path.write_bytes(broken)
+    with pytest.raises(ModelLoadError, match="inconsistent GGUF vocabulary"):
+        load_model(path)

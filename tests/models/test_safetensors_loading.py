@@ -3,12 +3,14 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from factories import TinyConfig, write_safetensors_model
 from mlx_lm.utils import load_model as mlx_lm_load_model
+
 from mlxcel_models.detection import detect_model
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.metadata import WeightFormat
+
+from factories import TinyConfig, write_safetensors_model
 
 TOKENS = mx.array([[5, 80, 81, 200, 17, 42]])
 

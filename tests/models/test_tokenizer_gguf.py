@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.tokenizer import Tokenizer, build_gguf_tokenizer

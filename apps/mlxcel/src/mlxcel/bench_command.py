@@ -16,15 +16,23 @@ from typing import TextIO
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
+
+from mlxcel.flags import (
+    BATCH_SIZE_FLAG,
+    MODEL_FLAG,
+    Flag,
+    UsageError,
+    add_flags,
+    resolve_defaults,
+)
+from mlxcel.loading import load_for_command
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.loaded import LoadedModel
 
-from mlxcel.flags import MODEL_FLAGS, Flag, UsageError, add_flags, resolve_defaults
-from mlxcel.loading import load_for_command
-
 BENCH_FLAGS = (
-    *MODEL_FLAGS,
+    MODEL_FLAG,
+    BATCH_SIZE_FLAG,
     Flag(("-p", "--n-prompt"), "n_prompt", int, 512, "prompt tokens to prefill"),
     Flag(("-n", "--n-gen"), "n_gen", int, 128, "tokens to generate"),
     Flag(("-r", "--repetitions"), "repetitions", int, 3, "runs per implementation (median)"),
@@ -93,7 +101,9 @@ def time_run(stream: TokenStream, prompt: list[int], n_gen: int) -> tuple[float,
     return len(prompt) / (first - start), decode_tps
 
 
-def measure(name: str, stream: TokenStream, prompt: list[int], args: argparse.Namespace):
+def measure(
+    name: str, stream: TokenStream, prompt: list[int], args: argparse.Namespace
+) -> BenchResult:
     time_run(stream, prompt[:16], 4)
     prompt_speeds, decode_speeds = [], []
     mx.reset_peak_memory()

@@ -6,13 +6,13 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from typing import NoReturn, TextIO
 
+from mlxcel import bench_command, generate_command
+from mlxcel.flags import InputError, UsageError
 from mlxcel_core.generate import ContextOverflowError
 from mlxcel_models.errors import ModelLoadError
-
-from mlxcel import bench_command, generate_command
-from mlxcel.flags import UsageError
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -28,6 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mlxcel", description="LLM inference on MLX.")
+    parser.add_argument("--version", action="version", version=f"mlxcel {version('mlxcel')}")
     subparsers = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
     generate_command.add_parser(subparsers)
     bench_command.add_parser(subparsers)
@@ -53,10 +54,15 @@ def main(
         args = make_parser().parse_args(argv)
         return args.command(args, environ, out, err)
     except UsageError as error:
-        print(f"mlxcel: error: {error}", file=err)
+        _report(err, error)
         return EXIT_USAGE
-    except (ModelLoadError, ContextOverflowError) as error:
-        print(f"mlxcel: error: {error}", file=err)
+    except (InputError, ModelLoadError, ContextOverflowError) as error:
+        _report(err, error)
+        return EXIT_FAILURE
+    except BrokenPipeError:
+        raise
+    except OSError as error:  # writing the output failed (disk full, closed terminal)
+        _report(err, f"cannot write the output: {error.strerror or error}")
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print("mlxcel: interrupted", file=err)
@@ -65,13 +71,6 @@ def main(
         return exit_.code if isinstance(exit_.code, int) else 0
 
 
-def run() -> NoReturn:
-    """Console entry point of `mlxcel`."""
-    try:
-        code = main()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader went away (`mlxcel generate ... | head`): not an error of ours.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 0
-    sys.exit(code)
+def _report(err: TextIO, error: Exception | str) -> None:
+    """Print an error on one line, whatever line breaks its message holds."""
+    print(f"mlxcel: error: {' '.join(str(error).split())}", file=err)

@@ -17,7 +17,11 @@ from mlxcel_core.sampling import SamplingParams, parse_sampler_order
 
 
 class UsageError(Exception):
-    """A flag or environment variable has a value the command cannot use."""
+    """A flag or environment variable has a value the command cannot use (exit code 2)."""
+
+
+class InputError(Exception):
+    """The prompt or a file it names cannot be used (exit code 1)."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,29 @@ def _switch_value(text: str) -> bool:
     raise ValueError(f"expected 1/0/true/false, got {text!r}")
 
 
-MODEL_FLAGS = (
-    Flag(("-m", "--model"), "model", str, None,
-         "model path: a GGUF file or a safetensors folder (default: embedded SmolLM2-135M)"),
-    Flag(("-c", "--ctx-size"), "ctx_size", int, 4096,
-         "context size in tokens; 0 = the model's trained context", env="LLAMA_ARG_CTX_SIZE"),
-    Flag(("-b", "--batch-size"), "batch_size", int, 2048,
-         "prompt tokens per prefill step", env="LLAMA_ARG_BATCH"),
-)  # fmt: skip
+MODEL_FLAG = Flag(
+    ("-m", "--model"),
+    "model",
+    str,
+    None,
+    "a GGUF file or a safetensors folder (default: embedded SmolLM2-135M)",
+)
+CTX_SIZE_FLAG = Flag(
+    ("-c", "--ctx-size"),
+    "ctx_size",
+    int,
+    4096,
+    "context size in tokens; 0 = the model's trained context",
+    env="LLAMA_ARG_CTX_SIZE",
+)
+BATCH_SIZE_FLAG = Flag(
+    ("-b", "--batch-size"),
+    "batch_size",
+    int,
+    2048,
+    "prompt tokens per prefill step",
+    env="LLAMA_ARG_BATCH",
+)
 
 SAMPLING_FLAGS = (
     Flag(("--temp",), "temperature", float, 0.8, "temperature; 0 = greedy"),
@@ -101,7 +120,8 @@ SAMPLING_FLAGS = (
 def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
     """Declare `flags` on `parser`; defaults are resolved later by `resolve_defaults`."""
     for flag in flags:
-        help_text = f"{flag.help} (env: {flag.env_name})"
+        default = "" if flag.default is None or flag.is_switch else f"default: {flag.default}; "
+        help_text = f"{flag.help} ({default}env: {flag.env_name})"
         if flag.is_switch:
             parser.add_argument(
                 *flag.names, dest=flag.dest, action="store_const", const=True, help=help_text
@@ -117,9 +137,15 @@ def resolve_defaults(
 ) -> None:
     """Convert each flag's text, falling back to its environment mirror, then its default.
 
+    Records the flags given on the command line in `namespace.from_command_line`, so that
+    either-or checks can let the command line win over the environment.
+
     Raises:
         UsageError: a value does not convert; the message names the flag or variable.
     """
+    namespace.from_command_line = {
+        flag.dest for flag in flags if getattr(namespace, flag.dest) is not None
+    }
     for flag in flags:
         given = getattr(namespace, flag.dest)
         source = flag.names[-1]
@@ -163,4 +189,22 @@ def sampling_params_from(namespace: argparse.Namespace) -> SamplingParams:
     try:
         return SamplingParams(**options)
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        message = str(error)
+        flag = next((f for f in SAMPLING_FLAGS if message.startswith(f.dest + " ")), None)
+        raise UsageError(f"{flag.names[-1]}: {message}" if flag else message) from error
+
+
+def pick_one(namespace: argparse.Namespace, first: str, second: str, what: str) -> str | None:
+    """The dest of whichever of two exclusive flags is set, the command line winning.
+
+    Raises:
+        UsageError: both are set by the same source.
+    """
+    values = {dest: getattr(namespace, dest) for dest in (first, second)}
+    given = [dest for dest, value in values.items() if value is not None]
+    if len(given) < 2:
+        return given[0] if given else None
+    on_command_line = [dest for dest in given if dest in namespace.from_command_line]
+    if len(on_command_line) == 1:
+        return on_command_line[0]
+    raise UsageError(f"give {what}, not both")

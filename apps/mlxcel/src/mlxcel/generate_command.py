@@ -7,21 +7,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from mlxcel_core.generate import GenerationConfig, GenerationStats, stream_generate
-from mlxcel_core.sampling import Sampler
-from mlxcel_models.loaded import LoadedModel
-from mlxcel_models.tokenizer import resolve_chat_template
-
 from mlxcel.flags import (
-    MODEL_FLAGS,
+    BATCH_SIZE_FLAG,
+    CTX_SIZE_FLAG,
+    MODEL_FLAG,
     SAMPLING_FLAGS,
     Flag,
+    InputError,
     UsageError,
     add_flags,
+    pick_one,
     resolve_defaults,
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
+from mlxcel_core.generate import GenerationConfig, GenerationStats, stream_generate
+from mlxcel_core.sampling import Sampler
+from mlxcel_models.loaded import LoadedModel
+from mlxcel_models.tokenizer import resolve_chat_template
 
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),
@@ -39,7 +42,7 @@ PROMPT_FLAGS = (
          "raw completion: send the prompt as it is, without the chat template",
          is_switch=True),
 )  # fmt: skip
-FLAGS = MODEL_FLAGS + PROMPT_FLAGS + SAMPLING_FLAGS
+FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *PROMPT_FLAGS, *SAMPLING_FLAGS)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,28 +53,39 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(command=run)
 
 
+def _check_text(text: str, what: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InputError(f"the {what} is not valid UTF-8 text ({error.reason})") from error
+    return text
+
+
+def _read_text_file(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {what} {path}: {error}") from error
+
+
 def _read_prompt(args: argparse.Namespace) -> str:
-    if args.prompt is not None and args.file is not None:
-        raise UsageError("give the prompt with -p or -f, not both")
-    if args.file is not None:
-        try:
-            return Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise UsageError(f"cannot read prompt file {args.file}: {error}") from error
-    if args.prompt is None:
+    source = pick_one(args, "prompt", "file", "the prompt with -p or -f")
+    if source is None:
         raise UsageError("no prompt: give one with -p PROMPT or -f FILE")
-    return args.prompt
+    if source == "prompt":
+        return _check_text(args.prompt, "prompt")
+    prompt = _read_text_file(args.file, "prompt file")
+    # As llama.cpp's -f: the newline that ends a file's last line is not part of the prompt.
+    return prompt.removesuffix("\n")
 
 
 def _chat_template(args: argparse.Namespace) -> str | None:
-    if args.chat_template is not None and args.chat_template_file is not None:
-        raise UsageError("give --chat-template or --chat-template-file, not both")
-    if args.chat_template_file is not None:
-        try:
-            return Path(args.chat_template_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise UsageError(f"cannot read {args.chat_template_file}: {error}") from error
-    if args.chat_template is not None:
+    source = pick_one(
+        args, "chat_template", "chat_template_file", "--chat-template or --chat-template-file"
+    )
+    if source == "chat_template_file":
+        return _read_text_file(args.chat_template_file, "chat template file")
+    if source == "chat_template":
         try:
             return resolve_chat_template(args.chat_template)
         except ValueError as error:
@@ -88,18 +102,21 @@ def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) ->
     tokenizer = loaded.tokenizer
     template = _chat_template(args)
     if args.raw:
+        if args.system_prompt is not None:
+            raise UsageError("-sys/--system-prompt needs the chat template: drop -no-cnv")
         return tokenizer.encode(prompt)
     if template is None and tokenizer.chat_template is None:
         raise UsageError(
             "the model has no chat template: pass --chat-template NAME or -no-cnv for raw text"
         )
     messages = [{"role": "user", "content": prompt}]
-    if args.system_prompt:
-        messages.insert(0, {"role": "system", "content": args.system_prompt})
+    if args.system_prompt is not None:
+        system_prompt = _check_text(args.system_prompt, "system prompt")
+        messages.insert(0, {"role": "system", "content": system_prompt})
     try:
         return tokenizer.encode_chat(messages, chat_template=template)
     except ValueError as error:
-        raise UsageError(f"cannot render the chat template: {error}") from error
+        raise InputError(str(error)) from error
 
 
 def format_stats(stats: GenerationStats, load_seconds: float) -> str:
@@ -124,6 +141,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
     loaded = load_for_command(args.model)
     tokens = prompt_tokens(loaded, args, prompt)
+    if not tokens:
+        raise InputError("the prompt is empty: it encodes to no tokens")
     tokenizer = loaded.tokenizer
     config = GenerationConfig(
         context_size=args.ctx_size or loaded.config.context_length,

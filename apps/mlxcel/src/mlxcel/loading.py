@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.loader import load_model
-from tqdm import tqdm
 
 PROGRESS_DELAY_SECONDS = 1.0
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+
 from mlxcel_core.cache import DenseKVCache, KVCache
 
 

@@ -73,7 +73,7 @@ def apply_penalties(
     inactive = repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0
     if repeat_last_n == 0 or inactive or history.size == 0:
         return logits
-    window = history if repeat_last_n < 0 else history[-repeat_last_n:]
+    window = history if not 0 < repeat_last_n < history.size else history[-repeat_last_n:]
     counts = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[window].add(1.0)
     scaled = mx.where(logits > 0, logits / repeat_penalty, logits * repeat_penalty)
     penalised = scaled - counts * frequency_penalty - presence_penalty
@@ -165,7 +165,7 @@ def apply_dry(
     if multiplier == 0.0 or base < 1.0 or penalty_last_n == 0:
         return logits
     tokens = np.asarray(history, dtype=np.int64)
-    window = tokens if penalty_last_n < 0 else tokens[-penalty_last_n:]
+    window = tokens if not 0 < penalty_last_n < len(tokens) else tokens[-penalty_last_n:]
     if len(window) <= allowed_length:
         return logits
     lengths = _dry_repeat_lengths(window, allowed_length, breaker_ids)

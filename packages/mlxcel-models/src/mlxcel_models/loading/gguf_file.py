@@ -116,7 +116,7 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
                 type_id = cursor.unpack("<I")
                 cursor.position += 8
                 tensor_types[name] = GGML_TYPE_NAMES.get(type_id, f"type {type_id}")
-    except (struct.error, KeyError, ValueError, OSError) as error:
+    except (struct.error, KeyError, ValueError, OverflowError, OSError) as error:
         raise ModelLoadError(f"{path}: corrupt or truncated GGUF header ({error})") from error
     return GGUFHeader(version, metadata, tensor_types)
 

@@ -50,7 +50,10 @@ def load_model(path: str | Path, *, progress: LoadProgress | None = None) -> Loa
     else:
         module, tokenizer, context_length = _load_safetensors(source)
     model = MlxLmLanguageModel(module)
-    _evaluate_weights(module, progress)
+    try:
+        _evaluate_weights(module, progress)
+    except RuntimeError as error:
+        raise ModelLoadError(f"{source.path}: cannot read the weights: {error}") from error
     config = _model_config(module, model.num_layers, context_length)
     return LoadedModel(model, tokenizer, config, family, source, time.perf_counter() - start)
 
@@ -62,14 +65,18 @@ def _mlx_lm_model(config: dict[str, Any]) -> nn.Module:
 
 def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, Tokenizer, int]:
     contents = read_gguf(source.path)
-    config = gguf_model_config(contents.metadata, set(contents.tensors), family)
-    weights = gguf_weights_to_mlx_lm(contents.tensors, family, config)
-    module = _mlx_lm_model(config)
-    nn.quantize(module, class_predicate=lambda path, _: quantization_of(weights, path) or False)
     try:
+        config = gguf_model_config(contents.metadata, set(contents.tensors), family)
+        weights = gguf_weights_to_mlx_lm(contents.tensors, family, config)
+        module = _mlx_lm_model(config)
+        nn.quantize(module, class_predicate=lambda path, _: quantization_of(weights, path) or False)
         module.load_weights(list(weights.items()), strict=True)
-    except ValueError as error:
-        raise ModelLoadError(f"{source.path}: weights do not match the model: {error}") from error
+    # Inconsistent metadata or tensor shapes surface as MLX's or mlx-lm's ValueError/TypeError.
+    except (ValueError, TypeError) as error:
+        raise ModelLoadError(
+            f"{source.path}: the metadata and tensors do not describe a valid "
+            f"{family.model_type} model: {error}"
+        ) from error
     tokenizer = Tokenizer.from_gguf_metadata(contents.metadata)
     return module, tokenizer, config["max_position_embeddings"]
 
@@ -77,7 +84,9 @@ def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, 
 def _load_safetensors(source: ModelSource) -> tuple[nn.Module, Tokenizer, int]:
     try:
         module, config = mlx_lm_load_model(source.path, lazy=True)
-    except (ValueError, FileNotFoundError, KeyError) as error:
+    # mlx-lm reports a bad config as the ModelArgs constructor's TypeError, unreadable
+    # safetensors as MLX's RuntimeError.
+    except (ValueError, TypeError, KeyError, RuntimeError, OSError) as error:
         raise ModelLoadError(f"{source.path}: {error}") from error
     tokenizer = Tokenizer.from_folder(source.path)
     return module, tokenizer, int(config.get("max_position_embeddings", 4096))

@@ -169,15 +169,19 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     model = metadata.get("tokenizer.ggml.model")
     tokens = list(_required(metadata, "tokenizer.ggml.tokens"))
     types = _token_types(metadata, len(tokens))
-    if model == "gpt2":
-        tokenizer = _build_byte_level_bpe(metadata, tokens)
-    elif model == "llama":
-        tokenizer = _build_sentencepiece_bpe(metadata, tokens, types)
-    else:
+    if model not in ("gpt2", "llama"):
         raise ModelLoadError(
             f"unsupported GGUF tokenizer model {model!r} (tokenizer.ggml.model); "
             "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
         )
+    try:
+        if model == "gpt2":
+            tokenizer = _build_byte_level_bpe(metadata, tokens)
+        else:
+            tokenizer = _build_sentencepiece_bpe(metadata, tokens, types)
+    # The tokenizers library reports an inconsistent vocabulary as a bare Exception.
+    except Exception as error:
+        raise ModelLoadError(f"inconsistent GGUF vocabulary: {error}") from error
     tokenizer.add_special_tokens(
         [
             _added_token(text, special=True)

@@ -255,7 +255,9 @@ class Tokenizer:
                 tokenize=False,
                 **(template_kwargs or {}),
             )
-        except TemplateError as error:
+        # A chat template is a program: besides Jinja's own errors it can raise the Python
+        # errors of the operations it runs (1/0, a bad operand, a sandbox range limit).
+        except (TemplateError, ArithmeticError, TypeError, LookupError, ValueError) as error:
             raise ValueError(f"the chat template cannot render these messages: {error}") from error
 
     def encode_chat(
