@@ -9,16 +9,23 @@ from mlx_lm.generate import generate_step
 from mlxcel.cli import main
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 pytestmark = pytest.mark.slow
 
-NUM_TOKENS = 32
+NUM_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     return load_model(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def smollm2_as_stored(smollm2_path):
+    """The model with the file's dtypes and MLX's quantized kernels only, as mlx-lm runs it."""
+    return load_model(smollm2_path, compute=ComputeOptions())
 
 
 def test_capital_of_france_is_paris():
@@ -43,7 +50,7 @@ def test_capital_of_france_is_paris():
         ("The three primary colours are", False),
     ],
 )
-def test_greedy_tokens_equal_mlx_lm(smollm2, prompt, chat):
+def test_greedy_tokens_equal_mlx_lm(smollm2, smollm2_as_stored, prompt, chat):
     tokenizer = smollm2.tokenizer
     if chat:
         tokens = tokenizer.encode_chat([{"role": "user", "content": prompt}])
@@ -59,7 +66,7 @@ def test_greedy_tokens_equal_mlx_lm(smollm2, prompt, chat):
         int(token)
         for token, _ in generate_step(
             mx.array(tokens),
-            smollm2.model.module,
+            smollm2_as_stored.model.module,
             max_tokens=NUM_TOKENS,
             sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
         )

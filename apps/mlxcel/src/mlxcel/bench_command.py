@@ -3,11 +3,15 @@
 Both implementations are timed by the same harness: prefill time runs from the call until
 the first sampled token is on the host; decode speed counts the remaining tokens over the
 time after it. Decoding is greedy and ignores end-of-sequence tokens, as llama-bench does.
+mlx-lm's `generate_step` runs the same architecture class on the same tensors, loaded as
+mlx-lm holds them: the file's dtypes and MLX's quantized kernels only. The two models are
+loaded one after the other, so memory never holds both.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -28,6 +32,7 @@ from mlxcel.flags import (
 from mlxcel.loading import load_for_command
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loaded import LoadedModel
 
 BENCH_FLAGS = (
@@ -149,13 +154,21 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     ):
         if value < low:
             raise UsageError(f"{name} must be >= {low}, got {value}")
-    loaded = load_for_command(args.model)
-    prompt = mx.random.randint(
-        0, loaded.config.vocab_size, (args.n_prompt,), key=mx.random.key(0)
-    ).tolist()
-    results = [measure("mlxcel", _mlxcel_stream(loaded, args.batch_size), prompt, args)]
+    results = []
     if args.compare:
-        stream = _mlx_lm_stream(loaded, args.batch_size, args.n_gen)
+        reference = load_for_command(args.model, compute=ComputeOptions())
+        prompt = _random_prompt(reference, args.n_prompt)
+        stream = _mlx_lm_stream(reference, args.batch_size, args.n_gen)
         results.append(measure("mlx-lm", stream, prompt, args))
+        del reference, stream
+        gc.collect()
+        mx.clear_cache()
+    loaded = load_for_command(args.model)
+    prompt = _random_prompt(loaded, args.n_prompt)
+    results.insert(0, measure("mlxcel", _mlxcel_stream(loaded, args.batch_size), prompt, args))
     print(format_results(results, args), file=out)
     return 0
+
+
+def _random_prompt(loaded: LoadedModel, length: int) -> list[int]:
+    return mx.random.randint(0, loaded.config.vocab_size, (length,), key=mx.random.key(0)).tolist()

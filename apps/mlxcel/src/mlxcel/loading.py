@@ -6,6 +6,7 @@ import sys
 
 from tqdm import tqdm
 
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.loader import load_model
@@ -13,8 +14,10 @@ from mlxcel_models.loading.loader import load_model
 PROGRESS_DELAY_SECONDS = 1.0
 
 
-def load_for_command(model: str | None) -> LoadedModel:
+def load_for_command(model: str | None, *, compute: ComputeOptions | None = None) -> LoadedModel:
     """Load `model` (or the default model), showing progress on stderr after a second.
+
+    `compute` is passed to `load_model` (None: the best for the device).
 
     Raises:
         ModelLoadError: as `load_model` does.
@@ -28,4 +31,4 @@ def load_for_command(model: str | None) -> LoadedModel:
             bar.total = total
             bar.update(done - bar.n)
 
-        return load_model(path, progress=progress)
+        return load_model(path, progress=progress, compute=compute)

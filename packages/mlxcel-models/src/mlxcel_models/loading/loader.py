@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import get_total_parameters
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
+from mlxcel_models.compute import ComputeOptions, apply_compute_options
 from mlxcel_models.detection import ModelSource, detect_model
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
@@ -31,12 +32,19 @@ LoadProgress = Callable[[int, int], None]
 """Called with (layers evaluated, total layers) while weights are read."""
 
 
-def load_model(path: str | Path, *, progress: LoadProgress | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path,
+    *,
+    progress: LoadProgress | None = None,
+    compute: ComputeOptions | None = None,
+) -> LoadedModel:
     """Load a GGUF file or a Hugging Face / mlx-lm safetensors folder.
 
     Args:
         path: a `.gguf` file or a folder with config.json and *.safetensors.
         progress: optional callback reporting weight evaluation per layer.
+        compute: activation dtype and prefill tactic; None picks the measured best for the
+            default device (`ComputeOptions.for_device`).
 
     Raises:
         ModelLoadError: missing or corrupt files, an unsupported model type or
@@ -49,6 +57,7 @@ def load_model(path: str | Path, *, progress: LoadProgress | None = None) -> Loa
         module, tokenizer, context_length = _load_gguf(source, family)
     else:
         module, tokenizer, context_length = _load_safetensors(source)
+    apply_compute_options(module, compute or ComputeOptions.for_device(mx.default_device()))
     model = MlxLmLanguageModel(module)
     try:
         _evaluate_weights(module, progress)

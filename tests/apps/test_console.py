@@ -1,0 +1,32 @@
+"""The installed entry point, run as a separate process as a user runs it."""
+
+import os
+import subprocess
+import sys
+
+
+def run_entry(*argv: str, **environment: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mlxcel", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **environment},
+        timeout=120,
+        check=False,
+    )
+
+
+def test_generate_runs_with_and_without_the_openblas_preload(tiny_gguf):
+    argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "-n", "2", "-no-cnv", "--temp", "0")
+    with_preload = run_entry(*argv)
+    without = run_entry(*argv, MLXCEL_NO_OPENBLAS="1")
+    assert with_preload.returncode == without.returncode == 0, with_preload.stderr
+    assert with_preload.stdout == without.stdout
+    assert "generated: " in with_preload.stderr
+
+
+def test_errors_exit_non_zero_without_a_traceback(tmp_path):
+    result = run_entry("generate", "-m", str(tmp_path / "missing.gguf"), "-p", "hi")
+    assert result.returncode == 1
+    assert result.stderr.startswith("mlxcel: error: model not found")
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,42 @@
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from mlxcel_models.compute import ComputeOptions, PrefillDequantizingLinear
+from mlxcel_models.loading.loader import load_model
+
+TOKENS = mx.array([[5, 80, 81, 200, 17, 42, 9, 260] * 5])
+
+
+def test_cpu_defaults_are_float32_with_the_prefill_tactic():
+    options = ComputeOptions.for_device(mx.Device(mx.cpu))
+    assert options == ComputeOptions(float_dtype=mx.float32, dequantize_min_rows=32)
+    assert ComputeOptions.for_device(mx.Device(mx.gpu)) == ComputeOptions()
+
+
+def test_options_change_dtypes_and_layers_but_not_the_logits(tiny_gguf):
+    plain = load_model(tiny_gguf, compute=ComputeOptions())
+    tuned = load_model(tiny_gguf, compute=ComputeOptions(mx.float32, dequantize_min_rows=8))
+    plain_params = dict(tree_flatten(plain.model.module.parameters()))
+    tuned_params = dict(tree_flatten(tuned.model.module.parameters()))
+    assert plain_params.keys() == tuned_params.keys()
+    assert plain_params["model.layers.0.self_attn.q_proj.scales"].dtype == mx.float16
+    assert tuned_params["model.layers.0.self_attn.q_proj.scales"].dtype == mx.float32
+    assert tuned_params["model.layers.0.self_attn.q_proj.weight"].dtype == mx.uint32
+    layers = [m for _, m in tuned.model.module.named_modules()]
+    assert sum(isinstance(m, PrefillDequantizingLinear) for m in layers) == 14
+    assert not any(type(m) is nn.QuantizedLinear for m in layers)
+    for last_only in (False, True):
+        expected = plain.model(TOKENS, plain.model.make_cache(), last_only=last_only)
+        actual = tuned.model(TOKENS, tuned.model.make_cache(), last_only=last_only)
+        assert actual.dtype == mx.float32
+        np.testing.assert_allclose(
+            np.array(actual), np.array(expected.astype(mx.float32)), atol=2e-2, rtol=2e-2
+        )
+
+
+def test_dequantize_min_rows_must_be_positive():
+    with pytest.raises(ValueError, match="dequantize_min_rows must be >= 1, got 0"):
+        ComputeOptions(dequantize_min_rows=0)
