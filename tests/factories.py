@@ -38,6 +38,7 @@ class TinyConfig:
     tie_embeddings: bool = True
     attention_bias: bool = False
     qk_norm: bool = False
+    llama3_rope_scaling: dict | None = None
     seed: int = 0
     extra_metadata: dict = field(default_factory=dict)
 
@@ -115,6 +116,25 @@ def _gguf_name(hf_name: str) -> str:
     return f"{_TO_GGUF[module]}.{suffix}"
 
 
+def llama3_rope_factors(config: TinyConfig) -> np.ndarray:
+    """The `rope_freqs` tensor llama.cpp's converter writes for Llama 3.1 RoPE scaling."""
+    scaling = config.llama3_rope_scaling
+    dims = config.head_dim
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / config.rope_theta ** (np.arange(0, dims, 2) / dims):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old_context / high:
+            factors.append(1.0)
+        elif wavelen > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """llama.cpp's converter permutation of Q/K rows (convert_hf_to_gguf.py)."""
     return (
@@ -183,6 +203,8 @@ def write_gguf_model(path: Path, config: TinyConfig = TinyConfig(), matrix_type:
             writer.add_tensor(_gguf_name(name), data, raw_shape=data.shape, raw_dtype=qtype)
         else:
             writer.add_tensor(_gguf_name(name), weight)
+    if config.llama3_rope_scaling is not None:
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

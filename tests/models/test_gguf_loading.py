@@ -16,7 +16,7 @@ from factories import TinyConfig, reference_weights, write_gguf_model
 TOKENS = [5, 80, 81, 200, 17, 42, 9, 260]
 
 
-def reference_logits(config: TinyConfig, matrix_type: str) -> mx.array:
+def reference_logits(config: TinyConfig, matrix_type: str, tokens: list[int] = TOKENS) -> mx.array:
     """Logits of mlx-lm's own model class on the float weights the GGUF encodes."""
     weights = reference_weights(config, matrix_type)
     architecture = importlib.import_module(f"mlx_lm.models.{config.architecture}")
@@ -34,16 +34,17 @@ def reference_logits(config: TinyConfig, matrix_type: str) -> mx.array:
             "head_dim": config.head_dim,
             "tie_word_embeddings": config.tie_embeddings,
             "max_position_embeddings": config.context_length,
+            "rope_scaling": config.llama3_rope_scaling,
         }
     )
     model = architecture.Model(args)
     model.load_weights([(k, mx.array(v)) for k, v in weights.items()], strict=True)
-    return model(mx.array([TOKENS]))
+    return model(mx.array([tokens]))
 
 
-def mlxcel_logits(path: Path) -> mx.array:
+def mlxcel_logits(path: Path, tokens: list[int] = TOKENS) -> mx.array:
     loaded = load_model(path)
-    return loaded.model(mx.array([TOKENS]), loaded.model.make_cache()).astype(mx.float32)
+    return loaded.model(mx.array([tokens]), loaded.model.make_cache()).astype(mx.float32)
 
 
 @pytest.mark.parametrize("matrix_type", ["F16", "Q8_0", "Q4_0", "Q4_1"])
@@ -68,6 +69,25 @@ def test_qwen_gguf_matches_mlx_lm_on_the_same_weights(tmp_path, config):
     path = write_gguf_model(tmp_path / "m.gguf", config, "Q8_0")
     ours, reference = mlxcel_logits(path), reference_logits(config, "Q8_0")
     np.testing.assert_allclose(np.array(ours), np.array(reference), atol=3e-2, rtol=3e-2)
+
+
+def test_llama3_rope_factors_match_mlx_lm_llama3_rope(tmp_path):
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    config = TinyConfig(llama3_rope_scaling=scaling)
+    path = write_gguf_model(tmp_path / "m.gguf", config, "F16")
+    tokens = [(7 * i) % 250 + 3 for i in range(96)]
+    ours = mlxcel_logits(path, tokens)
+    np.testing.assert_allclose(
+        np.array(ours), np.array(reference_logits(config, "F16", tokens)), atol=3e-2, rtol=3e-2
+    )
+    unscaled = reference_logits(TinyConfig(), "F16", tokens)
+    assert not np.allclose(np.array(ours), np.array(unscaled), atol=3e-2, rtol=3e-2)
 
 
 def test_loaded_model_carries_config_family_and_tokenizer(tiny_gguf):

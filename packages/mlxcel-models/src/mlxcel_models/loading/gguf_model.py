@@ -6,9 +6,11 @@ import re
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.metadata import FamilyMetadata
+from mlxcel_models.rope import FrequencyFactorRoPE
 
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -28,6 +30,7 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+ROPE_FACTORS_TENSOR = "rope_freqs.weight"
 _TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias|scales|biases)$")
 
 
@@ -37,8 +40,7 @@ def gguf_model_config(
     """A Hugging Face-style config for mlx-lm's model class, from GGUF metadata.
 
     Raises:
-        ModelLoadError: a required hyperparameter is missing, or the file uses a feature
-            mlxcel does not load yet (RoPE frequency factors).
+        ModelLoadError: a required hyperparameter is missing.
     """
     arch = family.model_type
 
@@ -48,11 +50,6 @@ def gguf_model_config(
             raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
-    if "rope_freqs.weight" in tensor_names:
-        raise ModelLoadError(
-            "GGUF files with RoPE frequency factors (rope_freqs, Llama 3.1 and later) "
-            "are not supported yet"
-        )
     num_heads = int(required("attention.head_count"))
     hidden_size = int(required("embedding_length"))
     vocab = metadata.get("tokenizer.ggml.tokens")
@@ -96,11 +93,15 @@ def gguf_weights_to_mlx_lm(
 ) -> dict[str, mx.array]:
     """Rename llama.cpp tensors to mlx-lm parameter paths, undoing the Q/K permutation.
 
+    The RoPE factors tensor is not a parameter; `install_rope_factors` handles it.
+
     Raises:
         ModelLoadError: a tensor name has no mapping.
     """
     weights: dict[str, mx.array] = {}
     for name, tensor in tensors.items():
+        if name == ROPE_FACTORS_TENSOR:
+            continue
         match = _TENSOR_NAME.match(name)
         target = None
         if match:
@@ -132,3 +133,16 @@ def quantization_of(weights: dict[str, mx.array], path: str) -> dict[str, Any] |
         return None
     packed = weights[f"{path}.weight"]
     return {"group_size": 32, "bits": packed.shape[-1] // scales.shape[-1], "mode": "affine"}
+
+
+def install_rope_factors(module: nn.Module, factors: mx.array, config: dict[str, Any]) -> None:
+    """Give every attention layer a RoPE scaled by llama.cpp's per-frequency factors.
+
+    Args:
+        module: an mlx-lm llama-family model whose attention layers hold `rope`.
+        factors: the GGUF `rope_freqs` tensor, (head_dim / 2,) float.
+    """
+    for layer in module.model.layers:
+        layer.self_attn.rope = FrequencyFactorRoPE(
+            config["head_dim"], config["rope_theta"], factors
+        )

@@ -21,8 +21,10 @@ from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.loaded import LoadedModel, ModelConfig
 from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.loading.gguf_model import (
+    ROPE_FACTORS_TENSOR,
     gguf_model_config,
     gguf_weights_to_mlx_lm,
+    install_rope_factors,
     quantization_of,
 )
 from mlxcel_models.metadata import FamilyMetadata, WeightFormat, family_for
@@ -80,6 +82,8 @@ def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, 
         module = _mlx_lm_model(config)
         nn.quantize(module, class_predicate=lambda path, _: quantization_of(weights, path) or False)
         module.load_weights(list(weights.items()), strict=True)
+        if ROPE_FACTORS_TENSOR in contents.tensors:
+            install_rope_factors(module, contents.tensors[ROPE_FACTORS_TENSOR], config)
     # Inconsistent metadata or tensor shapes surface as MLX's or mlx-lm's ValueError/TypeError.
     except (ValueError, TypeError) as error:
         raise ModelLoadError(
