@@ -62,9 +62,7 @@ class BenchResult:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "bench", help="measure prompt and generation speed", description=__doc__
-    )
+    parser = subparsers.add_parser("bench", description=__doc__)
     add_flags(parser, BENCH_FLAGS)
     parser.set_defaults(command=run)
 

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, TextIO
 
-from mlxcel import bench_command, generate_command
 from mlxcel.flags import InputError, UsageError
 from mlxcel_core.generate import ContextOverflowError
 from mlxcel_models.errors import ModelLoadError
 
+# Subcommand -> (module, one-line help). A command's module, and the libraries it needs
+# (the server stack for `serve`, mlx-lm's generator for `bench`), load only when it runs.
+COMMANDS = {
+    "generate": ("mlxcel.generate_command", "generate text for one prompt"),
+    "bench": ("mlxcel.bench_command", "measure prompt and generation speed"),
+    "serve": ("mlxcel.serve_command", "serve the OpenAI-compatible HTTP API"),
+}
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
@@ -26,13 +33,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `mlxcel` parser, with the full flags of `command` only (the others listed)."""
     parser = _Parser(prog="mlxcel", description="LLM inference on MLX.")
-    parser.add_argument("--version", action="version", version=f"mlxcel {version('mlxcel')}")
+    parser.add_argument("--version", action="version", version=f"mlxcel {_installed_version()}")
     subparsers = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
-    generate_command.add_parser(subparsers)
-    bench_command.add_parser(subparsers)
+    for name, (module, help_text) in COMMANDS.items():
+        if name == command:
+            importlib.import_module(module).add_parser(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text)
     return parser
+
+
+def _installed_version() -> str:
+    try:
+        return version("mlxcel")
+    except PackageNotFoundError:  # running from a source tree on PYTHONPATH
+        return "(source tree, not installed)"
 
 
 def main(
@@ -50,8 +68,11 @@ def main(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     environ = os.environ if environ is None else environ
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The top-level options take no values, so a subcommand can only be the first argument.
+    command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
-        args = make_parser().parse_args(argv)
+        args = make_parser(command).parse_args(argv)
         return args.command(args, environ, out, err)
     except UsageError as error:
         _report(err, error)

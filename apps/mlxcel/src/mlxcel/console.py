@@ -23,7 +23,7 @@ OPENBLAS_LIBRARIES = (
 )
 
 
-def _reexec_with_openblas() -> None:
+def _reexec_with_openblas(argv: list[str]) -> None:
     if not sys.platform.startswith("linux") or os.environ.get(NO_OPENBLAS_VARIABLE):
         return
     library = next((path for path in OPENBLAS_LIBRARIES if os.path.exists(path)), None)
@@ -31,16 +31,25 @@ def _reexec_with_openblas() -> None:
     if library is None or library in preload:
         return
     environment = {**os.environ, "LD_PRELOAD": f"{library}:{preload}" if preload else library}
-    os.execve(sys.executable, [sys.executable, "-m", "mlxcel", *sys.argv[1:]], environment)
+    os.execve(sys.executable, [sys.executable, "-m", "mlxcel", *argv], environment)
 
 
 def run() -> NoReturn:
     """Run `mlxcel` with the process's arguments and exit with its code."""
+    _run(sys.argv[1:])
+
+
+def run_server() -> NoReturn:
+    """Run `mlxcel-server`, the same as `mlxcel serve`, and exit with its code."""
+    _run(["serve", *sys.argv[1:]])
+
+
+def _run(argv: list[str]) -> NoReturn:
     try:
-        _reexec_with_openblas()
+        _reexec_with_openblas(argv)
         from mlxcel.cli import main
 
-        code = main()
+        code = main(argv)
         sys.stdout.flush()
     except KeyboardInterrupt:
         print("mlxcel: interrupted", file=sys.stderr)

@@ -46,9 +46,7 @@ FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *PROMPT_FLAGS, *SAMPLING_FL
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "generate", help="generate text for one prompt", description=__doc__
-    )
+    parser = subparsers.add_parser("generate", description=__doc__)
     add_flags(parser, FLAGS)
     parser.set_defaults(command=run)
 

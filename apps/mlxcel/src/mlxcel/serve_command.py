@@ -1,0 +1,173 @@
+"""`mlxcel serve` (and `mlxcel-server`): the OpenAI-compatible server on Hypercorn.
+
+The server listens at once and answers 503 while the model loads on a background thread;
+SIGINT/SIGTERM stop accepting connections, let in-flight requests finish (up to the
+graceful timeout, then they end with an error event) and shut the engine down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+import mlx.core as mx
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from mlxcel.flags import (
+    BATCH_SIZE_FLAG,
+    CTX_SIZE_FLAG,
+    MODEL_FLAG,
+    SAMPLING_FLAGS,
+    Flag,
+    InputError,
+    UsageError,
+    add_flags,
+    resolve_defaults,
+    sampling_params_from,
+)
+from mlxcel.loading import load_for_command
+from mlxcel_core.engine import Engine
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loaded import LoadedModel
+from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
+
+GRACEFUL_SHUTDOWN_SECONDS = 10.0
+
+SERVER_FLAGS = (
+    Flag(("--host",), "host", str, "127.0.0.1", "address to listen on", env="LLAMA_ARG_HOST"),
+    Flag(("--port",), "port", int, 8080, "port to listen on", env="LLAMA_ARG_PORT"),
+    Flag(("-a", "--alias"), "alias", str, None, "the model's name in the API",
+         env="LLAMA_ARG_ALIAS"),
+    Flag(("-np", "--parallel"), "parallel", int, 1,
+         "requests decoded at once; only 1 until continuous batching lands",
+         env="LLAMA_ARG_N_PARALLEL"),
+    Flag(("-n", "--n-predict"), "n_predict", int, -1,
+         "default tokens to generate per request; -1 = until the context is full",
+         env="LLAMA_ARG_N_PREDICT"),
+    Flag(("--api-key",), "api_key", str, None, "API key(s), comma-separated",
+         env="LLAMA_API_KEY"),
+    Flag(("--api-key-file",), "api_key_file", str, None, "a file with one API key per line",
+         env="LLAMA_ARG_API_KEY_FILE"),
+    Flag(("--timeout",), "timeout", int, 600, "seconds to wait for a client's request data",
+         env="LLAMA_ARG_TIMEOUT"),
+    Flag(("--cors",), "cors", str, None,
+         "origins allowed cross-origin access, comma-separated, or '*'", env="LLAMA_ARG_CORS"),
+)  # fmt: skip
+FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *SERVER_FLAGS, *SAMPLING_FLAGS)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", description=__doc__)
+    add_flags(parser, FLAGS)
+    parser.set_defaults(command=run)
+
+
+def _split(text: str | None) -> tuple[str, ...]:
+    return tuple(item.strip() for item in (text or "").split(",") if item.strip())
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    keys = _split(args.api_key)
+    if args.api_key_file is not None:
+        try:
+            lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise InputError(f"cannot read --api-key-file {args.api_key_file}: {error}") from error
+        keys += tuple(line.strip() for line in lines if line.strip())
+    return keys
+
+
+def settings_from(args: argparse.Namespace) -> ServerSettings:
+    """Server settings from resolved flags.
+
+    Raises:
+        UsageError: a value is out of range or unsupported.
+        InputError: the API key file cannot be read.
+    """
+    if args.parallel != 1:
+        raise UsageError(
+            f"-np/--parallel {args.parallel} is not supported yet: requests run one at a time "
+            "until continuous batching lands; use -np 1"
+        )
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in [1, 65535], got {args.port}")
+    if args.timeout < 1:
+        raise UsageError(f"--timeout must be >= 1 second, got {args.timeout}")
+    try:
+        return ServerSettings(
+            model_alias=args.alias,
+            context_size=args.ctx_size,
+            n_predict=args.n_predict,
+            prefill_step_size=args.batch_size,
+            sampling=sampling_params_from(args),
+            api_keys=_api_keys(args),
+            cors_origins=_split(args.cors),
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+def serving_model(loaded: LoadedModel, settings: ServerSettings) -> ServingModel:
+    """Start an engine on `loaded` and name it as the API will."""
+    model_id = settings.model_alias or Path(loaded.source.path).name
+    context_size = settings.context_size or loaded.config.context_length
+    return ServingModel(loaded, Engine(loaded.model), model_id, context_size)
+
+
+def _load(model: str | None) -> LoadedModel:
+    # MLX streams belong to their thread; the loading thread needs its own.
+    with mx.stream(mx.new_stream(mx.default_device())):
+        return load_for_command(model)
+
+
+async def serve_until_stopped(
+    app, config: Config, state: ServerState, settings: ServerSettings, model: str | None
+) -> None:
+    """Serve `app` while the model loads; stop on SIGINT/SIGTERM.
+
+    Raises:
+        ModelLoadError: the model cannot be loaded (the server stops).
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    failures: list[ModelLoadError] = []
+
+    def load() -> None:
+        try:
+            state.set_ready(serving_model(_load(model), settings))
+        except ModelLoadError as error:
+            failures.append(error)
+            loop.call_soon_threadsafe(stop.set)
+
+    loader = threading.Thread(target=load, name="mlxcel-load", daemon=True)
+    loader.start()
+    try:
+        await serve(app, config, shutdown_trigger=stop.wait)
+    finally:
+        await asyncio.to_thread(loader.join)
+        state.close()
+    if failures:
+        raise failures[0]
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    resolve_defaults(args, FLAGS, environ)
+    settings = settings_from(args)
+    state = ServerState()
+    app = create_app(state, settings)
+    config = Config()
+    config.bind = [f"{args.host}:{args.port}"]
+    config.read_timeout = args.timeout
+    config.graceful_timeout = GRACEFUL_SHUTDOWN_SECONDS
+    config.accesslog = None
+    print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
+    asyncio.run(serve_until_stopped(app, config, state, settings, args.model))
+    return 0

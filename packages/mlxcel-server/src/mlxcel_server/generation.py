@@ -1,0 +1,200 @@
+"""The shared path of the generation endpoints: prompts → engine requests → outputs.
+
+Handlers validate, call `prepare` to build the engine requests, then either `collect` the
+finished choices or iterate `stream` for SSE; both cancel the engine requests when the
+client goes away (a `CancelledError` at an `await`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from mlxcel_core.engine import (
+    EngineClosedError,
+    EngineOutput,
+    EngineOverloadedError,
+    EngineRequest,
+    RequestHandle,
+)
+from mlxcel_core.generate import ContextOverflowError, GenerationStats
+from mlxcel_server.errors import ApiError, invalid
+from mlxcel_server.request_params import (
+    check_n,
+    choice_sampling,
+    generation_config,
+    sampling_params,
+)
+from mlxcel_server.schemas import GenerationFields
+from mlxcel_server.settings import ServerSettings
+from mlxcel_server.sink import AsyncOutputQueue
+from mlxcel_server.state import ServingModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated generation request, ready to submit.
+
+    Attributes:
+        requests: one engine request per choice; choice `i * n + j` is prompt i's j-th.
+        prompt_tokens: prompt tokens summed over the prompts (each counted once).
+        response_id: the id the reply carries.
+        created: Unix time (seconds) of the request.
+        model_id: the model name the reply carries.
+    """
+
+    requests: tuple[EngineRequest, ...]
+    prompt_tokens: int
+    response_id: str
+    created: int
+    model_id: str
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """One finished choice."""
+
+    index: int
+    text: str
+    finish_reason: str
+    stats: GenerationStats
+
+
+def check_model_name(model: ServingModel, name: str | None) -> None:
+    """Raises: ApiError: 404 `model_not_found` when `name` is not the served model."""
+    if name is not None and not model.answers_to(name):
+        raise ApiError(
+            404,
+            f"the model {name!r} does not exist; this server serves {model.model_id!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def check_prompt(ids: Sequence[int], context_size: int, param: str) -> None:
+    """Raises: ApiError: 400 for an empty prompt or one that does not fit the context."""
+    if not ids:
+        raise invalid(f"{param}: the prompt is empty (it encodes to no tokens)", param)
+    if len(ids) >= context_size:
+        raise invalid(
+            f"the prompt has {len(ids)} tokens but the context size is {context_size} tokens; "
+            "shorten the prompt",
+            param,
+            code="context_length_exceeded",
+        )
+
+
+def prepare(
+    prompts: Sequence[Sequence[int]],
+    fields: GenerationFields,
+    model: ServingModel,
+    settings: ServerSettings,
+    *,
+    id_prefix: str,
+) -> Prepared:
+    """Build one engine request per choice of each prompt.
+
+    Raises:
+        ApiError: 400 naming the field at fault.
+    """
+    check_n(fields, settings)
+    tokenizer = model.loaded.tokenizer
+    params = sampling_params(fields, settings.sampling, tokenizer)
+    config = generation_config(fields, settings, model.context_size, tokenizer)
+    breakers = (
+        tokenizer.token_ids_containing(params.dry_sequence_breakers)
+        if params.dry_multiplier > 0
+        else frozenset()
+    )
+    requests = tuple(
+        EngineRequest(
+            prompt_ids=tuple(ids),
+            sampling=choice_sampling(params, choice),
+            generation=config,
+            detokenizer=tokenizer.make_detokenizer(),
+            dry_breaker_ids=breakers,
+            index=prompt_index * fields.n + choice,
+        )
+        for prompt_index, ids in enumerate(prompts)
+        for choice in range(fields.n)
+    )
+    return Prepared(
+        requests=requests,
+        prompt_tokens=sum(len(ids) for ids in prompts),
+        response_id=f"{id_prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model_id=model.model_id,
+    )
+
+
+def _submit(model: ServingModel, prepared: Prepared) -> tuple[RequestHandle, AsyncOutputQueue]:
+    sink = AsyncOutputQueue(asyncio.get_running_loop())
+    try:
+        handle = model.engine.submit(prepared.requests, sink)
+    except EngineOverloadedError as error:
+        raise ApiError(
+            503, str(error), headers={"Retry-After": str(error.retry_after_seconds)}
+        ) from error
+    except EngineClosedError as error:
+        raise ApiError(503, "the server is shutting down") from error
+    return handle, sink
+
+
+def _api_error(error: Exception) -> ApiError:
+    if isinstance(error, EngineClosedError):
+        return ApiError(503, "the server is shutting down")
+    if isinstance(error, ContextOverflowError):
+        return invalid(str(error), code="context_length_exceeded")
+    logger.error("generation failed", exc_info=error)
+    return ApiError(500, "generation failed; the server log has the details")
+
+
+async def stream(model: ServingModel, prepared: Prepared) -> AsyncIterator[EngineOutput]:
+    """Submit now and return the outputs of every choice as they come.
+
+    Submission happens before the first output is awaited, so an overload is a 503 the
+    handler can answer before any stream data.
+
+    Raises:
+        ApiError: 503 on overload (at once); later, from the iterator, when a choice fails.
+    """
+    handle, sink = _submit(model, prepared)
+
+    async def outputs() -> AsyncIterator[EngineOutput]:
+        remaining = len(prepared.requests)
+        try:
+            while remaining:
+                output = await sink.get()
+                if output.error is not None:
+                    raise _api_error(output.error)
+                remaining -= output.finished
+                yield output
+        finally:
+            handle.cancel()
+
+    return outputs()
+
+
+async def collect(model: ServingModel, prepared: Prepared) -> list[ChoiceResult]:
+    """Submit and wait for every choice to finish; results sorted by index.
+
+    Raises:
+        ApiError: 503 on overload or shutdown; 500 when generation fails.
+    """
+    texts: dict[int, list[str]] = {}
+    results: list[ChoiceResult] = []
+    async for output in await stream(model, prepared):
+        texts.setdefault(output.index, []).append(output.text)
+        if output.finish_reason is not None and output.stats is not None:
+            results.append(
+                ChoiceResult(
+                    output.index, "".join(texts[output.index]), output.finish_reason, output.stats
+                )
+            )
+    return sorted(results, key=lambda result: result.index)

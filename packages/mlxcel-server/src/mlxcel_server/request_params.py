@@ -1,0 +1,133 @@
+"""Turning API fields into engine settings: sampling, token limits, stop strings."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.sampling import SamplingParams
+from mlxcel_models.tokenizer import Tokenizer
+from mlxcel_server.errors import invalid
+from mlxcel_server.schemas import GenerationFields
+from mlxcel_server.settings import ServerSettings
+
+_SAMPLING_FIELDS = (
+    "temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability",
+    "xtc_threshold", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
+    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+)  # fmt: skip
+_SEED_LIMIT = 2**64
+# OpenAI: -100 "should result in a ban"; llama-server: `false` bans.
+_BAN = -100.0
+
+
+def _logit_bias(fields: GenerationFields, tokenizer: Tokenizer) -> dict[int, float]:
+    bias: dict[int, float] = {}
+    for key, value in (fields.logit_bias or {}).items():
+        if value is True:
+            raise invalid(f"logit_bias[{key!r}]: true is not a bias; use a number", "logit_bias")
+        if value is not False and not -100 <= value <= 100:
+            raise invalid(f"logit_bias[{key!r}] must be in [-100, 100], got {value}", "logit_bias")
+        # Digits name a token id (OpenAI); other text names the tokens it encodes to.
+        ids = [int(key)] if key.isdigit() else tokenizer.encode(key, add_special_tokens=False)
+        for token_id in ids:
+            if not 0 <= token_id < tokenizer.vocab_size:
+                raise invalid(
+                    f"logit_bias: token id {token_id} is outside the vocabulary "
+                    f"[0, {tokenizer.vocab_size})",
+                    "logit_bias",
+                )
+            ban = value is False or value <= _BAN
+            bias[token_id] = -math.inf if ban else float(value)
+    return bias
+
+
+def sampling_params(
+    fields: GenerationFields, defaults: SamplingParams, tokenizer: Tokenizer
+) -> SamplingParams:
+    """The request's sampling settings: its fields over the server's defaults.
+
+    Raises:
+        ApiError: 400 naming the field whose value is out of range.
+    """
+    overrides: dict[str, object] = {
+        name: getattr(fields, name)
+        for name in _SAMPLING_FIELDS
+        if getattr(fields, name) is not None
+    }
+    if fields.dry_sequence_breakers is not None:
+        overrides["dry_sequence_breakers"] = tuple(fields.dry_sequence_breakers)
+    if fields.seed is not None:
+        if fields.seed != -1 and not 0 <= fields.seed < _SEED_LIMIT:
+            raise invalid(f"seed must be -1 (random) or in [0, 2**64), got {fields.seed}", "seed")
+        overrides["seed"] = None if fields.seed == -1 else fields.seed
+    if fields.logit_bias is not None:
+        overrides["logit_bias"] = _logit_bias(fields, tokenizer)
+    try:
+        return dataclasses.replace(defaults, **overrides)
+    except ValueError as error:
+        name = re.match(r"[a-z_]+", str(error))
+        raise invalid(str(error), name.group(0) if name else None) from error
+
+
+def choice_sampling(params: SamplingParams, choice: int) -> SamplingParams:
+    """Settings of the `choice`-th of n choices: a seeded request seeds each one differently,
+    so choices differ while two identical requests still return identical sets."""
+    if params.seed is None or choice == 0:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + choice) % _SEED_LIMIT)
+
+
+def max_tokens(fields: GenerationFields, default: int) -> int:
+    """The token limit: `max_completion_tokens`, else `max_tokens`, else the server's -n.
+
+    Raises:
+        ApiError: 400 naming the field when it is negative.
+    """
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = getattr(fields, name)
+        if value is not None:
+            if value < 0:
+                raise invalid(f"{name} must be >= 0, got {value}", name)
+            return value
+    return default
+
+
+def stop_strings(fields: GenerationFields) -> tuple[str, ...]:
+    """`stop` as a tuple.
+
+    Raises:
+        ApiError: 400 when a stop string is empty.
+    """
+    stops = (fields.stop,) if isinstance(fields.stop, str) else tuple(fields.stop or ())
+    if "" in stops:
+        raise invalid("stop strings must not be empty", "stop")
+    return stops
+
+
+def check_n(fields: GenerationFields, settings: ServerSettings) -> None:
+    """Raises: ApiError: 400 when `n` is outside [1, settings.max_n]."""
+    if not 1 <= fields.n <= settings.max_n:
+        raise invalid(f"n must be in [1, {settings.max_n}], got {fields.n}", "n")
+
+
+def generation_config(
+    fields: GenerationFields,
+    settings: ServerSettings,
+    context_size: int,
+    tokenizer: Tokenizer,
+) -> GenerationConfig:
+    """Limits and stop criteria of each choice.
+
+    Raises:
+        ApiError: 400 naming the field at fault.
+    """
+    return GenerationConfig(
+        context_size=context_size,
+        max_tokens=max_tokens(fields, settings.n_predict),
+        prefill_step_size=settings.prefill_step_size,
+        stop_token_ids=tokenizer.eos_token_ids,
+        stop_strings=stop_strings(fields),
+    )

@@ -1,0 +1,124 @@
+"""Response bodies as pydantic models: OpenAI's shapes plus llama-server's `timings`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel
+
+from mlxcel_core.generate import GenerationStats
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+
+
+class Timings(BaseModel):
+    """llama-server's timings: prompt (prefill) and predicted (decode) counts, ms and rates."""
+
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """A completion, or (with `usage` unset until the end) one streamed chunk of one."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def make_timings(stats: Sequence[GenerationStats]) -> Timings:
+    """Timings summed over the choices of one request."""
+    prompt_n = sum(s.prompt_tokens for s in stats)
+    prompt_ms = 1000 * sum(s.prompt_seconds for s in stats)
+    # The first sampled token is timed with the prompt, as in GenerationStats.
+    predicted_n = sum(max(s.generated_tokens - 1, 0) for s in stats)
+    predicted_ms = 1000 * sum(s.decode_seconds for s in stats)
+    return Timings(
+        prompt_n=prompt_n,
+        prompt_ms=prompt_ms,
+        prompt_per_token_ms=prompt_ms / prompt_n if prompt_n else 0.0,
+        prompt_per_second=1000 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        predicted_n=predicted_n,
+        predicted_ms=predicted_ms,
+        predicted_per_token_ms=predicted_ms / predicted_n if predicted_n else 0.0,
+        predicted_per_second=1000 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+    )

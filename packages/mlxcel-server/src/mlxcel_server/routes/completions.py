@@ -1,0 +1,110 @@
+"""`POST /v1/completions` (and `/completions`): raw prompts, no chat template."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from quart import Blueprint, Response, jsonify
+
+from mlxcel_core.engine import EngineOutput
+from mlxcel_server import generation
+from mlxcel_server.errors import ApiError, invalid
+from mlxcel_server.responses import Completion, CompletionChoice, make_timings, make_usage
+from mlxcel_server.schemas import CompletionRequest
+from mlxcel_server.settings import ServerSettings
+from mlxcel_server.sse import DONE, encode_event, sse_response
+from mlxcel_server.state import ServerState
+from mlxcel_server.validation import parse_body
+
+
+def _prompts(body: CompletionRequest) -> list[str]:
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if not prompts:
+        raise invalid("prompt must be a string or a non-empty list of strings", "prompt")
+    return prompts
+
+
+def _chunk(prepared: generation.Prepared, choices: list[CompletionChoice]) -> Completion:
+    return Completion(
+        id=prepared.response_id,
+        created=prepared.created,
+        model=prepared.model_id,
+        choices=choices,
+    )
+
+
+async def _events(
+    prepared: generation.Prepared,
+    outputs: AsyncIterator[EngineOutput],
+    echoes: list[str],
+    n: int,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    started: set[int] = set()
+    stats = []
+    try:
+        async for output in outputs:
+            first = output.index not in started
+            started.add(output.index)
+            text = (echoes[output.index // n] if first else "") + output.text
+            if not (text or output.finished):
+                continue
+            chunk = _chunk(prepared, [CompletionChoice(index=output.index, text=text)])
+            if output.finish_reason is not None and output.stats is not None:
+                chunk.choices[0].finish_reason = output.finish_reason
+                stats.append(output.stats)
+                if len(stats) == len(prepared.requests):
+                    chunk.timings = make_timings(stats)
+            yield encode_event(chunk)
+    except ApiError as error:
+        yield encode_event(error.body())
+        return
+    if include_usage:
+        final = _chunk(prepared, [])
+        final.usage = make_usage(prepared.prompt_tokens, sum(s.generated_tokens for s in stats))
+        final.timings = make_timings(stats)
+        yield encode_event(final)
+    yield DONE
+
+
+def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
+    blueprint = Blueprint("completions", __name__)
+
+    @blueprint.post("/v1/completions")
+    @blueprint.post("/completions")
+    async def completions() -> Response:
+        body = await parse_body(CompletionRequest)
+        model = state.require_model()
+        generation.check_model_name(model, body.model)
+        prompts = _prompts(body)
+        tokenizer = model.loaded.tokenizer
+        ids = [await asyncio.to_thread(tokenizer.encode, text) for text in prompts]
+        for i, prompt_ids in enumerate(ids):
+            param = "prompt" if isinstance(body.prompt, str) else f"prompt[{i}]"
+            generation.check_prompt(prompt_ids, model.context_size, param)
+        prepared = generation.prepare(ids, body, model, settings, id_prefix="cmpl")
+        echoes = prompts if body.echo else [""] * len(prompts)
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            outputs = await generation.stream(model, prepared)
+            return sse_response(_events(prepared, outputs, echoes, body.n, include_usage))
+        results = await generation.collect(model, prepared)
+        completion = _chunk(
+            prepared,
+            [
+                CompletionChoice(
+                    index=r.index,
+                    text=echoes[r.index // body.n] + r.text,
+                    finish_reason=r.finish_reason,
+                )
+                for r in results
+            ],
+        )
+        completion.usage = make_usage(
+            prepared.prompt_tokens, sum(r.stats.generated_tokens for r in results)
+        )
+        completion.timings = make_timings([r.stats for r in results])
+        return jsonify(completion.model_dump(mode="json"))
+
+    return blueprint

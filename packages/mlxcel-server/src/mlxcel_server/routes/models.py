@@ -1,0 +1,40 @@
+"""`GET /health` and `GET /v1/models` (and `/models`)."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, jsonify
+
+from mlxcel_server.errors import ApiError
+from mlxcel_server.state import ServerState
+
+
+def make_blueprint(state: ServerState) -> Blueprint:
+    blueprint = Blueprint("models", __name__)
+
+    @blueprint.get("/health")
+    async def health() -> Response:
+        if not state.ready:
+            raise ApiError(503, "the model is loading", headers={"Retry-After": "1"})
+        return jsonify({"status": "ok"})
+
+    @blueprint.get("/v1/models")
+    @blueprint.get("/models")
+    async def models() -> Response:
+        model = state.require_model()
+        config = model.loaded.config
+        entry = {
+            "id": model.model_id,
+            "object": "model",
+            "created": model.created,
+            "owned_by": "mlxcel",
+            "meta": {
+                "n_ctx_train": config.context_length,
+                "n_ctx": model.context_size,
+                "n_vocab": config.vocab_size,
+                "n_params": config.num_parameters,
+                "size": config.weight_bytes,
+            },
+        }
+        return jsonify({"object": "list", "data": [entry]})
+
+    return blueprint

@@ -1,0 +1,51 @@
+"""Server settings: parsed at the edge (command line, environment), frozen here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlxcel_core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the app needs to know besides the model.
+
+    Attributes:
+        model_alias: the model's name in the API (`-a/--alias`); None uses the file name.
+        context_size: the context window (tokens); 0 uses the model's trained context.
+        n_predict: default token limit of a request; -1 = until the context is full.
+        prefill_step_size: prompt tokens per prefill forward pass.
+        sampling: per-request sampling defaults; request fields override them.
+        api_keys: accepted bearer keys; empty means no authentication.
+        cors_origins: origins allowed cross-origin access; "*" allows any.
+        max_body_bytes: largest accepted request body (bytes); larger ones get 413.
+        max_n: largest `n` (choices per prompt) a request may ask for.
+
+    Raises:
+        ValueError: a value is out of range; the message names the field.
+    """
+
+    model_alias: str | None = None
+    context_size: int = 4096
+    n_predict: int = -1
+    prefill_step_size: int = 2048
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 16 * 2**20
+    max_n: int = 16
+
+    def __post_init__(self) -> None:
+        if self.context_size < 0:
+            raise ValueError(f"context_size must be >= 0, got {self.context_size}")
+        if self.n_predict < -1:
+            raise ValueError(f"n_predict must be -1 or >= 0, got {self.n_predict}")
+        if self.prefill_step_size < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
+        if any(not key for key in self.api_keys):
+            raise ValueError("api_keys must not hold an empty key")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {self.max_n}")

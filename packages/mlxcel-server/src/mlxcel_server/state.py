@@ -1,0 +1,65 @@
+"""The long-lived objects the handlers use: the loaded model and its engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxcel_core.engine import Engine
+from mlxcel_models.loaded import LoadedModel
+from mlxcel_server.errors import ApiError
+
+
+@dataclass(frozen=True)
+class ServingModel:
+    """A loaded model with the engine that runs it.
+
+    Attributes:
+        loaded: the model, tokenizer and configuration.
+        engine: the engine generating with `loaded.model`.
+        model_id: the name clients use (the alias, else the model's file or folder name).
+        context_size: the context window requests get (tokens).
+        created: Unix time (seconds) the model became ready, reported by `/v1/models`.
+    """
+
+    loaded: LoadedModel
+    engine: Engine
+    model_id: str
+    context_size: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def answers_to(self, name: str) -> bool:
+        """Whether `name` names this model: its id, its path or its file name."""
+        path = self.loaded.source.path
+        return name in (self.model_id, str(path), Path(path).name)
+
+
+class ServerState:
+    """Holds the serving model once loading is done; handlers answer 503 before that."""
+
+    def __init__(self) -> None:
+        self._model: ServingModel | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._model is not None
+
+    def set_ready(self, model: ServingModel) -> None:
+        """Start serving `model`."""
+        self._model = model
+
+    def require_model(self) -> ServingModel:
+        """The serving model.
+
+        Raises:
+            ApiError: 503 while the model is loading.
+        """
+        if self._model is None:
+            raise ApiError(503, "the model is loading; retry shortly", headers={"Retry-After": "1"})
+        return self._model
+
+    def close(self, timeout: float | None = None) -> None:
+        """Shut the engine down (ending in-flight requests) and join its thread."""
+        if self._model is not None:
+            self._model.engine.shutdown(timeout)

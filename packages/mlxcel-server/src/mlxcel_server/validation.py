@@ -1,0 +1,59 @@
+"""Parsing a request body into a pydantic model, with OpenAI-shaped 400/415 errors."""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from quart import request
+
+from mlxcel_server.errors import ApiError, invalid
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _param(location: tuple) -> str:
+    text = ""
+    for part in location:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _message(error: ValidationError) -> tuple[str, str]:
+    first = error.errors(include_url=False)[0]
+    # Union members each report the field; the first member's name suffices.
+    location = tuple(part for part in first["loc"] if not (isinstance(part, str) and "[" in part))
+    location = tuple(p for p in location if p not in ("str", "list", "float", "bool", "int"))
+    param = _param(location)
+    if first["type"] == "extra_forbidden":
+        return f"unsupported parameter '{param}': mlxcel does not implement it", param
+    return f"{param}: {first['msg']}" if param else first["msg"], param
+
+
+async def parse_body(model: type[Model]) -> Model:
+    """Parse the JSON body of the current request as `model`.
+
+    Raises:
+        ApiError: 415 when the body is not declared as JSON; 400 when it is empty, not
+            JSON, not an object, or fails validation (naming the field).
+    """
+    if request.mimetype != "application/json":
+        raise ApiError(
+            415,
+            f"the request body must be application/json, got {request.mimetype or 'none'!r}",
+        )
+    data = await request.get_data()
+    if not data.strip():
+        raise invalid("the request body is empty; send a JSON object")
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise invalid(f"the request body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise invalid(f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        message, param = _message(error)
+        raise invalid(message, param) from error

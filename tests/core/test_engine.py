@@ -1,0 +1,197 @@
+"""The engine boundary on fake models: ordering, cancellation, overload and shutdown."""
+
+import threading
+from collections.abc import Sequence
+
+import mlx.core as mx
+import pytest
+
+from mlxcel_core.cache import DenseKVCache, KVCache
+from mlxcel_core.engine import (
+    Engine,
+    EngineClosedError,
+    EngineConfig,
+    EngineOverloadedError,
+    EngineRequest,
+    OutputQueue,
+    RequestCancelledError,
+)
+from mlxcel_core.generate import FinishReason, GenerationConfig
+from mlxcel_core.sampling import SamplingParams
+
+VOCAB = 32
+TIMEOUT = 10.0
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class CountingModel:
+    """Predicts `last input token + 1`; each forward waits for `gate` when one is given."""
+
+    def __init__(self, gate: threading.Semaphore | None = None) -> None:
+        self.gate = gate
+        self.forwards = 0
+
+    def make_cache(self) -> list[KVCache]:
+        return [DenseKVCache(step=8)]
+
+    def __call__(self, tokens: mx.array, cache: Sequence[KVCache], *, last_only=False):
+        if self.gate is not None:
+            assert self.gate.acquire(timeout=TIMEOUT)
+        self.forwards += 1
+        B, L = tokens.shape
+        cache[0].update_and_fetch(mx.zeros((B, 1, L, 1)), mx.zeros((B, 1, L, 1)))
+        logits = 10.0 * mx.eye(VOCAB)[(tokens + 1) % VOCAB]
+        return logits[:, -1:] if last_only else logits
+
+
+class LetterDetokenizer:
+    def add_token(self, token_id: int) -> str:
+        return chr(ord("a") + token_id)
+
+    def finalize(self) -> str:
+        return ""
+
+
+def make_request(prompt=(0,), max_tokens=3, index=0, sampling=GREEDY) -> EngineRequest:
+    return EngineRequest(
+        prompt_ids=prompt,
+        sampling=sampling,
+        generation=GenerationConfig(context_size=64, max_tokens=max_tokens),
+        detokenizer=LetterDetokenizer(),
+        index=index,
+    )
+
+
+def drain(sink: OutputQueue, count: int):
+    """Outputs until `count` terminal outputs arrived."""
+    outputs, finished = [], 0
+    while finished < count:
+        output = sink.get(timeout=TIMEOUT)
+        outputs.append(output)
+        finished += output.finished
+    return outputs
+
+
+@pytest.fixture
+def engine():
+    engine = Engine(CountingModel())
+    yield engine
+    engine.shutdown(timeout=TIMEOUT)
+
+
+def test_request_streams_text_then_one_terminal_output(engine):
+    sink = OutputQueue()
+    engine.submit([make_request()], sink)
+    outputs = drain(sink, 1)
+    assert "".join(o.text for o in outputs) == "bcd"
+    assert [o.finished for o in outputs] == [False, False, False, True]
+    assert outputs[-1].finish_reason is FinishReason.LENGTH
+    assert outputs[-1].stats.generated_tokens == 3
+    assert outputs[-1].seed is not None
+
+
+def test_group_outputs_carry_their_index(engine):
+    sink = OutputQueue()
+    engine.submit([make_request((i,), index=i) for i in range(3)], sink)
+    outputs = drain(sink, 3)
+    texts = {i: "".join(o.text for o in outputs if o.index == i) for i in range(3)}
+    assert texts == {0: "bcd", 1: "cde", 2: "def"}
+
+
+def test_seeded_requests_report_their_seed(engine):
+    sink = OutputQueue()
+    engine.submit([make_request(sampling=SamplingParams(seed=42))], sink)
+    assert drain(sink, 1)[-1].seed == 42
+
+
+def test_cancel_stops_a_running_request_within_one_step():
+    gate = threading.Semaphore(0)
+    model = CountingModel(gate)
+    engine = Engine(model)
+    try:
+        sink = OutputQueue()
+        handle = engine.submit([make_request(max_tokens=-1)], sink)
+        gate.release(3)  # prefill and two decode steps
+        first = sink.get(timeout=TIMEOUT)
+        assert first.text == "b" and not first.finished
+        handle.cancel()
+        gate.release(100)
+        rest = drain(sink, 1)
+        assert isinstance(rest[-1].error, RequestCancelledError)
+        assert len(rest) <= 2  # at most the step already in flight, then the terminal one
+        assert model.forwards <= 5
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+
+
+def test_cancelled_waiting_request_never_runs():
+    gate = threading.Semaphore(0)
+    engine = Engine(CountingModel(gate))
+    try:
+        first, second = OutputQueue(), OutputQueue()
+        engine.submit([make_request()], first)
+        handle = engine.submit([make_request()], second)
+        handle.cancel()
+        gate.release(100)
+        assert drain(first, 1)[-1].finish_reason is FinishReason.LENGTH
+        assert [type(o.error) for o in drain(second, 1)] == [RequestCancelledError]
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+
+
+def test_full_waiting_queue_raises_overloaded_with_a_retry_hint():
+    gate = threading.Semaphore(0)
+    engine = Engine(CountingModel(gate), EngineConfig(max_waiting=2, retry_after_seconds=3))
+    try:
+        running = OutputQueue()
+        engine.submit([make_request()], running)
+        gate.release(2)  # prefill, and the first decode step queued before token 1 is read
+        running.get(timeout=TIMEOUT)  # the first request left the queue
+        engine.submit([make_request(), make_request(index=1)], OutputQueue())
+        with pytest.raises(EngineOverloadedError) as caught:
+            engine.submit([make_request()], OutputQueue())
+        assert caught.value.retry_after_seconds == 3
+        assert engine.num_waiting == 2 and engine.num_running == 1
+    finally:
+        gate.release(100)
+        engine.shutdown(timeout=TIMEOUT)
+
+
+def test_shutdown_ends_running_and_waiting_requests_and_joins_the_thread():
+    gate = threading.Semaphore(0)
+    engine = Engine(CountingModel(gate))
+    running, waiting = OutputQueue(), OutputQueue()
+    engine.submit([make_request(max_tokens=-1)], running)
+    engine.submit([make_request()], waiting)
+    gate.release(2)
+    running.get(timeout=TIMEOUT)
+    stopper = threading.Thread(target=engine.shutdown, kwargs={"timeout": TIMEOUT})
+    stopper.start()
+    gate.release(100)
+    stopper.join(TIMEOUT)
+    assert isinstance(drain(running, 1)[-1].error, EngineClosedError)
+    assert isinstance(drain(waiting, 1)[-1].error, EngineClosedError)
+    assert not any(t.name == "mlxcel-engine" for t in threading.enumerate())
+    with pytest.raises(EngineClosedError):
+        engine.submit([make_request()], OutputQueue())
+
+
+def test_a_failing_request_reports_its_error_and_the_engine_goes_on(engine):
+    sink = OutputQueue()
+    too_long = EngineRequest(
+        prompt_ids=tuple(range(64)),
+        sampling=GREEDY,
+        generation=GenerationConfig(context_size=64),
+        detokenizer=LetterDetokenizer(),
+    )
+    engine.submit([too_long], sink)
+    assert isinstance(drain(sink, 1)[-1].error, ValueError)
+    engine.submit([make_request()], sink)
+    assert drain(sink, 1)[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_request_and_config_validation():
+    with pytest.raises(ValueError, match="prompt_ids"):
+        make_request(prompt=())
+    with pytest.raises(ValueError, match="max_waiting"):
+        EngineConfig(max_waiting=0)

@@ -1,0 +1,83 @@
+"""The app on the tiny GGUF model, driven by Quart's test client from synchronous tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import pytest
+from werkzeug.datastructures import Headers
+
+from mlxcel_core.engine import Engine
+from mlxcel_models.loading.loader import load_model
+from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: Headers
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+    def events(self) -> list:
+        """The `data:` payloads of an SSE body, `[DONE]` kept as the string."""
+        blocks = self.body.decode().split("\n\n")
+        payloads = [b.removeprefix("data: ") for b in blocks if b.startswith("data: ")]
+        return [p if p == "[DONE]" else json.loads(p) for p in payloads]
+
+
+class AppClient:
+    """Calls the app in-process; each call runs on a fresh event loop."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    def request(self, method: str, path: str, **kwargs) -> Reply:
+        async def call() -> Reply:
+            response = await self.app.test_client().open(path, method=method, **kwargs)
+            return Reply(response.status_code, response.headers, await response.get_data())
+
+        return asyncio.run(call())
+
+    def post(self, path: str, body=None, **kwargs) -> Reply:
+        if body is not None:
+            kwargs["json"] = body
+        return self.request("POST", path, **kwargs)
+
+    def get(self, path: str, **kwargs) -> Reply:
+        return self.request("GET", path, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_gguf):
+    return load_model(tiny_gguf)
+
+
+@pytest.fixture
+def make_client(tiny_loaded):
+    states = []
+
+    def make(context_size: int = 256, **settings) -> AppClient:
+        state = ServerState()
+        state.set_ready(ServingModel(tiny_loaded, Engine(tiny_loaded.model), "tiny", context_size))
+        states.append(state)
+        return AppClient(create_app(state, ServerSettings(**{"n_predict": 8, **settings})))
+
+    yield make
+    for state in states:
+        state.close(timeout=10)
+
+
+@pytest.fixture
+def client(make_client) -> AppClient:
+    return make_client()
+
+
+@pytest.fixture
+def loading_client() -> AppClient:
+    """An app whose model has not finished loading."""
+    return AppClient(create_app(ServerState(), ServerSettings()))

@@ -1,0 +1,205 @@
+"""The app in-process on the tiny GGUF model: shapes, fields, errors."""
+
+import pytest
+
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def chat(client, **fields):
+    return client.post(CHAT, {"messages": HELLO, **fields})
+
+
+def assert_error(reply, status, param=None, code=None, text=""):
+    assert reply.status == status, reply.body
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["code"] == code
+    assert text in error["message"]
+
+
+def test_chat_completion_shape_usage_and_timings(client):
+    body = chat(client, temperature=0, max_tokens=4).json()
+    assert body["object"] == "chat.completion" and body["model"] == "tiny"
+    (choice,) = body["choices"]
+    assert choice["index"] == 0 and choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] == "length"
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 4
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 4
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert body["timings"]["prompt_n"] == usage["prompt_tokens"]
+
+
+def test_unversioned_paths_answer_too(client):
+    assert client.post("/chat/completions", {"messages": HELLO, "max_tokens": 1}).status == 200
+    assert client.post("/completions", {"prompt": "hi", "max_tokens": 1}).status == 200
+
+
+def test_streamed_chat_equals_the_unstreamed_reply(client):
+    fields = {"temperature": 0, "max_tokens": 6}
+    full = chat(client, **fields).json()["choices"][0]["message"]["content"]
+    events = chat(client, stream=True, stream_options={"include_usage": True}, **fields).events()
+    assert events[-1] == "[DONE]"
+    usage_chunk = events[-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 6
+    chunks = events[:-2]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks) == full
+    assert [c["choices"][0]["finish_reason"] for c in chunks].count("length") == 1
+
+
+def test_max_tokens_null_is_absent_and_max_completion_tokens_caps(client):
+    assert chat(client, max_tokens=None).json()["usage"]["completion_tokens"] == 8
+    body = chat(client, max_completion_tokens=5, max_tokens=7).json()
+    assert body["usage"]["completion_tokens"] == 5
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_negative_token_limit_is_a_400_naming_it(client, field):
+    assert_error(chat(client, **{field: -3}), 400, field)
+
+
+def test_n_choices_seeds_and_greedy(client):
+    greedy = chat(client, n=4, temperature=0).json()["choices"]
+    assert [c["index"] for c in greedy] == [0, 1, 2, 3]
+    assert len({c["message"]["content"] for c in greedy}) == 1
+    seeded = [chat(client, n=4, temperature=1, seed=7, top_k=0, min_p=0).json() for _ in range(2)]
+    texts = [[c["message"]["content"] for c in body["choices"]] for body in seeded]
+    assert texts[0] == texts[1] and len(set(texts[0])) >= 2
+    events = chat(client, n=3, stream=True).events()[:-1]
+    finishes = [c["choices"][0]["index"] for c in events if c["choices"][0]["finish_reason"]]
+    assert sorted(finishes) == [0, 1, 2]
+
+
+def test_stop_string_and_logit_bias_change_the_output(client):
+    base = chat(client, temperature=0, max_tokens=8).json()["choices"][0]["message"]["content"]
+    stop = base[2:4]
+    stopped = chat(client, temperature=0, max_tokens=8, stop=[stop]).json()["choices"][0]
+    assert stopped["finish_reason"] == "stop" and stop not in stopped["message"]["content"]
+    (z,) = client.post("/tokenize", {"content": "z"}).json()["tokens"]
+    forced = chat(client, temperature=0, max_tokens=3, logit_bias={"z": 100}).json()
+    assert forced["choices"][0]["message"]["content"] == "zzz"
+    bans = {str(i): (False if i % 2 else -100) for i in range(263) if i != z}
+    banned = chat(client, temperature=1, max_tokens=3, logit_bias=bans).json()
+    assert banned["choices"][0]["message"]["content"] == "zzz"
+
+
+def test_completions_with_prompt_list_n_and_echo(client):
+    body = client.post(
+        "/v1/completions", {"prompt": ["hello", "x"], "n": 2, "echo": True, "max_tokens": 2}
+    ).json()
+    assert body["object"] == "text_completion"
+    texts = [c["text"] for c in body["choices"]]
+    assert [t[:5] for t in texts[:2]] == ["hello"] * 2 and texts[2].startswith("x")
+    assert body["usage"]["prompt_tokens"] == sum(
+        len(client.post("/tokenize", {"content": p}).json()["tokens"]) for p in ("hello", "x")
+    )
+    reply = client.post("/v1/completions", {"prompt": "hello", "echo": True, "stream": True})
+    events = reply.events()
+    assert events[0]["choices"][0]["text"].startswith("hello") and events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "text"),
+    [
+        ({"tools": [{"type": "function"}]}, "tools", "unsupported parameter"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported"),
+        ({"logprobs": True}, "logprobs", ""),
+        ({"temperature": "hot"}, "temperature", "temperature"),
+        ({"top_p": 2}, "top_p", "top_p"),
+        ({"n": 0}, "n", "n must be"),
+        ({"stop": ""}, "stop", "empty"),
+        ({"seed": -2}, "seed", "seed"),
+        ({"logit_bias": {"99999": 1}}, "logit_bias", "vocabulary"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+        ({"messages": []}, "messages", "at least one"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", ""),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, ""),
+    ],
+)
+def test_invalid_fields_are_400s_naming_the_field(client, fields, param, text):
+    reply = client.post(CHAT, {"messages": HELLO, **fields})
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    if param is not None:
+        assert error["param"] == param
+    assert text in error["message"]
+
+
+def test_body_errors(client):
+    assert_error(client.post(CHAT, data=b"{", headers={"Content-Type": "application/json"}), 400)
+    assert_error(client.post(CHAT, data=b"", headers={"Content-Type": "application/json"}), 400)
+    assert_error(client.post(CHAT, data=b"[1]", headers={"Content-Type": "application/json"}), 400)
+    assert_error(client.post(CHAT, data=b"{}", headers={"Content-Type": "text/plain"}), 415)
+    assert_error(client.post(CHAT, {"prompt": "x"}), 400, "messages")
+    assert_error(client.get("/nowhere"), 404)
+
+
+def test_body_over_the_limit_is_413(make_client):
+    small = make_client(max_body_bytes=100)
+    assert_error(small.post(CHAT, {"messages": [{"role": "user", "content": "x" * 200}]}), 413)
+
+
+def test_unknown_model_is_404_and_known_names_pass(client):
+    assert_error(chat(client, model="gpt-4"), 404, "model", "model_not_found")
+    assert chat(client, model="tiny", max_tokens=1).status == 200
+
+
+def test_prompt_longer_than_context_is_400_with_both_numbers(make_client):
+    small = make_client(context_size=32)
+    reply = small.post("/v1/completions", {"prompt": "hello " * 40, "stream": True})
+    assert_error(reply, 400, "prompt", "context_length_exceeded", "but the context size is 32")
+    assert "text/event-stream" not in reply.headers.get("Content-Type", "")
+
+
+@pytest.mark.parametrize("prompt", ["", [""], []])
+def test_empty_prompts_are_400_and_the_next_request_works(client, prompt):
+    assert client.post("/v1/completions", {"prompt": prompt}).status == 400
+    assert client.post("/v1/completions", {"prompt": "hi", "max_tokens": 1}).status == 200
+
+
+def test_empty_user_message_and_text_parts(client):
+    assert chat(client, messages=[{"role": "user", "content": ""}], max_tokens=1).status == 200
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": parts},
+    ]
+    prompt = client.post("/apply-template", {"messages": messages}).json()["prompt"]
+    assert prompt.index("sys") < prompt.index("hi") < prompt.index("first\nsecond")
+
+
+def test_api_key_is_required_except_for_health(make_client):
+    secured = make_client(api_keys=("k1", "k2"))
+    assert_error(secured.get("/v1/models"), 401, code="invalid_api_key")
+    assert_error(secured.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401,
+                 code="invalid_api_key")  # fmt: skip
+    assert secured.get("/v1/models", headers={"Authorization": "Bearer k2"}).status == 200
+    assert secured.get("/health").status == 200
+
+
+def test_cors_origin_is_echoed_only_when_allowed(make_client):
+    cors = make_client(cors_origins=("http://a.example",))
+    allowed = cors.get("/health", headers={"Origin": "http://a.example"})
+    assert allowed.headers["Access-Control-Allow-Origin"] == "http://a.example"
+    other = cors.get("/health", headers={"Origin": "http://b.example"})
+    assert "Access-Control-Allow-Origin" not in other.headers
+
+
+def test_loading_server_answers_503(loading_client):
+    loading = loading_client
+    assert_error(loading.get("/health"), 503)
+    reply = loading.post(CHAT, {"messages": HELLO})
+    assert_error(reply, 503)
+    assert reply.headers["Retry-After"] == "1"
+
+
+def test_models_tokenize_detokenize(client):
+    (model,) = client.get("/v1/models").json()["data"]
+    assert model["id"] == "tiny" and model["object"] == "model"
+    tokens = client.post("/tokenize", {"content": "hello"}).json()["tokens"]
+    assert client.post("/detokenize", {"tokens": tokens}).json() == {"content": "hello"}
+    assert_error(client.post("/detokenize", {"tokens": [10**6]}), 400, "tokens")
