@@ -106,7 +106,7 @@ def test_completions_with_prompt_list_n_and_echo(client):
     [
         ({"tools": [{"type": "function"}]}, "tools", "unsupported parameter"),
         ({"response_format": {"type": "json_object"}}, "response_format", "unsupported"),
-        ({"logprobs": True}, "logprobs", ""),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
         ({"temperature": "hot"}, "temperature", "temperature"),
         ({"top_p": 2}, "top_p", "top_p"),
         ({"n": 0}, "n", "n must be"),

@@ -63,7 +63,9 @@ class LiveServer:
 @pytest.fixture(scope="module")
 def tiny_server(tiny_gguf):
     # A context far larger than the tiny model needs, so a request can run for a long time.
-    server = LiveServer("-m", str(tiny_gguf), "-c", "100000", "-n", "16", "-a", "tiny")
+    server = LiveServer(
+        "-m", str(tiny_gguf), "-c", "100000", "-n", "16", "-a", "tiny", "--metrics"
+    )  # fmt: skip
     yield server
     server.stop()
 
@@ -81,6 +83,23 @@ def test_openai_client_chat_completions_and_streaming(tiny_server):
     completion = client.completions.create(model="tiny", prompt="hello", max_tokens=3)
     assert completion.usage.completion_tokens == 3
     assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_openai_client_reads_logprobs_and_metrics_count_them(tiny_server):
+    client = tiny_server.client()
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        temperature=0,
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(entry.top_logprobs) == 3 for entry in content)
+    assert all(entry.token == entry.top_logprobs[0].token for entry in content)
+    metrics = httpx.get(tiny_server.url + "/metrics", timeout=TIMEOUT).text
+    assert "llamacpp:tokens_predicted_total" in metrics
 
 
 def test_openai_client_sees_typed_errors(tiny_server):

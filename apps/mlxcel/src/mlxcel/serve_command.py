@@ -58,6 +58,13 @@ SERVER_FLAGS = (
          env="LLAMA_ARG_TIMEOUT"),
     Flag(("--cors",), "cors", str, None,
          "origins allowed cross-origin access, comma-separated, or '*'", env="LLAMA_ARG_CORS"),
+    Flag(("--metrics",), "metrics", bool, False, "serve Prometheus metrics at GET /metrics",
+         env="LLAMA_ARG_ENDPOINT_METRICS", is_switch=True),
+    Flag(("--slots",), "slots", bool, False, "serve slot monitoring at GET /slots",
+         env="LLAMA_ARG_ENDPOINT_SLOTS", is_switch=True),
+    Flag(("--props",), "props", bool, False,
+         "llama-server's switch for POST /props; mlxcel refuses property changes either way",
+         env="LLAMA_ARG_ENDPOINT_PROPS", is_switch=True),
 )  # fmt: skip
 FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *SERVER_FLAGS, *SAMPLING_FLAGS)
 
@@ -108,6 +115,9 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             sampling=sampling_params_from(args),
             api_keys=_api_keys(args),
             cors_origins=_split(args.cors),
+            endpoint_metrics=args.metrics,
+            endpoint_slots=args.slots,
+            endpoint_props=args.props,
         )
     except ValueError as error:
         raise UsageError(str(error)) from error

@@ -1,7 +1,8 @@
 """Single-sequence generation: chunked prefill, pipelined decode, stop criteria.
 
-Layered as mlx-lm's generator is: `generate_tokens` yields raw token ids, `stream_generate`
-turns them into text chunks with stop handling and timings.
+Layered as mlx-lm's generator is: `generate_steps` yields sampled tokens (with their log
+probabilities when asked), `generate_tokens` only their ids, and `stream_generate` turns them
+into text chunks with stop handling and timings.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from mlxcel_core.cache import KVCache
+from mlxcel_core.logprobs import PendingLogprobs, TokenLogprobs, make_logprobs
 from mlxcel_core.stopping import StopStringMatcher
 
 Sampler = Callable[[mx.array, mx.array], mx.array]
@@ -77,6 +79,8 @@ class GenerationConfig:
         prefill_step_size: prompt tokens per forward pass during prefill.
         stop_token_ids: tokens that end generation (EOS, end of turn); never shown.
         stop_strings: strings that end generation; never shown.
+        num_top_logprobs: None computes no log probabilities (no cost); k >= 0 reports each
+            sampled token's log probability and the k likeliest alternatives.
     """
 
     context_size: int
@@ -84,6 +88,7 @@ class GenerationConfig:
     prefill_step_size: int = 2048
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
+    num_top_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.context_size < 1:
@@ -92,6 +97,8 @@ class GenerationConfig:
             raise ValueError(f"max_tokens must be -1 (no limit) or >= 0, got {self.max_tokens}")
         if self.prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
+        if self.num_top_logprobs is not None and self.num_top_logprobs < 0:
+            raise ValueError(f"num_top_logprobs must be None or >= 0, got {self.num_top_logprobs}")
 
 
 @dataclass(frozen=True)
@@ -132,12 +139,28 @@ class GenerationChunk:
         token_id: the token that produced this chunk, or None for the final flush.
         finish_reason: set on the last chunk only.
         stats: set on the last chunk only.
+        logprobs: `token_id`'s log probabilities when `GenerationConfig.num_top_logprobs`
+            is set; None otherwise and on the final flush.
     """
 
     text: str
     token_id: int | None
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One decode step's result.
+
+    Attributes:
+        token_id: the sampled token.
+        logprobs: its log probabilities, when they were asked for.
+    """
+
+    token_id: int
+    logprobs: TokenLogprobs | None = None
 
 
 def prefill(
@@ -162,18 +185,24 @@ def prefill(
     return model(prompt[None], cache, last_only=True)[0, -1]
 
 
-def generate_tokens(
+def generate_steps(
     model: LanguageModel,
     prompt: Sequence[int],
     sampler: Sampler,
     *,
     cache: Sequence[KVCache] | None = None,
     prefill_step_size: int = 2048,
-) -> Iterator[int]:
-    """Yield sampled token ids without end; the caller decides when to stop.
+    num_top_logprobs: int | None = None,
+) -> Iterator[SampledToken]:
+    """Yield sampled tokens without end; the caller decides when to stop.
 
     Decode is pipelined: step n+1 is queued with `mx.async_eval` before token n is read
-    back, so the host never waits for the device between steps (as mlx-lm does).
+    back, so the host never waits for the device between steps (as mlx-lm does). Log
+    probabilities, when asked for, are queued in the same evaluation as their token.
+
+    Args:
+        num_top_logprobs: None for no log probabilities; k >= 0 for the sampled token's
+            log probability and the k likeliest alternatives (see `make_logprobs`).
 
     Raises:
         ValueError: `prompt` is empty.
@@ -182,16 +211,41 @@ def generate_tokens(
         raise ValueError("prompt must hold at least one token")
     cache = model.make_cache() if cache is None else cache
     history = mx.array(prompt, dtype=mx.int32)
-    logits = prefill(model, history, cache, prefill_step_size=prefill_step_size)
-    token = sampler(logits, history)
-    mx.async_eval(token)
+
+    def sample(logits: mx.array) -> tuple[mx.array, PendingLogprobs | None]:
+        token = sampler(logits, history)
+        if num_top_logprobs is None:
+            mx.async_eval(token)
+            return token, None
+        pending = make_logprobs(logits, token, num_top_logprobs)
+        mx.async_eval(token, *pending.arrays())
+        return token, pending
+
+    token, pending = sample(prefill(model, history, cache, prefill_step_size=prefill_step_size))
     while True:
         history = mx.concatenate([history, token.reshape(1)])
-        next_logits = model(token.reshape(1, 1), cache, last_only=True)[0, -1]
-        next_token = sampler(next_logits, history)
-        mx.async_eval(next_token)
-        yield int(token.item())
-        token = next_token
+        next_token, next_pending = sample(model(token.reshape(1, 1), cache, last_only=True)[0, -1])
+        token_id = int(token.item())
+        yield SampledToken(token_id, None if pending is None else pending.read(token_id))
+        token, pending = next_token, next_pending
+
+
+def generate_tokens(
+    model: LanguageModel,
+    prompt: Sequence[int],
+    sampler: Sampler,
+    *,
+    cache: Sequence[KVCache] | None = None,
+    prefill_step_size: int = 2048,
+) -> Iterator[int]:
+    """Yield sampled token ids without end (`generate_steps` without log probabilities).
+
+    Raises:
+        ValueError: `prompt` is empty.
+    """
+    steps = generate_steps(model, prompt, sampler, cache=cache, prefill_step_size=prefill_step_size)
+    for step in steps:
+        yield step.token_id
 
 
 def stream_generate(
@@ -224,8 +278,15 @@ def stream_generate(
     first_token_time = start
     generated = 0
     finish_reason = FinishReason.LENGTH
-    tokens = generate_tokens(model, prompt, sampler, prefill_step_size=config.prefill_step_size)
-    for token_id in tokens if budget > 0 else ():
+    steps = generate_steps(
+        model,
+        prompt,
+        sampler,
+        prefill_step_size=config.prefill_step_size,
+        num_top_logprobs=config.num_top_logprobs,
+    )
+    for step in steps if budget > 0 else ():
+        token_id = step.token_id
         generated += 1
         if generated == 1:
             first_token_time = time.perf_counter()
@@ -235,9 +296,9 @@ def stream_generate(
         match = matcher.feed(detokenizer.add_token(token_id))
         if match.stopped:
             finish_reason = FinishReason.STOP
-            yield GenerationChunk(match.text, token_id)
+            yield GenerationChunk(match.text, token_id, logprobs=step.logprobs)
             break
-        yield GenerationChunk(match.text, token_id)
+        yield GenerationChunk(match.text, token_id, logprobs=step.logprobs)
         if generated == budget:
             break
     end = time.perf_counter()

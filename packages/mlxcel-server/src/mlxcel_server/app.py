@@ -9,7 +9,7 @@ from quart import Quart, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from mlxcel_server.errors import ApiError
-from mlxcel_server.routes import chat, completions, models, tokenize
+from mlxcel_server.routes import audio, chat, completions, metrics, models, props, tokenize
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState
 
@@ -52,6 +52,9 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.register_blueprint(completions.make_blueprint(state, settings))
     app.register_blueprint(models.make_blueprint(state))
     app.register_blueprint(tokenize.make_blueprint(state))
+    app.register_blueprint(metrics.make_blueprint(state, settings))
+    app.register_blueprint(props.make_blueprint(state, settings))
+    app.register_blueprint(audio.make_blueprint())
 
     @app.before_request
     async def authenticate() -> Response | None:

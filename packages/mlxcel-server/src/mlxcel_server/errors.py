@@ -14,6 +14,7 @@ _TYPES = MappingProxyType(
         413: "invalid_request_error",
         415: "invalid_request_error",
         500: "server_error",
+        501: "not_supported_error",
         503: "unavailable_error",
     }
 )

@@ -22,6 +22,7 @@ from mlxcel_core.engine import (
     RequestHandle,
 )
 from mlxcel_core.generate import ContextOverflowError, GenerationStats
+from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_server.errors import ApiError, invalid
 from mlxcel_server.request_params import (
     check_n,
@@ -58,12 +59,21 @@ class Prepared:
 
 @dataclass(frozen=True)
 class ChoiceResult:
-    """One finished choice."""
+    """One finished choice.
+
+    Attributes:
+        index: the choice's index.
+        text: its whole text.
+        finish_reason: OpenAI's `finish_reason`.
+        stats: its timings.
+        logprobs: one entry per generated token shown, when the request asked for them.
+    """
 
     index: int
     text: str
     finish_reason: str
     stats: GenerationStats
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 def check_model_name(model: ServingModel, name: str | None) -> None:
@@ -97,8 +107,12 @@ def prepare(
     settings: ServerSettings,
     *,
     id_prefix: str,
+    num_top_logprobs: int | None = None,
 ) -> Prepared:
     """Build one engine request per choice of each prompt.
+
+    Args:
+        num_top_logprobs: None for no log probabilities, else the alternatives per token.
 
     Raises:
         ApiError: 400 naming the field at fault.
@@ -106,7 +120,9 @@ def prepare(
     check_n(fields, settings)
     tokenizer = model.loaded.tokenizer
     params = sampling_params(fields, settings.sampling, tokenizer)
-    config = generation_config(fields, settings, model.context_size, tokenizer)
+    config = generation_config(
+        fields, settings, model.context_size, tokenizer, num_top_logprobs=num_top_logprobs
+    )
     breakers = (
         tokenizer.token_ids_containing(params.dry_sequence_breakers)
         if params.dry_multiplier > 0
@@ -173,6 +189,8 @@ async def stream(model: ServingModel, prepared: Prepared) -> AsyncIterator[Engin
                 output = await sink.get()
                 if output.error is not None:
                     raise _api_error(output.error)
+                if output.stats is not None:
+                    model.totals.record(output.stats)
                 remaining -= output.finished
                 yield output
         finally:
@@ -188,13 +206,20 @@ async def collect(model: ServingModel, prepared: Prepared) -> list[ChoiceResult]
         ApiError: 503 on overload or shutdown; 500 when generation fails.
     """
     texts: dict[int, list[str]] = {}
+    logprobs: dict[int, list[TokenLogprobs]] = {}
     results: list[ChoiceResult] = []
     async for output in await stream(model, prepared):
         texts.setdefault(output.index, []).append(output.text)
+        if output.logprobs is not None:
+            logprobs.setdefault(output.index, []).append(output.logprobs)
         if output.finish_reason is not None and output.stats is not None:
             results.append(
                 ChoiceResult(
-                    output.index, "".join(texts[output.index]), output.finish_reason, output.stats
+                    output.index,
+                    "".join(texts[output.index]),
+                    output.finish_reason,
+                    output.stats,
+                    tuple(logprobs.get(output.index, ())),
                 )
             )
     return sorted(results, key=lambda result: result.index)

@@ -10,7 +10,7 @@ from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.errors import invalid
-from mlxcel_server.schemas import GenerationFields
+from mlxcel_server.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from mlxcel_server.settings import ServerSettings
 
 _SAMPLING_FIELDS = (
@@ -19,6 +19,9 @@ _SAMPLING_FIELDS = (
     "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
 )  # fmt: skip
 _SEED_LIMIT = 2**64
+# OpenAI's limits on the alternatives reported per token.
+_MAX_CHAT_TOP_LOGPROBS = 20
+_MAX_COMPLETION_LOGPROBS = 5
 # OpenAI: -100 "should result in a ban"; llama-server: `false` bans.
 _BAN = -100.0
 
@@ -113,13 +116,53 @@ def check_n(fields: GenerationFields, settings: ServerSettings) -> None:
         raise invalid(f"n must be in [1, {settings.max_n}], got {fields.n}", "n")
 
 
+def chat_num_top_logprobs(body: ChatCompletionRequest) -> int | None:
+    """Alternatives per token a chat request asks for; None when it wants no logprobs.
+
+    Raises:
+        ApiError: 400 naming `top_logprobs` when out of [0, 20] or set without `logprobs`.
+    """
+    top = body.top_logprobs
+    if top is not None and not 0 <= top <= _MAX_CHAT_TOP_LOGPROBS:
+        raise invalid(
+            f"top_logprobs must be in [0, {_MAX_CHAT_TOP_LOGPROBS}], got {top}", "top_logprobs"
+        )
+    if not body.logprobs:
+        if top is not None:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return top or 0
+
+
+def completion_num_logprobs(body: CompletionRequest) -> int | None:
+    """Alternatives per token a completion request asks for; None when it wants no logprobs.
+
+    Raises:
+        ApiError: 400 naming `logprobs` when out of [0, 5] or combined with `echo`.
+    """
+    count = body.logprobs
+    if count is None:
+        return None
+    if not 0 <= count <= _MAX_COMPLETION_LOGPROBS:
+        raise invalid(
+            f"logprobs must be in [0, {_MAX_COMPLETION_LOGPROBS}], got {count}", "logprobs"
+        )
+    if body.echo:
+        raise invalid(
+            "logprobs with echo (log probabilities of the prompt) is not supported", "logprobs"
+        )
+    return count
+
+
 def generation_config(
     fields: GenerationFields,
     settings: ServerSettings,
     context_size: int,
     tokenizer: Tokenizer,
+    *,
+    num_top_logprobs: int | None = None,
 ) -> GenerationConfig:
-    """Limits and stop criteria of each choice.
+    """Limits and stop criteria of each choice, and the log probabilities it reports.
 
     Raises:
         ApiError: 400 naming the field at fault.
@@ -130,4 +173,5 @@ def generation_config(
         prefill_step_size=settings.prefill_step_size,
         stop_token_ids=tokenizer.eos_token_ids,
         stop_strings=stop_strings(fields),
+        num_top_logprobs=num_top_logprobs,
     )

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from mlxcel_core.generate import GenerationStats
+from mlxcel_server.logprobs import ChatLogprobs, CompletionLogprobs
 
 
 class PromptTokensDetails(BaseModel):
@@ -43,7 +44,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -65,7 +66,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -82,7 +83,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

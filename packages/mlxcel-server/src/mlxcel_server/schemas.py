@@ -70,17 +70,22 @@ class GenerationFields(_Strict):
     dry_sequence_breakers: list[str] | None = None
     seed: int | None = None
     logit_bias: dict[str, float | bool] | None = None
-    # `false` and null ask for no log probabilities, which is what every reply carries.
-    logprobs: Literal[False] | None = None
 
 
 class ChatCompletionRequest(GenerationFields):
+    """A chat completion; `top_logprobs` (0-20) needs `logprobs: true`."""
+
     messages: list[ChatMessage]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(GenerationFields):
+    """A completion; `logprobs` (0-5) counts the alternatives reported per token."""
+
     prompt: str | list[str]
     echo: bool = False
+    logprobs: int | None = None
 
 
 class TokenizeRequest(_Strict):

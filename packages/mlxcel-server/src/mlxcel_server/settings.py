@@ -21,6 +21,10 @@ class ServerSettings:
         cors_origins: origins allowed cross-origin access; "*" allows any.
         max_body_bytes: largest accepted request body (bytes); larger ones get 413.
         max_n: largest `n` (choices per prompt) a request may ask for.
+        endpoint_metrics: serve `GET /metrics` (`--metrics`); off answers 501.
+        endpoint_slots: serve `GET /slots` (`--slots`); off answers 501.
+        endpoint_props: llama-server's `--props` (allow `POST /props`); mlxcel refuses
+            property changes either way, with a message saying which.
 
     Raises:
         ValueError: a value is out of range; the message names the field.
@@ -35,6 +39,9 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 16 * 2**20
     max_n: int = 16
+    endpoint_metrics: bool = False
+    endpoint_slots: bool = False
+    endpoint_props: bool = False
 
     def __post_init__(self) -> None:
         if self.context_size < 0:

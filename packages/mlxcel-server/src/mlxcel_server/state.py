@@ -9,6 +9,7 @@ from pathlib import Path
 from mlxcel_core.engine import Engine
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server.errors import ApiError
+from mlxcel_server.totals import GenerationTotals
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class ServingModel:
         model_id: the name clients use (the alias, else the model's file or folder name).
         context_size: the context window requests get (tokens).
         created: Unix time (seconds) the model became ready, reported by `/v1/models`.
+        totals: tokens and time of the choices finished so far (for `/metrics`).
     """
 
     loaded: LoadedModel
@@ -28,6 +30,7 @@ class ServingModel:
     model_id: str
     context_size: int
     created: int = field(default_factory=lambda: int(time.time()))
+    totals: GenerationTotals = field(default_factory=GenerationTotals, compare=False)
 
     def answers_to(self, name: str) -> bool:
         """Whether `name` names this model: its id, its path or its file name."""
@@ -44,6 +47,11 @@ class ServerState:
     @property
     def ready(self) -> bool:
         return self._model is not None
+
+    @property
+    def serving_model(self) -> ServingModel | None:
+        """The serving model, or None while loading."""
+        return self._model
 
     def set_ready(self, model: ServingModel) -> None:
         """Start serving `model`."""

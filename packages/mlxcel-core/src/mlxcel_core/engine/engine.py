@@ -188,6 +188,7 @@ class Engine:
                         chunk.finish_reason,
                         chunk.stats,
                         sampler.seed,
+                        logprobs=chunk.logprobs,
                     )
                 )
         # A failure of one request (a model error, an MLX error) must end that request with

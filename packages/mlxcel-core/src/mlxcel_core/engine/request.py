@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mlxcel_core.generate import Detokenizer, FinishReason, GenerationConfig, GenerationStats
+from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_core.sampling import SamplingParams
 
 
@@ -80,6 +81,8 @@ class EngineOutput:
         stats: the timings, set with `finish_reason`.
         seed: the seed of the request's sampler (reported back as llama-server does).
         error: set on the last output when the request did not finish normally.
+        logprobs: `token_id`'s log probabilities when the request's
+            `GenerationConfig.num_top_logprobs` is set; computed on the engine thread.
     """
 
     index: int
@@ -89,6 +92,7 @@ class EngineOutput:
     stats: GenerationStats | None = None
     seed: int | None = None
     error: Exception | None = None
+    logprobs: TokenLogprobs | None = None
 
     @property
     def finished(self) -> bool:

@@ -8,8 +8,11 @@ from collections.abc import AsyncIterator
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
+from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
+from mlxcel_server.logprobs import make_chat_logprobs
+from mlxcel_server.request_params import chat_num_top_logprobs
 from mlxcel_server.responses import (
     AssistantMessage,
     ChatChoice,
@@ -55,6 +58,7 @@ async def _events(
     prepared: generation.Prepared,
     outputs: AsyncIterator[EngineOutput],
     include_usage: bool,
+    tokenizer: Tokenizer,
 ) -> AsyncIterator[bytes]:
     started: set[int] = set()
     stats = []
@@ -63,10 +67,13 @@ async def _events(
         async for output in outputs:
             first = output.index not in started
             started.add(output.index)
-            if not (first or output.text or output.finished):
+            if not (first or output.text or output.finished or output.logprobs):
                 continue
             delta = ChatDelta(role="assistant" if first else None, content=output.text)
-            chunk = _chunk(prepared, [ChatChunkChoice(index=output.index, delta=delta)])
+            choice = ChatChunkChoice(index=output.index, delta=delta)
+            if output.logprobs is not None:
+                choice.logprobs = make_chat_logprobs([output.logprobs], tokenizer)
+            chunk = _chunk(prepared, [choice])
             if output.finish_reason is not None and output.stats is not None:
                 chunk.choices[0].finish_reason = output.finish_reason
                 stats.append(output.stats)
@@ -96,11 +103,15 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         generation.check_model_name(model, body.model)
         ids = await encode_messages(model, body.messages)
         generation.check_prompt(ids, model.context_size, "messages")
-        prepared = generation.prepare([ids], body, model, settings, id_prefix="chatcmpl")
+        num_top = chat_num_top_logprobs(body)
+        prepared = generation.prepare(
+            [ids], body, model, settings, id_prefix="chatcmpl", num_top_logprobs=num_top
+        )
+        tokenizer = model.loaded.tokenizer
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             outputs = await generation.stream(model, prepared)
-            return sse_response(_events(prepared, outputs, include_usage))
+            return sse_response(_events(prepared, outputs, include_usage, tokenizer))
         results = await generation.collect(model, prepared)
         completion = ChatCompletion(
             id=prepared.response_id,
@@ -111,6 +122,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                     index=r.index,
                     message=AssistantMessage(content=r.text),
                     finish_reason=r.finish_reason,
+                    logprobs=None if num_top is None else make_chat_logprobs(r.logprobs, tokenizer),
                 )
                 for r in results
             ],

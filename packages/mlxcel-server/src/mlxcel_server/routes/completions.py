@@ -8,8 +8,11 @@ from collections.abc import AsyncIterator
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
+from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
+from mlxcel_server.logprobs import make_completion_logprobs
+from mlxcel_server.request_params import completion_num_logprobs
 from mlxcel_server.responses import Completion, CompletionChoice, make_timings, make_usage
 from mlxcel_server.schemas import CompletionRequest
 from mlxcel_server.settings import ServerSettings
@@ -40,17 +43,25 @@ async def _events(
     echoes: list[str],
     n: int,
     include_usage: bool,
+    tokenizer: Tokenizer,
 ) -> AsyncIterator[bytes]:
     started: set[int] = set()
+    # Character offset in each choice's text where its next token's text begins.
+    offsets: dict[int, int] = {}
     stats = []
     try:
         async for output in outputs:
             first = output.index not in started
             started.add(output.index)
             text = (echoes[output.index // n] if first else "") + output.text
-            if not (text or output.finished):
+            if not (text or output.finished or output.logprobs):
                 continue
-            chunk = _chunk(prepared, [CompletionChoice(index=output.index, text=text)])
+            choice = CompletionChoice(index=output.index, text=text)
+            if output.logprobs is not None:
+                offset = offsets.get(output.index, len(echoes[output.index // n]))
+                choice.logprobs = make_completion_logprobs([output.logprobs], tokenizer, offset)
+                offsets[output.index] = offset + len(choice.logprobs.tokens[0])
+            chunk = _chunk(prepared, [choice])
             if output.finish_reason is not None and output.stats is not None:
                 chunk.choices[0].finish_reason = output.finish_reason
                 stats.append(output.stats)
@@ -83,12 +94,17 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         for i, prompt_ids in enumerate(ids):
             param = "prompt" if isinstance(body.prompt, str) else f"prompt[{i}]"
             generation.check_prompt(prompt_ids, model.context_size, param)
-        prepared = generation.prepare(ids, body, model, settings, id_prefix="cmpl")
+        num_logprobs = completion_num_logprobs(body)
+        prepared = generation.prepare(
+            ids, body, model, settings, id_prefix="cmpl", num_top_logprobs=num_logprobs
+        )
         echoes = prompts if body.echo else [""] * len(prompts)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             outputs = await generation.stream(model, prepared)
-            return sse_response(_events(prepared, outputs, echoes, body.n, include_usage))
+            return sse_response(
+                _events(prepared, outputs, echoes, body.n, include_usage, tokenizer)
+            )
         results = await generation.collect(model, prepared)
         completion = _chunk(
             prepared,
@@ -97,6 +113,11 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                     index=r.index,
                     text=echoes[r.index // body.n] + r.text,
                     finish_reason=r.finish_reason,
+                    logprobs=None
+                    if num_logprobs is None
+                    else make_completion_logprobs(
+                        r.logprobs, tokenizer, len(echoes[r.index // body.n])
+                    ),
                 )
                 for r in results
             ],

@@ -1,0 +1,99 @@
+"""`GET /metrics`: Prometheus text with llama-server's metric names, from prometheus-client.
+
+Counters are totals since start; the two throughput gauges cover the work finished since the
+previous scrape, as llama-server computes them (0 when there was none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from quart import Blueprint, Response
+
+from mlxcel_server.errors import ApiError
+from mlxcel_server.settings import ServerSettings
+from mlxcel_server.state import ServerState
+from mlxcel_server.totals import TotalsSnapshot
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if tokens and seconds > 0 else 0.0
+
+
+class LlamaServerCollector(Collector):
+    """Reads the serving model's totals and engine queue at each scrape.
+
+    Exposes `llamacpp:prompt_tokens_total`, `llamacpp:prompt_seconds_total`,
+    `llamacpp:tokens_predicted_total`, `llamacpp:tokens_predicted_seconds_total` (counters),
+    `llamacpp:prompt_tokens_seconds`, `llamacpp:predicted_tokens_seconds` (tokens/s),
+    `llamacpp:requests_processing` and `llamacpp:requests_deferred` (gauges).
+    """
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._previous = TotalsSnapshot()
+
+    def collect(self) -> Iterator[Metric]:
+        model = self._state.serving_model
+        totals = TotalsSnapshot() if model is None else model.totals.snapshot()
+        previous, self._previous = self._previous, totals
+        processing = 0 if model is None else model.engine.num_running
+        deferred = 0 if model is None else model.engine.num_waiting
+        yield CounterMetricFamily(
+            "llamacpp:prompt_tokens", "Number of prompt tokens processed.", totals.prompt_tokens
+        )
+        yield CounterMetricFamily(
+            "llamacpp:prompt_seconds", "Prompt process time", totals.prompt_seconds
+        )
+        yield CounterMetricFamily(
+            "llamacpp:tokens_predicted",
+            "Number of generation tokens processed.",
+            totals.predicted_tokens,
+        )
+        yield CounterMetricFamily(
+            "llamacpp:tokens_predicted_seconds", "Predict process time", totals.predicted_seconds
+        )
+        yield GaugeMetricFamily(
+            "llamacpp:prompt_tokens_seconds",
+            "Average prompt throughput in tokens/s.",
+            _rate(
+                totals.prompt_tokens - previous.prompt_tokens,
+                totals.prompt_seconds - previous.prompt_seconds,
+            ),
+        )
+        yield GaugeMetricFamily(
+            "llamacpp:predicted_tokens_seconds",
+            "Average generation throughput in tokens/s.",
+            _rate(
+                totals.predicted_tokens - previous.predicted_tokens,
+                totals.predicted_seconds - previous.predicted_seconds,
+            ),
+        )
+        yield GaugeMetricFamily(
+            "llamacpp:requests_processing", "Number of requests processing.", processing
+        )
+        yield GaugeMetricFamily(
+            "llamacpp:requests_deferred", "Number of requests deferred.", deferred
+        )
+
+
+def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
+    blueprint = Blueprint("metrics", __name__)
+    # One registry per app: two apps in one process (tests) never share series.
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LlamaServerCollector(state))
+
+    @blueprint.get("/metrics")
+    async def metrics() -> Response:
+        if not settings.endpoint_metrics:
+            raise ApiError(
+                501,
+                "This server does not support metrics endpoint. Start it with `--metrics`",
+                code="not_supported",
+            )
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+    return blueprint

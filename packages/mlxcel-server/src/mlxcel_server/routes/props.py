@@ -1,0 +1,94 @@
+"""llama-server's `GET /props` and `GET /slots` (one slot: requests run one at a time)."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+from quart import Blueprint, Response, jsonify
+
+from mlxcel_server.errors import ApiError
+from mlxcel_server.settings import ServerSettings
+from mlxcel_server.state import ServerState, ServingModel
+
+
+def default_params(settings: ServerSettings) -> dict:
+    """The sampling and length defaults a request gets, in llama-server's slot `params` names."""
+    sampling = settings.sampling
+    return {
+        "n_predict": settings.n_predict,
+        "seed": -1 if sampling.seed is None else sampling.seed,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "typical_p": sampling.typical_p,
+        "top_n_sigma": sampling.top_n_sigma,
+        "xtc_probability": sampling.xtc_probability,
+        "xtc_threshold": sampling.xtc_threshold,
+        "repeat_last_n": sampling.repeat_last_n,
+        "repeat_penalty": sampling.repeat_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "dry_multiplier": sampling.dry_multiplier,
+        "dry_base": sampling.dry_base,
+        "dry_allowed_length": sampling.dry_allowed_length,
+        "dry_penalty_last_n": sampling.dry_penalty_last_n,
+        "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
+        "samplers": [stage.value for stage in sampling.samplers],
+    }
+
+
+def _slot(model: ServingModel) -> dict:
+    return {
+        "id": 0,
+        "n_ctx": model.context_size,
+        "speculative": False,
+        "is_processing": model.engine.num_running > 0,
+    }
+
+
+def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
+    blueprint = Blueprint("props", __name__)
+
+    @blueprint.get("/props")
+    async def props() -> Response:
+        model = state.require_model()
+        return jsonify(
+            {
+                "default_generation_settings": {
+                    **_slot(model),
+                    "params": default_params(settings),
+                },
+                "total_slots": 1,
+                "model_alias": model.model_id,
+                "model_path": str(model.loaded.source.path),
+                "chat_template": model.loaded.tokenizer.chat_template or "",
+                "modalities": {"vision": False, "audio": False},
+                "endpoint_slots": settings.endpoint_slots,
+                "endpoint_props": settings.endpoint_props,
+                "endpoint_metrics": settings.endpoint_metrics,
+                "build_info": f"mlxcel-server {version('mlxcel-server')}",
+            }
+        )
+
+    @blueprint.post("/props")
+    async def change_props() -> Response:
+        if not settings.endpoint_props:
+            message = (
+                "This server does not support changing global properties. Start it with `--props`"
+            )
+        else:
+            message = "mlxcel does not support changing global properties; restart with new flags"
+        raise ApiError(501, message, code="not_supported")
+
+    @blueprint.get("/slots")
+    async def slots() -> Response:
+        if not settings.endpoint_slots:
+            raise ApiError(
+                501,
+                "This server does not support slots endpoint. Start it with `--slots`",
+                code="not_supported",
+            )
+        return jsonify([_slot(state.require_model())])
+
+    return blueprint
