@@ -12,7 +12,7 @@ TOKENS = mx.array([[5, 80, 81, 200, 17, 42, 9, 260] * 5])
 
 def test_cpu_defaults_are_float32_with_the_prefill_tactic():
     options = ComputeOptions.for_device(mx.Device(mx.cpu))
-    assert options == ComputeOptions(float_dtype=mx.float32, dequantize_min_rows=32)
+    assert options == ComputeOptions(float_dtype=mx.float32, dequantize_min_rows=4)
     assert ComputeOptions.for_device(mx.Device(mx.gpu)) == ComputeOptions()
 
 

@@ -117,6 +117,9 @@ def test_completions_with_prompt_list_n_and_echo(client):
         ({"messages": []}, "messages", "at least one"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", ""),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, ""),
+        ({"messages": [{"role": "user"}]}, "messages[0]", "needs content"),
+        ({"messages": [{"role": "system", "content": []}]}, "messages[0]", "needs content"),
+        ({"logit_bias": {"": 5}}, "logit_bias", "names no token"),
     ],
 )
 def test_invalid_fields_are_400s_naming_the_field(client, fields, param, text):
@@ -134,6 +137,11 @@ def test_body_errors(client):
     assert_error(client.post(CHAT, data=b"[1]", headers={"Content-Type": "application/json"}), 400)
     assert_error(client.post(CHAT, data=b"{}", headers={"Content-Type": "text/plain"}), 415)
     assert_error(client.post(CHAT, {"prompt": "x"}), 400, "messages")
+    json_headers = {"Content-Type": "application/json"}
+    lone_surrogate = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
+    assert_error(client.post(CHAT, data=lone_surrogate, headers=json_headers), 400)
+    deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert_error(client.post(CHAT, data=deep, headers=json_headers), 400, text="nested too deeply")
     assert_error(client.get("/nowhere"), 404)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, TextIO
 
-from mlxcel.flags import InputError, UsageError
+from mlxcel.flags import InputError, RunError, UsageError
 from mlxcel_core.generate import ContextOverflowError
 from mlxcel_models.errors import ModelLoadError
 
@@ -77,7 +77,7 @@ def main(
     except UsageError as error:
         _report(err, error)
         return EXIT_USAGE
-    except (InputError, ModelLoadError, ContextOverflowError) as error:
+    except (InputError, RunError, ModelLoadError, ContextOverflowError) as error:
         _report(err, error)
         return EXIT_FAILURE
     except BrokenPipeError:

@@ -45,6 +45,9 @@ def run_server() -> NoReturn:
 
 
 def _run(argv: list[str]) -> NoReturn:
+    # mlxcel uses transformers for tokenizers and chat templates only, which need no
+    # PyTorch; its advice that PyTorch is missing would only confuse.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         _reexec_with_openblas(argv)
         from mlxcel.cli import main

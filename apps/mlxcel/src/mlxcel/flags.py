@@ -24,6 +24,11 @@ class InputError(Exception):
     """The prompt or a file it names cannot be used (exit code 1)."""
 
 
+class RunError(Exception):
+    """The command cannot do its work for a reason outside its input, such as a port
+    already in use (exit code 1)."""
+
+
 @dataclass(frozen=True)
 class Flag:
     """One command-line option.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import socket
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from mlxcel.flags import (
     SAMPLING_FLAGS,
     Flag,
     InputError,
+    RunError,
     UsageError,
     add_flags,
     resolve_defaults,
@@ -38,6 +40,8 @@ from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
 
 GRACEFUL_SHUTDOWN_SECONDS = 10.0
+# Time for requests ended by the engine to send their error event and close.
+ENGINE_STOP_SECONDS = 5.0
 
 SERVER_FLAGS = (
     Flag(("--host",), "host", str, "127.0.0.1", "address to listen on", env="LLAMA_ARG_HOST"),
@@ -87,6 +91,9 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
         except (OSError, UnicodeDecodeError) as error:
             raise InputError(f"cannot read --api-key-file {args.api_key_file}: {error}") from error
         keys += tuple(line.strip() for line in lines if line.strip())
+    if not keys and (args.api_key is not None or args.api_key_file is not None):
+        # An empty key list would silently turn authentication off.
+        raise UsageError("--api-key/--api-key-file gave no keys; give at least one")
     return keys
 
 
@@ -157,11 +164,20 @@ async def serve_until_stopped(
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
 
+    async def end_requests_after_grace() -> None:
+        # Requests still running after the grace period are ended through the engine, so
+        # each ends with an error event while Hypercorn still waits for its response.
+        await stop.wait()
+        await asyncio.sleep(GRACEFUL_SHUTDOWN_SECONDS)
+        await asyncio.to_thread(state.close)
+
     loader = threading.Thread(target=load, name="mlxcel-load", daemon=True)
     loader.start()
+    closer = asyncio.create_task(end_requests_after_grace())
     try:
         await serve(app, config, shutdown_trigger=stop.wait)
     finally:
+        closer.cancel()
         await asyncio.to_thread(loader.join)
         state.close()
     if failures:
@@ -176,8 +192,28 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     config = Config()
     config.bind = [f"{args.host}:{args.port}"]
     config.read_timeout = args.timeout
-    config.graceful_timeout = GRACEFUL_SHUTDOWN_SECONDS
+    config.graceful_timeout = GRACEFUL_SHUTDOWN_SECONDS + ENGINE_STOP_SECONDS
     config.accesslog = None
+    _check_can_listen(args.host, args.port)
     print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
-    asyncio.run(serve_until_stopped(app, config, state, settings, args.model))
+    try:
+        asyncio.run(serve_until_stopped(app, config, state, settings, args.model))
+    except OSError as error:
+        message = f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
+        raise RunError(message) from error
     return 0
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Bind once before announcing the address, so a taken port is reported as such.
+
+    Raises:
+        RunError: the address cannot be bound (in use, unknown host, no permission).
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as error:
+        raise RunError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error

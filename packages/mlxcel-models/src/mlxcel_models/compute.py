@@ -11,7 +11,7 @@ from mlx.utils import tree_map, tree_unflatten
 from mlxcel_core.kernels import quantized_linear
 
 # Rows of input from which quantized layers dequantize for a dense GEMM (prefill chunks).
-CPU_DEQUANTIZE_MIN_ROWS = 32
+CPU_DEQUANTIZE_MIN_ROWS = 4
 
 
 @dataclass(frozen=True)

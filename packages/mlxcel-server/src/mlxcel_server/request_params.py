@@ -35,6 +35,8 @@ def _logit_bias(fields: GenerationFields, tokenizer: Tokenizer) -> dict[int, flo
             raise invalid(f"logit_bias[{key!r}] must be in [-100, 100], got {value}", "logit_bias")
         # Digits name a token id (OpenAI); other text names the tokens it encodes to.
         ids = [int(key)] if key.isdigit() else tokenizer.encode(key, add_special_tokens=False)
+        if not ids:
+            raise invalid(f"logit_bias[{key!r}] names no token", "logit_bias")
         for token_id in ids:
             if not 0 <= token_id < tokenizer.vocab_size:
                 raise invalid(

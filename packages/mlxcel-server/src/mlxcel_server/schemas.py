@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class _Strict(BaseModel):
@@ -25,10 +25,19 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    """A message; content is a string or a list of text parts (joined with newlines)."""
+    """A message; content is a string or a list of text parts (joined with newlines).
+
+    Only an assistant message may leave its content out; an empty string is content.
+    """
 
     role: Literal["system", "user", "assistant"]
     content: str | list[TextPart] | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.role != "assistant" and (self.content is None or self.content == []):
+            raise ValueError(f"a {self.role} message needs content (a string or text parts)")
+        return self
 
     def text(self) -> str:
         if self.content is None:

@@ -48,8 +48,12 @@ async def parse_body(model: type[Model]) -> Model:
         raise invalid("the request body is empty; send a JSON object")
     try:
         body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        # A lone surrogate escape ("\ud800") parses, but is no text a tokenizer can take.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (UnicodeError, json.JSONDecodeError) as error:
         raise invalid(f"the request body is not valid JSON: {error}") from error
+    except RecursionError as error:
+        raise invalid("the request body is not valid JSON: it is nested too deeply") from error
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, got {type(body).__name__}")
     try:
