@@ -152,3 +152,21 @@ def test_bench_rejects_bad_sizes(tiny_gguf):
 def test_help_and_version_return_zero():
     assert run_cli("generate", "--help")[0] == 0
     assert run_cli("--version")[0] == 0
+
+
+def test_repeatable_dry_breakers_from_flags_and_environment():
+    from mlxcel.cli import make_parser
+    from mlxcel.flags import resolve_defaults, sampling_params_from
+    from mlxcel.generate_command import FLAGS
+
+    def params(argv, environ):
+        args = make_parser("generate").parse_args(["generate", *argv])
+        resolve_defaults(args, FLAGS, environ)
+        return sampling_params_from(args)
+
+    given = ["--dry-sequence-breaker", "\n", "--dry-sequence-breaker", "###"]
+    assert params(given, {}).dry_sequence_breakers == ("\n", "###")
+    from_env = params([], {"LLAMA_ARG_DRY_SEQUENCE_BREAKER": "END"})
+    assert from_env.dry_sequence_breakers == ("END",)
+    assert params(["--dry-sequence-breaker", "none"], {}).dry_sequence_breakers == ()
+    assert params([], {}).dry_sequence_breakers == ("\n", ":", '"', "*")

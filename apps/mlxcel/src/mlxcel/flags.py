@@ -41,6 +41,8 @@ class Flag:
         help: one line for `--help`.
         env: the environment variable mirroring it; derived from the long name if empty.
         is_switch: a flag without a value (its environment mirror takes 1/0/true/false).
+        repeatable: the flag may be given several times; its value is the list of them
+            (its environment mirror gives one).
     """
 
     names: tuple[str, ...]
@@ -50,6 +52,7 @@ class Flag:
     help: str
     env: str = ""
     is_switch: bool = False
+    repeatable: bool = False
 
     @property
     def env_name(self) -> str:
@@ -114,7 +117,8 @@ SAMPLING_FLAGS = (
     Flag(("--dry-penalty-last-n",), "dry_penalty_last_n", int, -1,
          "tokens DRY scans; 0 = off, -1 = context size"),
     Flag(("--dry-sequence-breaker",), "dry_sequence_breakers", str, None,
-         "a string that ends a DRY repetition (repeatable; 'none' clears the defaults)"),
+         "a string that ends a DRY repetition (repeatable; 'none' clears the defaults)",
+         repeatable=True),
     Flag(("--samplers",), "samplers", parse_sampler_order, None,
          "sampler order, ';'-separated names or a letter sequence (default: "
          "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)"),
@@ -131,7 +135,7 @@ def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
             parser.add_argument(
                 *flag.names, dest=flag.dest, action="store_const", const=True, help=help_text
             )
-        elif flag.dest == "dry_sequence_breakers":
+        elif flag.repeatable:
             parser.add_argument(*flag.names, dest=flag.dest, action="append", help=help_text)
         else:
             parser.add_argument(*flag.names, dest=flag.dest, type=str, help=help_text)
@@ -156,7 +160,7 @@ def resolve_defaults(
         source = flag.names[-1]
         if given is None and flag.env_name in environ:
             given, source = environ[flag.env_name], flag.env_name
-            if flag.dest == "dry_sequence_breakers":
+            if flag.repeatable:
                 given = [given]
         if given is None:
             setattr(namespace, flag.dest, flag.default)
