@@ -5,7 +5,9 @@ import io
 import mlx.core as mx
 import pytest
 
-from mlxcel.cli import main
+from mlxcel.cli import main, make_parser
+from mlxcel.flags import resolve_defaults, sampling_params_from
+from mlxcel.generate_command import FLAGS
 
 from factories import TinyConfig, write_gguf_model, write_safetensors_model
 
@@ -155,10 +157,6 @@ def test_help_and_version_return_zero():
 
 
 def test_repeatable_dry_breakers_from_flags_and_environment():
-    from mlxcel.cli import make_parser
-    from mlxcel.flags import resolve_defaults, sampling_params_from
-    from mlxcel.generate_command import FLAGS
-
     def params(argv, environ):
         args = make_parser("generate").parse_args(["generate", *argv])
         resolve_defaults(args, FLAGS, environ)
