@@ -61,9 +61,12 @@ def tiny_loaded(tiny_gguf):
 def make_client(tiny_loaded):
     states = []
 
-    def make(context_size: int = 256, **settings) -> AppClient:
+    def make(context_size: int = 256, *, loaded=None, engine=None, **settings) -> AppClient:
+        """An app on `loaded` (default: the tiny model) run by `engine` (default: a real one)."""
+        loaded = loaded or tiny_loaded
+        engine = engine or Engine(loaded.model)
         state = ServerState()
-        state.set_ready(ServingModel(tiny_loaded, Engine(tiny_loaded.model), "tiny", context_size))
+        state.set_ready(ServingModel(loaded, engine, "tiny", context_size))
         states.append(state)
         return AppClient(create_app(state, ServerSettings(**{"n_predict": 8, **settings})))
 

@@ -104,7 +104,7 @@ def test_completions_with_prompt_list_n_and_echo(client):
 @pytest.mark.parametrize(
     ("fields", "param", "text"),
     [
-        ({"tools": [{"type": "function"}]}, "tools", "unsupported parameter"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function", "required"),
         ({"response_format": {"type": "json_object"}}, "response_format", "unsupported"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
         ({"temperature": "hot"}, "temperature", "temperature"),
@@ -115,7 +115,8 @@ def test_completions_with_prompt_list_n_and_echo(client):
         ({"logit_bias": {"99999": 1}}, "logit_bias", "vocabulary"),
         ({"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
         ({"messages": []}, "messages", "at least one"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", ""),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]", "tool_call_id"),
+        ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role", ""),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, ""),
         ({"messages": [{"role": "user"}]}, "messages[0]", "needs content"),
         ({"messages": [{"role": "system", "content": []}]}, "messages[0]", "needs content"),

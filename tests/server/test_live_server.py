@@ -117,8 +117,8 @@ def test_raw_http_error_cases(tiny_server):
                       timeout=TIMEOUT).status_code == 400  # fmt: skip
     assert httpx.post(url, content=b"{}", headers={"Content-Type": "text/plain"},
                       timeout=TIMEOUT).status_code == 415  # fmt: skip
-    reply = httpx.post(url, json={"messages": [], "tools": []}, timeout=TIMEOUT)
-    assert reply.status_code == 400 and reply.json()["error"]["param"] == "tools"
+    reply = httpx.post(url, json={"messages": [], "tool_choice": "required"}, timeout=TIMEOUT)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "tool_choice"
 
 
 def test_a_disconnect_cancels_its_request(tiny_server):
@@ -173,3 +173,34 @@ def test_smollm2_answers_paris_and_streams_whole_characters(smollm2_path):
         assert "🦙" in reply, reply
     finally:
         assert server.stop() == 0
+
+
+def test_openai_client_responses_streaming_and_store(tiny_server):
+    client = tiny_server.client()
+    first = client.responses.create(model="tiny", input="hello", max_output_tokens=5)
+    assert first.status == "incomplete" and first.incomplete_details.reason == "max_output_tokens"
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    events = list(
+        client.responses.create(
+            model="tiny", input="again", previous_response_id=first.id, temperature=0, stream=True
+        )
+    )
+    names = [event.type for event in events]
+    assert names[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert names[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+    assert "".join(deltas) == events[-1].response.output_text
+    assert events[-1].response.usage.input_tokens > first.usage.input_tokens
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_missing")

@@ -9,7 +9,16 @@ from quart import Quart, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from mlxcel_server.errors import ApiError
-from mlxcel_server.routes import audio, chat, completions, metrics, models, props, tokenize
+from mlxcel_server.routes import (
+    audio,
+    chat,
+    completions,
+    metrics,
+    models,
+    props,
+    responses,
+    tokenize,
+)
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState
 
@@ -55,6 +64,7 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.register_blueprint(metrics.make_blueprint(state, settings))
     app.register_blueprint(props.make_blueprint(state, settings))
     app.register_blueprint(audio.make_blueprint())
+    app.register_blueprint(responses.make_blueprint(state, settings))
 
     @app.before_request
     async def authenticate() -> Response | None:

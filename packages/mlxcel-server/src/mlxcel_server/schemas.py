@@ -6,9 +6,13 @@ with a 400 naming it, never silently ignored.
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# OpenAI's rule for function names.
+_FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 class _Strict(BaseModel):
@@ -24,19 +28,54 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    """A function an assistant called; `arguments` is JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+    def template_dict(self) -> dict[str, Any]:
+        """The call as chat templates read it: arguments as an object where they parse as one
+        (templates such as Qwen's write them with `tojson`)."""
+        try:
+            arguments = json.loads(self.function.arguments)
+        except json.JSONDecodeError:
+            arguments = self.function.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.function.name, "arguments": arguments},
+        }
+
+
 class ChatMessage(_Strict):
     """A message; content is a string or a list of text parts (joined with newlines).
 
-    Only an assistant message may leave its content out; an empty string is content.
+    `developer` is OpenAI's newer name for `system`. Only an assistant message may leave its
+    content out (it then usually carries `tool_calls`); an empty string is content. A `tool`
+    message answers the call named by its `tool_call_id`.
     """
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     @model_validator(mode="after")
-    def _content_present(self) -> ChatMessage:
+    def _fields_fit_the_role(self) -> ChatMessage:
         if self.role != "assistant" and (self.content is None or self.content == []):
             raise ValueError(f"a {self.role} message needs content (a string or text parts)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message may carry tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool message needs tool_call_id, and only a tool message has one")
         return self
 
     def text(self) -> str:
@@ -45,6 +84,51 @@ class ChatMessage(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (`developer` rendered as `system`)."""
+        message: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(_Strict):
+    """A function the model may call; `parameters` is a JSON schema of its arguments."""
+
+    name: str = Field(pattern=_FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def template_dict(self) -> dict[str, Any]:
+        """The definition as chat templates read it, fields left out staying out."""
+        function: dict[str, Any] = {"name": self.function.name}
+        if self.function.description is not None:
+            function["description"] = self.function.description
+        if self.function.parameters is not None:
+            function["parameters"] = self.function.parameters
+        return {"type": "function", "function": function}
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class GenerationFields(_Strict):
@@ -82,11 +166,18 @@ class GenerationFields(_Strict):
 
 
 class ChatCompletionRequest(GenerationFields):
-    """A chat completion; `top_logprobs` (0-20) needs `logprobs: true`."""
+    """A chat completion; `top_logprobs` (0-20) needs `logprobs: true`.
+
+    `tool_choice` defaults to "auto" with tools and "none" without; `parallel_tool_calls:
+    false` keeps only a reply's first call.
+    """
 
     messages: list[ChatMessage]
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(GenerationFields):

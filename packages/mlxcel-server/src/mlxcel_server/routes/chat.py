@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 from quart import Blueprint, Response, jsonify
 
@@ -20,29 +22,114 @@ from mlxcel_server.responses import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    FunctionCallOut,
+    ToolCallDelta,
+    ToolCallOut,
     make_timings,
     make_usage,
 )
-from mlxcel_server.schemas import ChatCompletionRequest, ChatMessage
+from mlxcel_server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import DONE, encode_event, sse_response
 from mlxcel_server.state import ServerState, ServingModel
+from mlxcel_server.tool_calls import (
+    ParsedToolCall,
+    ToolCallFormat,
+    ToolCallStream,
+    detect_format,
+    parse_tool_calls,
+)
 from mlxcel_server.validation import parse_body
 
 
-async def encode_messages(model: ServingModel, messages: list[ChatMessage]) -> list[int]:
+@dataclass(frozen=True)
+class ToolUse:
+    """How a request's replies are read for tool calls.
+
+    Attributes:
+        tool_format: the model's tool-call convention.
+        parallel: whether a reply may make several calls (else only the first is kept).
+    """
+
+    tool_format: ToolCallFormat
+    parallel: bool
+
+    def kept(self, calls: Sequence[ParsedToolCall]) -> Sequence[ParsedToolCall]:
+        return calls if self.parallel else calls[:1]
+
+
+def make_tool_use(body: ChatCompletionRequest, chat_template: str | None) -> ToolUse | None:
+    """The request's tool use; None when no tools are offered or `tool_choice` is "none".
+
+    Raises:
+        ApiError: 400 naming `tool_choice` when it forces a call (that needs constrained
+            decoding) or comes without tools; 400 naming `tools` when the model's chat
+            template teaches no tool-call convention mlxcel can read.
+    """
+    if body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice):
+        raise invalid(
+            "tool_choice 'required' or a named function forces a tool call, which needs "
+            "constrained decoding; mlxcel does not implement it yet (use 'auto' or 'none')",
+            "tool_choice",
+        )
+    if not body.tools:
+        if body.tool_choice not in (None, "none"):
+            raise invalid("tool_choice needs tools", "tool_choice")
+        return None
+    if body.tool_choice == "none":
+        return None
+    tool_format = detect_format(chat_template)
+    if tool_format is None:
+        raise invalid(
+            "the model's chat template teaches no tool-call convention mlxcel can read "
+            "(Hermes <tool_call> or Llama-3 JSON), so its tool calls could not be parsed",
+            "tools",
+        )
+    return ToolUse(tool_format, body.parallel_tool_calls)
+
+
+async def encode_messages(
+    model: ServingModel, messages: list[ChatMessage], *, tools: Sequence[dict] | None = None
+) -> list[int]:
     """Token ids of the conversation through the model's chat template (off the event loop).
+
+    Args:
+        tools: function definitions the template renders, or None for none.
 
     Raises:
         ApiError: 400 for no messages, or when the template rejects the conversation.
     """
     if not messages:
         raise invalid("messages must hold at least one message", "messages")
-    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    conversation = [m.template_dict() for m in messages]
     try:
-        return await asyncio.to_thread(model.loaded.tokenizer.encode_chat, conversation)
+        return await asyncio.to_thread(
+            model.loaded.tokenizer.encode_chat, conversation, tools=tools
+        )
     except ValueError as error:
         raise invalid(str(error), "messages") from error
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _function(call: ParsedToolCall) -> FunctionCallOut:
+    return FunctionCallOut(name=call.name, arguments=call.arguments)
+
+
+def make_message(
+    text: str, finish_reason: str, tool_use: ToolUse | None
+) -> tuple[AssistantMessage, str]:
+    """A finished reply as a message and its finish reason ("tool_calls" when it calls)."""
+    if tool_use is None:
+        return AssistantMessage(content=text), finish_reason
+    reply = parse_tool_calls(text, tool_use.tool_format)
+    calls = tool_use.kept(reply.tool_calls)
+    if not calls:
+        return AssistantMessage(content=text), finish_reason
+    tool_calls = [ToolCallOut(id=_call_id(), function=_function(call)) for call in calls]
+    return AssistantMessage(content=reply.content, tool_calls=tool_calls), "tool_calls"
 
 
 def _chunk(prepared: generation.Prepared, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
@@ -54,33 +141,62 @@ def _chunk(prepared: generation.Prepared, choices: list[ChatChunkChoice]) -> Cha
     )
 
 
+def _tool_call_chunks(index: int, calls: Sequence[ParsedToolCall]) -> list[ChatChunkChoice]:
+    return [
+        ChatChunkChoice(
+            index=index,
+            delta=ChatDelta(
+                tool_calls=[ToolCallDelta(index=i, id=_call_id(), function=_function(call))]
+            ),
+        )
+        for i, call in enumerate(calls)
+    ]
+
+
 async def _events(
     prepared: generation.Prepared,
     outputs: AsyncIterator[EngineOutput],
     include_usage: bool,
     tokenizer: Tokenizer,
+    tool_use: ToolUse | None,
 ) -> AsyncIterator[bytes]:
     started: set[int] = set()
+    splitters: dict[int, ToolCallStream] = {}
     stats = []
     completion_tokens = 0
     try:
         async for output in outputs:
             first = output.index not in started
             started.add(output.index)
-            if not (first or output.text or output.finished or output.logprobs):
+            content = output.text
+            calls: Sequence[ParsedToolCall] = ()
+            if tool_use is not None:
+                # Tool markup is held back until the reply ends, then sent as tool calls.
+                splitter = splitters.setdefault(output.index, ToolCallStream(tool_use.tool_format))
+                content = splitter.feed(output.text)
+                if output.finished:
+                    reply = splitter.finish()
+                    calls = tool_use.kept(reply.tool_calls)
+                    content += reply.content or ""
+            if not (first or content or output.finished or output.logprobs):
                 continue
-            delta = ChatDelta(role="assistant" if first else None, content=output.text)
+            delta = ChatDelta(role="assistant" if first else None, content=content)
             choice = ChatChunkChoice(index=output.index, delta=delta)
             if output.logprobs is not None:
                 choice.logprobs = make_chat_logprobs([output.logprobs], tokenizer)
-            chunk = _chunk(prepared, [choice])
+            choices = [choice, *_tool_call_chunks(output.index, calls)]
+            timings = None
             if output.finish_reason is not None and output.stats is not None:
-                chunk.choices[0].finish_reason = output.finish_reason
+                choices[-1].finish_reason = "tool_calls" if calls else output.finish_reason
                 stats.append(output.stats)
                 completion_tokens += output.stats.generated_tokens
                 if len(stats) == len(prepared.requests):
-                    chunk.timings = make_timings(stats)
-            yield encode_event(chunk)
+                    timings = make_timings(stats)
+            for position, each in enumerate(choices):
+                chunk = _chunk(prepared, [each])
+                if position == len(choices) - 1:
+                    chunk.timings = timings
+                yield encode_event(chunk)
     except ApiError as error:
         yield encode_event(error.body())
         return
@@ -101,18 +217,23 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         body = await parse_body(ChatCompletionRequest)
         model = state.require_model()
         generation.check_model_name(model, body.model)
-        ids = await encode_messages(model, body.messages)
+        tokenizer = model.loaded.tokenizer
+        tool_use = make_tool_use(body, tokenizer.chat_template)
+        tools = None
+        if tool_use is not None and body.tools is not None:
+            tools = [tool.template_dict() for tool in body.tools]
+        ids = await encode_messages(model, body.messages, tools=tools)
         generation.check_prompt(ids, model.context_size, "messages")
         num_top = chat_num_top_logprobs(body)
         prepared = generation.prepare(
             [ids], body, model, settings, id_prefix="chatcmpl", num_top_logprobs=num_top
         )
-        tokenizer = model.loaded.tokenizer
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             outputs = await generation.stream(model, prepared)
-            return sse_response(_events(prepared, outputs, include_usage, tokenizer))
+            return sse_response(_events(prepared, outputs, include_usage, tokenizer, tool_use))
         results = await generation.collect(model, prepared)
+        messages = [make_message(r.text, r.finish_reason, tool_use) for r in results]
         completion = ChatCompletion(
             id=prepared.response_id,
             created=prepared.created,
@@ -120,11 +241,11 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             choices=[
                 ChatChoice(
                     index=r.index,
-                    message=AssistantMessage(content=r.text),
-                    finish_reason=r.finish_reason,
+                    message=message,
+                    finish_reason=finish_reason,
                     logprobs=None if num_top is None else make_chat_logprobs(r.logprobs, tokenizer),
                 )
-                for r in results
+                for r, (message, finish_reason) in zip(results, messages, strict=True)
             ],
             usage=make_usage(
                 prepared.prompt_tokens, sum(r.stats.generated_tokens for r in results)

@@ -43,7 +43,7 @@ def make_blueprint(state: ServerState) -> Blueprint:
         model = state.require_model()
         if not body.messages:
             raise invalid("messages must hold at least one message", "messages")
-        conversation = [{"role": m.role, "content": m.text()} for m in body.messages]
+        conversation = [m.template_dict() for m in body.messages]
         try:
             prompt = await asyncio.to_thread(
                 model.loaded.tokenizer.apply_chat_template, conversation

@@ -1,0 +1,229 @@
+"""Tool calling through `/v1/chat/completions`, on a Hermes-style template and a scripted engine.
+
+A random model never writes tool markup, so the engine here replays a fixed reply in pieces
+(split inside the markup) while the tiny model's tokenizer renders the prompts.
+"""
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
+from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.tokenizer import Tokenizer
+
+HERMES_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+# Tools
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call a function with <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{{ message.content or '' }}
+{%- for call in message.tool_calls %}<tool_call>
+{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+TWO_CALLS = (
+    "I'll check both cities.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "°C"}}\n'
+    "</tool_call>"
+)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "Weather in Paris and Tokyo?"}]
+CHAT = "/v1/chat/completions"
+
+
+class ScriptedEngine:
+    """Answers every request with `reply`, sent in pieces of `piece_size` characters."""
+
+    def __init__(self, reply: str, piece_size: int = 7) -> None:
+        self.reply = reply
+        self.piece_size = piece_size
+        self.prompts: list[tuple[int, ...]] = []
+
+    def submit(self, requests: Sequence[EngineRequest], sink: OutputSink) -> RequestHandle:
+        for request in requests:
+            self.prompts.append(request.prompt_ids)
+            for start in range(0, len(self.reply), self.piece_size):
+                piece = self.reply[start : start + self.piece_size]
+                sink.put(EngineOutput(index=request.index, text=piece, token_id=0))
+            stats = GenerationStats(len(request.prompt_ids), 0.01, 10, 0.01, 0)
+            stop = EngineOutput(index=request.index, finish_reason=FinishReason.STOP, stats=stats)
+            sink.put(stop)
+        return RequestHandle(len(self.prompts))
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def hermes_loaded(tiny_gguf, tiny_loaded):
+    metadata = {**read_gguf(tiny_gguf).metadata, "tokenizer.chat_template": HERMES_TEMPLATE}
+    return dataclasses.replace(tiny_loaded, tokenizer=Tokenizer.from_gguf_metadata(metadata))
+
+
+@pytest.fixture
+def make_tool_client(make_client, hermes_loaded):
+    def make(reply: str = TWO_CALLS):
+        engine = ScriptedEngine(reply)
+        return make_client(1024, loaded=hermes_loaded, engine=engine), engine
+
+    return make
+
+
+def ask(client, **fields):
+    return client.post(CHAT, {"messages": ASK, "tools": [WEATHER_TOOL], **fields})
+
+
+def test_two_calls_unstreamed(make_tool_client):
+    client, engine = make_tool_client()
+    reply = ask(client)
+    assert reply.status == 200, reply.body
+    (choice,) = reply.json()["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert message["content"] == "I'll check both cities."
+    calls = message["tool_calls"]
+    assert [c["type"] for c in calls] == ["function", "function"]
+    assert all(c["id"].startswith("call_") for c in calls) and calls[0]["id"] != calls[1]["id"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [
+        {"city": "Paris"},
+        {"city": "Tokyo", "unit": "°C"},
+    ]
+    prompt = hermes_loaded_decode(client, engine.prompts[-1])
+    assert '"name": "get_weather"' in prompt and "# Tools" in prompt
+
+
+def hermes_loaded_decode(client, ids) -> str:
+    return client.post("/detokenize", {"tokens": list(ids)}).json()["content"]
+
+
+def test_two_calls_streamed_match_the_unstreamed_reply(make_tool_client):
+    client, _ = make_tool_client()
+    full = ask(client).json()["choices"][0]["message"]
+    events = ask(client, stream=True).events()
+    assert events[-1] == "[DONE]"
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    content = "".join(d["content"] or "" for d in deltas)
+    assert "<tool" not in content and "</" not in content
+    assert content.strip() == full["content"]
+    streamed = [call for d in deltas for call in d["tool_calls"] or []]
+    assert [call["index"] for call in streamed] == [0, 1]
+    arguments: dict[int, str] = {}
+    for call in streamed:
+        assert call["id"].startswith("call_") and call["type"] == "function"
+        assert call["function"]["name"] == "get_weather"
+        arguments[call["index"]] = arguments.get(call["index"], "") + call["function"]["arguments"]
+    assert [json.loads(arguments[i]) for i in (0, 1)] == [
+        json.loads(c["function"]["arguments"]) for c in full["tool_calls"]
+    ]
+    finishes = [e["choices"][0]["finish_reason"] for e in events[:-1]]
+    assert [f for f in finishes if f] == ["tool_calls"] and finishes[-1] == "tool_calls"
+
+
+def test_follow_up_with_tool_results_renders_through_the_template(make_tool_client):
+    client, engine = make_tool_client()
+    calls = ask(client).json()["choices"][0]["message"]["tool_calls"]
+    engine.reply = "Paris is 18 °C and Tokyo 24 °C."
+    history = [
+        {"role": "developer", "content": "Be brief."},
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": '{"temp": 18}'},
+        {"role": "tool", "tool_call_id": calls[1]["id"], "content": '{"temp": 24}'},
+    ]
+    reply = client.post(CHAT, {"messages": history, "tools": [WEATHER_TOOL]})
+    assert reply.status == 200, reply.body
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
+    prompt = hermes_loaded_decode(client, engine.prompts[-1])
+    assert "system\nBe brief." in prompt
+    assert '"arguments": {"city": "Tokyo", "unit": "°C"}' in prompt
+    assert prompt.count("<tool_response>") == 2 and '{"temp": 24}' in prompt
+    applied = client.post("/apply-template", {"messages": history}).json()["prompt"]
+    assert applied.count("<tool_response>") == 2
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(make_tool_client):
+    client, _ = make_tool_client()
+    calls = ask(client, parallel_tool_calls=False).json()["choices"][0]["message"]["tool_calls"]
+    assert len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    events = ask(client, parallel_tool_calls=False, stream=True).events()[:-1]
+    assert sum(len(e["choices"][0]["delta"]["tool_calls"] or []) for e in events) == 1
+
+
+def test_malformed_tool_markup_is_plain_content(make_tool_client):
+    text = 'Sure <tool_call>\n{"name": "get_weather", "arguments": {oops}\n</tool_call>'
+    client, _ = make_tool_client(text)
+    choice = ask(client).json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"] == {"role": "assistant", "content": text, "tool_calls": None}
+    events = ask(client, stream=True).events()[:-1]
+    assert "".join(e["choices"][0]["delta"]["content"] or "" for e in events) == text
+
+
+def test_tool_choice_none_neither_renders_nor_parses(make_tool_client):
+    client, engine = make_tool_client()
+    choice = ask(client, tool_choice="none").json()["choices"][0]
+    assert choice["message"]["content"] == TWO_CALLS and choice["finish_reason"] == "stop"
+    assert "# Tools" not in hermes_loaded_decode(client, engine.prompts[-1])
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "text"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "constrained decoding"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "tool_choice",
+            "constrained decoding",
+        ),
+        ({"tools": None, "tool_choice": "auto"}, "tool_choice", "needs tools"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, None, "pattern"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]", "tool_call_id"),
+    ],
+)
+def test_tool_fields_that_cannot_be_honoured_are_400s(make_tool_client, fields, param, text):
+    client, _ = make_tool_client()
+    reply = ask(client, **fields)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert text in error["message"]
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_tools_on_a_template_without_a_tool_convention_are_a_400(client):
+    reply = client.post(CHAT, {"messages": ASK, "tools": [WEATHER_TOOL]})
+    assert reply.status == 400 and reply.json()["error"]["param"] == "tools"
