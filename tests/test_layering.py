@@ -20,8 +20,9 @@ ALLOWED = {
     "packages/mlxcel-audio": _MLX | {"soundfile", "mlxcel_audio"},
     "packages/mlxcel-distributed": _MLX | {"mlxcel_distributed"},
     "packages/mlxcel-server": {
-        "mlx", "numpy", "quart", "pydantic", "werkzeug", "prometheus_client", "mlxcel_core",
-        "mlxcel_models", "mlxcel_vision", "mlxcel_audio", "mlxcel_distributed", "mlxcel_server",
+        "mlx", "numpy", "quart", "pydantic", "werkzeug", "prometheus_client", "llguidance",
+        "mlxcel_core", "mlxcel_models", "mlxcel_vision", "mlxcel_audio", "mlxcel_distributed",
+        "mlxcel_server",
     },
 }  # fmt: skip
 

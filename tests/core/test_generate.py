@@ -103,3 +103,32 @@ def test_generation_config_rejects_out_of_range_values(field, value):
     options = {"context_size": 8, field: value}
     with pytest.raises(ValueError, match=field):
         GenerationConfig(**options)
+
+
+class EvenThenStop:
+    """Allows even tokens only, then, after `length` tokens, only the stop token 1."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.seen: list[int] = []
+
+    def allowed_mask(self, vocab_size: int) -> mx.array:
+        ids = mx.arange(vocab_size)
+        return ids == 1 if len(self.seen) >= self.length else ids % 2 == 0
+
+    def advance(self, token_id: int) -> None:
+        self.seen.append(token_id)
+
+
+def test_constraint_masks_every_draw_and_ends_with_a_stop_token():
+    constraint = EvenThenStop(length=3)
+    config = GenerationConfig(context_size=64, stop_token_ids=frozenset({1}))
+    chunks = list(
+        stream_generate(
+            CountingModel(), [3], greedy, LetterDetokenizer(), config, constraint=constraint
+        )
+    )
+    assert "".join(chunk.text for chunk in chunks) == "eaa"
+    assert chunks[-1].finish_reason is FinishReason.STOP
+    # Nothing is drawn past the stop token.
+    assert constraint.seen == [4, 0, 0, 1]

@@ -105,7 +105,7 @@ def test_completions_with_prompt_list_n_and_echo(client):
     ("fields", "param", "text"),
     [
         ({"tools": [{"type": "function"}]}, "tools[0].function", "required"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported"),
+        ({"response_format": {"type": "grammar"}}, "response_format.type", ""),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
         ({"temperature": "hot"}, "temperature", "temperature"),
         ({"top_p": 2}, "top_p", "top_p"),

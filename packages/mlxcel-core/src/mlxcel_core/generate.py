@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from mlxcel_core.cache import KVCache
 from mlxcel_core.logprobs import PendingLogprobs, TokenLogprobs, make_logprobs
+from mlxcel_core.sampling.constraint import TokenConstraint, apply_constraint
 from mlxcel_core.stopping import StopStringMatcher
 
 Sampler = Callable[[mx.array, mx.array], mx.array]
@@ -193,6 +194,7 @@ def generate_steps(
     cache: Sequence[KVCache] | None = None,
     prefill_step_size: int = 2048,
     num_top_logprobs: int | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> Iterator[SampledToken]:
     """Yield sampled tokens without end; the caller decides when to stop.
 
@@ -200,9 +202,15 @@ def generate_steps(
     back, so the host never waits for the device between steps (as mlx-lm does). Log
     probabilities, when asked for, are queued in the same evaluation as their token.
 
+    A `constraint` turns the pipelining off: its mask for step n+1 depends on token n, so
+    each token is evaluated as soon as it is drawn, and the next one is drawn only after the
+    caller has taken it (no token is drawn past the one generation stops at). Disallowed
+    tokens get -inf before the sampler chain; log probabilities stay those of the raw logits.
+
     Args:
         num_top_logprobs: None for no log probabilities; k >= 0 for the sampled token's
             log probability and the k likeliest alternatives (see `make_logprobs`).
+        constraint: the request's token constraint (structured output), or None.
 
     Raises:
         ValueError: `prompt` is empty.
@@ -213,21 +221,28 @@ def generate_steps(
     history = mx.array(prompt, dtype=mx.int32)
 
     def sample(logits: mx.array) -> tuple[mx.array, PendingLogprobs | None]:
-        token = sampler(logits, history)
+        allowed = logits
+        if constraint is not None:
+            allowed = apply_constraint(logits, constraint.allowed_mask(logits.shape[-1]))
+        token = sampler(allowed, history)
+        pending = None
         if num_top_logprobs is None:
             mx.async_eval(token)
-            return token, None
-        pending = make_logprobs(logits, token, num_top_logprobs)
-        mx.async_eval(token, *pending.arrays())
+        else:
+            pending = make_logprobs(logits, token, num_top_logprobs)
+            mx.async_eval(token, *pending.arrays())
+        if constraint is not None:
+            constraint.advance(int(token.item()))
         return token, pending
 
     token, pending = sample(prefill(model, history, cache, prefill_step_size=prefill_step_size))
     while True:
         history = mx.concatenate([history, token.reshape(1)])
-        next_token, next_pending = sample(model(token.reshape(1, 1), cache, last_only=True)[0, -1])
+        logits = model(token.reshape(1, 1), cache, last_only=True)[0, -1]
+        upcoming = sample(logits) if constraint is None else None
         token_id = int(token.item())
         yield SampledToken(token_id, None if pending is None else pending.read(token_id))
-        token, pending = next_token, next_pending
+        token, pending = sample(logits) if upcoming is None else upcoming
 
 
 def generate_tokens(
@@ -254,12 +269,15 @@ def stream_generate(
     sampler: Sampler,
     detokenizer: Detokenizer,
     config: GenerationConfig,
+    *,
+    constraint: TokenConstraint | None = None,
 ) -> Iterator[GenerationChunk]:
     """Generate text for `prompt`, streaming chunks until a stop criterion.
 
     Generation ends with `FinishReason.STOP` on a stop token or stop string, and with
     `FinishReason.LENGTH` at `max_tokens` or when the context window is full. Stop tokens
-    and stop strings are never part of the text.
+    and stop strings are never part of the text. A `constraint` limits every draw to the
+    tokens it allows (see `generate_steps`); once it is complete it allows only stop tokens.
 
     Raises:
         ContextOverflowError: the prompt fills the whole context window.
@@ -284,6 +302,7 @@ def stream_generate(
         sampler,
         prefill_step_size=config.prefill_step_size,
         num_top_logprobs=config.num_top_logprobs,
+        constraint=constraint,
     )
     for step in steps if budget > 0 else ():
         token_id = step.token_id

@@ -34,6 +34,7 @@ from mlxcel_server.schemas import GenerationFields
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sink import AsyncOutputQueue
 from mlxcel_server.state import ServingModel
+from mlxcel_server.structured import GrammarConstraint, make_matcher
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ def prepare(
 ) -> Prepared:
     """Build one engine request per choice of each prompt.
 
+    With a `response_format` other than text, each choice gets its own grammar constraint.
+
     Args:
         num_top_logprobs: None for no log probabilities, else the alternatives per token.
 
@@ -128,6 +131,7 @@ def prepare(
         if params.dry_multiplier > 0
         else frozenset()
     )
+    matcher = make_matcher(fields.response_format, tokenizer)
     requests = tuple(
         EngineRequest(
             prompt_ids=tuple(ids),
@@ -136,6 +140,7 @@ def prepare(
             detokenizer=tokenizer.make_detokenizer(),
             dry_breaker_ids=breakers,
             index=prompt_index * fields.n + choice,
+            constraint=None if matcher is None else GrammarConstraint(matcher.deep_copy()),
         )
         for prompt_index, ids in enumerate(prompts)
         for choice in range(fields.n)

@@ -131,6 +131,29 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
+class JsonSchemaFormat(_Strict):
+    """A named JSON schema the reply must follow; `strict` is accepted and the schema is
+    always enforced."""
+
+    name: str = Field(pattern=_FUNCTION_NAME)
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_fits_the_type(self) -> ResponseFormat:
+        if (self.json_schema is not None) != (self.type == "json_schema"):
+            raise ValueError("json_schema is needed with type 'json_schema', and only there")
+        return self
+
+
 class GenerationFields(_Strict):
     """Fields shared by chat completions and completions.
 
@@ -163,6 +186,7 @@ class GenerationFields(_Strict):
     dry_sequence_breakers: list[str] | None = None
     seed: int | None = None
     logit_bias: dict[str, float | bool] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(GenerationFields):

@@ -173,6 +173,7 @@ class Engine:
                 sampler,
                 request.detokenizer,
                 request.generation,
+                constraint=request.constraint,
             )
             for chunk in chunks:
                 stop = self._interrupted(job.handle, request.index)

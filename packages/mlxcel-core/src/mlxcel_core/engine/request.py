@@ -8,7 +8,7 @@ from typing import Protocol
 
 from mlxcel_core.generate import Detokenizer, FinishReason, GenerationConfig, GenerationStats
 from mlxcel_core.logprobs import TokenLogprobs
-from mlxcel_core.sampling import SamplingParams
+from mlxcel_core.sampling import SamplingParams, TokenConstraint
 
 
 class EngineError(Exception):
@@ -46,6 +46,7 @@ class EngineRequest:
         detokenizer: a fresh incremental detokenizer owned by this request.
         dry_breaker_ids: token ids that end a DRY repetition (see `Sampler`).
         index: the choice this sequence answers (OpenAI's `choices[i].index`); outputs carry it.
+        constraint: a token constraint owned by this request (structured output), or None.
 
     Raises:
         ValueError: `prompt_ids` is empty or `index` is negative.
@@ -57,6 +58,7 @@ class EngineRequest:
     detokenizer: Detokenizer
     dry_breaker_ids: frozenset[int] = frozenset()
     index: int = 0
+    constraint: TokenConstraint | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))

@@ -1,6 +1,7 @@
 """The sampler chain of llama-server on MLX: logit bias, penalties, DRY, truncation, XTC,
-temperature, and a per-request seeded draw."""
+temperature, and a per-request seeded draw; token constraints for structured output."""
 
+from mlxcel_core.sampling.constraint import TokenConstraint, apply_constraint
 from mlxcel_core.sampling.params import (
     DEFAULT_SAMPLERS,
     SamplerStage,
@@ -26,6 +27,8 @@ __all__ = [
     "Sampler",
     "SamplerStage",
     "SamplingParams",
+    "TokenConstraint",
+    "apply_constraint",
     "apply_dry",
     "apply_logit_bias",
     "apply_min_p",
