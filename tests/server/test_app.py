@@ -119,6 +119,27 @@ def test_completions_with_prompt_list_n_and_echo(client):
         ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role", ""),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, ""),
         ({"messages": [{"role": "user"}]}, "messages[0]", "needs content"),
+        ({"messages": [*HELLO, {"role": "assistant"}]}, "messages[1]", "content or tool_calls"),
+        (
+            {
+                "messages": [
+                    *HELLO,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "weather", "arguments": "{}"},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                ]
+            },
+            "messages[1]",
+            "no tool-call convention",
+        ),
         ({"messages": [{"role": "system", "content": []}]}, "messages[0]", "needs content"),
         ({"logit_bias": {"": 5}}, "logit_bias", "names no token"),
     ],

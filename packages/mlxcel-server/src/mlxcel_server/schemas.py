@@ -72,6 +72,8 @@ class ChatMessage(_Strict):
     def _fields_fit_the_role(self) -> ChatMessage:
         if self.role != "assistant" and (self.content is None or self.content == []):
             raise ValueError(f"a {self.role} message needs content (a string or text parts)")
+        if self.role == "assistant" and self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("only an assistant message may carry tool_calls")
         if (self.tool_call_id is not None) != (self.role == "tool"):

@@ -63,9 +63,18 @@ def make_tool_use(body: ChatCompletionRequest, chat_template: str | None) -> Too
 
     Raises:
         ApiError: 400 naming `tool_choice` when it forces a call (that needs constrained
-            decoding) or comes without tools; 400 naming `tools` when the model's chat
-            template teaches no tool-call convention mlxcel can read.
+            decoding) or comes without tools; 400 naming `tools`, or the first message
+            about tool calls, when the model's chat template teaches no tool-call convention
+            mlxcel can read (the calls would be parsed wrongly or rendered without them).
     """
+    if detect_format(chat_template) is None:
+        for index, message in enumerate(body.messages):
+            if message.tool_calls or message.role == "tool":
+                raise invalid(
+                    "the model's chat template has no tool-call convention, so this "
+                    "conversation's tool calls and results cannot be rendered",
+                    f"messages[{index}]",
+                )
     if body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice):
         raise invalid(
             "tool_choice 'required' or a named function forces a tool call, which needs "
