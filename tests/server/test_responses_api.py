@@ -129,7 +129,8 @@ def test_stream_event_order_and_text(client):
     [
         ({"tools": []}, "tools"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"temperature": "hot"}, "temperature"),
         ({"top_p": 2}, "top_p"),

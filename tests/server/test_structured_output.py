@@ -1,4 +1,5 @@
-"""`response_format`: replies constrained to JSON by llguidance, on the random tiny model."""
+"""`response_format` and the Responses API's `text.format`: replies constrained to JSON by
+llguidance, on the random tiny model."""
 
 from __future__ import annotations
 
@@ -98,3 +99,70 @@ def test_unenforceable_format_is_400(client, response_format):
         reply = client.post(path, {**body, "response_format": response_format})
         assert reply.status == 400, reply.body
         assert reply.json()["error"]["param"].startswith("response_format")
+
+
+def _text_format(schema: dict) -> dict:
+    return {"type": "json_schema", "name": "person", "schema": schema, "strict": True}
+
+
+def _reply_text(response: dict) -> str:
+    return response["output"][0]["content"][0]["text"]
+
+
+@pytest.mark.parametrize("prompt", ["Tell me a long story.", "Who are you?"])
+def test_responses_json_schema_reply_validates(json_client, prompt):
+    text_format = _text_format(PERSON)
+    body = {"input": prompt, "text": {"format": text_format}}
+    reply = json_client.post("/v1/responses", body)
+    assert reply.status == 200, reply.body
+    response = reply.json()
+    assert response["status"] == "completed"
+    assert response["text"] == {"format": text_format}
+    _check_person(_reply_text(response))
+
+
+def test_responses_json_schema_stream_validates(json_client):
+    text_format = _text_format(PERSON)
+    body = {"input": "Tell me a long story.", "text": {"format": text_format}, "stream": True}
+    reply = json_client.post("/v1/responses", body)
+    assert reply.status == 200, reply.body
+    blocks = [block for block in reply.body.decode().split("\n\n") if block]
+    events = [json.loads(block.split("\ndata: ")[1]) for block in blocks]
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert final["response"]["text"]["format"]["name"] == "person"
+    _check_person("".join(deltas))
+    assert _reply_text(final["response"]) == "".join(deltas)
+
+
+def test_responses_json_object_parses_as_object(json_client):
+    body = {"input": "Tell me a story.", "text": {"format": {"type": "json_object"}}}
+    response = json_client.post("/v1/responses", body).json()
+    assert response["status"] == "completed"
+    assert response["text"] == {"format": {"type": "json_object"}}
+    assert isinstance(json.loads(_reply_text(response)), dict)
+
+
+def test_responses_text_format_leaves_generation_unchanged(client):
+    body = {"input": "Tell me a story.", "temperature": 0, "max_output_tokens": 8}
+    plain = client.post("/v1/responses", body).json()
+    text = client.post("/v1/responses", {**body, "text": {"format": {"type": "text"}}}).json()
+    assert _reply_text(text) == _reply_text(plain)
+    assert plain["text"] == text["text"] == {"format": {"type": "text"}}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": "[a-"},
+        {"type": "object", "properties": {"id": {"pattern": "("}}},
+    ],
+)
+def test_responses_unenforceable_format_is_400(client, schema):
+    for stream in (False, True):
+        body = {"input": "x", "text": {"format": _text_format(schema)}, "stream": stream}
+        reply = client.post("/v1/responses", body)
+        assert reply.status == 400, reply.body
+        error = reply.json()["error"]
+        assert error["param"] == "text.format" and error["message"].startswith("text.format")

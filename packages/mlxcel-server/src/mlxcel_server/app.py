@@ -15,6 +15,7 @@ from mlxcel_server.routes import (
     completions,
     metrics,
     models,
+    openapi,
     props,
     responses,
     tokenize,
@@ -65,6 +66,7 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.register_blueprint(props.make_blueprint(state, settings))
     app.register_blueprint(audio.make_blueprint())
     app.register_blueprint(responses.make_blueprint(state, settings))
+    app.register_blueprint(openapi.make_blueprint())
 
     @app.before_request
     async def authenticate() -> Response | None:

@@ -109,6 +109,7 @@ def prepare(
     *,
     id_prefix: str,
     num_top_logprobs: int | None = None,
+    format_param: str = "response_format",
 ) -> Prepared:
     """Build one engine request per choice of each prompt.
 
@@ -116,6 +117,7 @@ def prepare(
 
     Args:
         num_top_logprobs: None for no log probabilities, else the alternatives per token.
+        format_param: the request field `fields.response_format` came from, named in errors.
 
     Raises:
         ApiError: 400 naming the field at fault.
@@ -131,7 +133,7 @@ def prepare(
         if params.dry_multiplier > 0
         else frozenset()
     )
-    matcher = make_matcher(fields.response_format, tokenizer)
+    matcher = make_matcher(fields.response_format, tokenizer, param=format_param)
     requests = tuple(
         EngineRequest(
             prompt_ids=tuple(ids),

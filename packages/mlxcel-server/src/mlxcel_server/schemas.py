@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# OpenAI's rule for function names.
-_FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+# OpenAI's rule for function and schema names.
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 class _Strict(BaseModel):
@@ -105,7 +105,7 @@ class ChatMessage(_Strict):
 class FunctionDefinition(_Strict):
     """A function the model may call; `parameters` is a JSON schema of its arguments."""
 
-    name: str = Field(pattern=_FUNCTION_NAME)
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
@@ -137,7 +137,7 @@ class JsonSchemaFormat(_Strict):
     """A named JSON schema the reply must follow; `strict` is accepted and the schema is
     always enforced."""
 
-    name: str = Field(pattern=_FUNCTION_NAME)
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     json_schema: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None

@@ -62,15 +62,22 @@ def _grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
 
 
 def make_matcher(
-    response_format: ResponseFormat | None, tokenizer: Tokenizer
+    response_format: ResponseFormat | None,
+    tokenizer: Tokenizer,
+    *,
+    param: str = "response_format",
 ) -> llguidance.LLMatcher | None:
     """The validated matcher `response_format` asks for; None for free text.
 
     Each choice gets its own copy (`LLMatcher.deep_copy`), as matchers hold their position.
 
+    Args:
+        param: the request field the format came from, named in errors (`text.format` for
+            the Responses API).
+
     Raises:
-        ApiError: 400 naming `response_format` when llguidance cannot enforce the schema
-            (an invalid regex `pattern`, an unsupported keyword, ...).
+        ApiError: 400 naming `param` when llguidance cannot enforce the schema (an invalid
+            regex `pattern`, an unsupported keyword, ...).
     """
     if response_format is None or response_format.type == "text":
         return None
@@ -80,11 +87,8 @@ def make_matcher(
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, _COMPILE_DEFAULTS)
     except ValueError as error:
-        raise invalid(f"response_format: {error}", "response_format") from error
+        raise invalid(f"{param}: {error}", param) from error
     matcher = llguidance.LLMatcher(_grammar_tokenizer(tokenizer), grammar, log_level=0)
     if matcher.is_error():
-        raise invalid(
-            f"response_format: the schema cannot be enforced: {matcher.get_error()}",
-            "response_format",
-        )
+        raise invalid(f"{param}: the schema cannot be enforced: {matcher.get_error()}", param)
     return matcher

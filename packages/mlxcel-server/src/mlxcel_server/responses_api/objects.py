@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 Status = Literal["in_progress", "completed", "incomplete"]
 
@@ -46,6 +46,12 @@ class IncompleteDetails(BaseModel):
     reason: Literal["max_output_tokens"]
 
 
+class ResponseText(BaseModel):
+    """`text`: the request's `text.format`, fields left out omitted (free text when none)."""
+
+    format: dict[str, Any] = Field(default_factory=lambda: {"type": "text"})
+
+
 class ResponseObject(BaseModel):
     """A response; `usage` is set once it has finished.
 
@@ -69,6 +75,7 @@ class ResponseObject(BaseModel):
     parallel_tool_calls: bool = False
     tool_choice: Literal["none"] = "none"
     tools: list = []
+    text: ResponseText = ResponseText()
     usage: ResponseUsage | None = None
 
 

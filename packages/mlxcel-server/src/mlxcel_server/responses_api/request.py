@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mlxcel_server.schemas import FUNCTION_NAME, JsonSchemaFormat, ResponseFormat
 
 
 class _Strict(BaseModel):
@@ -48,10 +50,43 @@ class InputMessage(_Strict):
         return "\n".join(part.text for part in self.content)
 
 
-class TextConfig(_Strict):
-    """`text`: only the plain-text format; any other is refused by the handler, naming it."""
+class TextFormat(_Strict):
+    """`text.format`: free text, any JSON object, or JSON following a schema.
 
-    format: dict[str, Any] | None = None
+    Unlike chat's `response_format`, the Responses API puts a schema's `name`, `schema`,
+    `description` and `strict` in the format itself; `strict` is accepted and the schema is
+    always enforced.
+    """
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(default=None, pattern=FUNCTION_NAME)
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_fits_the_type(self) -> TextFormat:
+        has_schema = self.name is not None or self.json_schema is not None
+        if self.type == "json_schema" and (self.name is None or self.json_schema is None):
+            raise ValueError("type 'json_schema' needs `name` and `schema`")
+        if self.type != "json_schema" and (has_schema or self.description or self.strict):
+            raise ValueError(f"type {self.type!r} takes no schema fields")
+        return self
+
+    def response_format(self) -> ResponseFormat:
+        """The same format as chat's `response_format`, for the shared constraint builder."""
+        if self.type != "json_schema":
+            return ResponseFormat(type=self.type)
+        schema = JsonSchemaFormat.model_validate(
+            self.model_dump(by_alias=True, exclude={"type"}, exclude_none=True)
+        )
+        return ResponseFormat(type="json_schema", json_schema=schema)
+
+
+class TextConfig(_Strict):
+    """`text`: the reply's format; left out, free text."""
+
+    format: TextFormat | None = None
 
 
 class ResponseRequest(_Strict):

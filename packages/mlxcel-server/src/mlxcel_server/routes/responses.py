@@ -12,8 +12,8 @@ from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
 from mlxcel_server.responses_api.conversation import ChatTurn, input_turns, make_chat
 from mlxcel_server.responses_api.events import StreamTarget, response_events
-from mlxcel_server.responses_api.objects import ResponseObject, finish_response
-from mlxcel_server.responses_api.request import ResponseRequest
+from mlxcel_server.responses_api.objects import ResponseObject, ResponseText, finish_response
+from mlxcel_server.responses_api.request import ResponseRequest, TextFormat
 from mlxcel_server.responses_api.store import ResponseStore, StoredResponse
 from mlxcel_server.schemas import GenerationFields
 from mlxcel_server.settings import ServerSettings
@@ -21,16 +21,8 @@ from mlxcel_server.sse import sse_response
 from mlxcel_server.state import ServerState, ServingModel
 from mlxcel_server.validation import parse_body
 
-_PLAIN_TEXT = {"type": "text"}
-
 
 def _check_fields(body: ResponseRequest) -> None:
-    if body.text is not None and body.text.format not in (None, _PLAIN_TEXT):
-        raise invalid(
-            f"text.format {body.text.format.get('type')!r} is not supported; "
-            "only {'type': 'text'} is",
-            "text.format",
-        )
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise invalid(
             f"max_output_tokens must be >= 1, got {body.max_output_tokens}", "max_output_tokens"
@@ -48,6 +40,10 @@ def _previous_turns(store: ResponseStore, previous_id: str | None) -> tuple[Chat
             code="previous_response_not_found",
         )
     return entry.conversation
+
+
+def _text_format(body: ResponseRequest) -> TextFormat | None:
+    return None if body.text is None else body.text.format
 
 
 async def _encode(model: ServingModel, messages: list[dict[str, str]]) -> list[int]:
@@ -72,13 +68,20 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         turns = _previous_turns(store, body.previous_response_id) + input_turns(body)
         ids = await _encode(model, make_chat(body.instructions, turns))
         generation.check_prompt(ids, model.context_size, "input")
+        text_format = _text_format(body)
         fields = GenerationFields(
             model=body.model,
             max_tokens=body.max_output_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
+            response_format=None if text_format is None else text_format.response_format(),
         )
-        prepared = generation.prepare([ids], fields, model, settings, id_prefix="resp")
+        prepared = generation.prepare(
+            [ids], fields, model, settings, id_prefix="resp", format_param="text.format"
+        )
+        text = ResponseText()
+        if text_format is not None:
+            text = ResponseText(format=text_format.model_dump(by_alias=True, exclude_none=True))
         draft = ResponseObject(
             id=f"resp_{uuid.uuid4().hex}",
             created_at=int(time.time()),
@@ -91,6 +94,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             temperature=body.temperature,
             top_p=body.top_p,
             store=body.store,
+            text=text,
         )
         message_id = f"msg_{uuid.uuid4().hex}"
 
