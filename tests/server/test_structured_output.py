@@ -137,7 +137,11 @@ def test_responses_json_schema_stream_validates(json_client):
 
 
 def test_responses_json_object_parses_as_object(json_client):
-    body = {"input": "Tell me a story.", "text": {"format": {"type": "json_object"}}}
+    body = {
+        "input": "Tell me a story.",
+        "temperature": 0,
+        "text": {"format": {"type": "json_object"}},
+    }
     response = json_client.post("/v1/responses", body).json()
     assert response["status"] == "completed"
     assert response["text"] == {"format": {"type": "json_object"}}
