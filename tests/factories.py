@@ -19,6 +19,33 @@ CHATML_TEMPLATE = (
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# A Hermes/Qwen-style template: tools in a system block, calls as <tool_call> JSON.
+HERMES_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+# Tools
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call a function with <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{{ message.content or '' }}
+{%- for call in message.tool_calls %}<tool_call>
+{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
@@ -165,7 +192,12 @@ def reference_weights(config: TinyConfig, matrix_type: str) -> dict[str, np.ndar
     return result
 
 
-def write_gguf_model(path: Path, config: TinyConfig = TinyConfig(), matrix_type: str = "Q8_0"):
+def write_gguf_model(
+    path: Path,
+    config: TinyConfig = TinyConfig(),
+    matrix_type: str = "Q8_0",
+    chat_template: str = CHATML_TEMPLATE,
+):
     """Write a tiny random model as GGUF; matrices in `matrix_type`, norms in F32.
 
     Returns:
@@ -190,7 +222,7 @@ def write_gguf_model(path: Path, config: TinyConfig = TinyConfig(), matrix_type:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    writer.add_chat_template(chat_template)
     for key, value in config.extra_metadata.items():
         writer.add_string(key, value)
     for name, weight in _random_weights(config, len(tokens)).items():

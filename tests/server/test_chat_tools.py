@@ -15,32 +15,7 @@ from mlxcel_core.generate import FinishReason, GenerationStats
 from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.tokenizer import Tokenizer
 
-HERMES_TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-# Tools
-<tools>
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}
-</tools>
-Call a function with <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
-{{ message.content or '' }}
-{%- for call in message.tool_calls %}<tool_call>
-{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}
-</tool_call>{% endfor %}<|im_end|>
-{% elif message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+from factories import HERMES_TEMPLATE
 
 TWO_CALLS = (
     "I'll check both cities.\n"

@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+from factories import HERMES_TEMPLATE, write_gguf_model
+
 STARTUP_SECONDS = 120.0
 TIMEOUT = httpx.Timeout(60.0)
 
@@ -204,3 +206,47 @@ def test_openai_client_responses_streaming_and_store(tiny_server):
     assert [event.sequence_number for event in events] == list(range(len(events)))
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_missing")
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_openai_client_sends_tools_and_tool_results(tmp_path):
+    model = write_gguf_model(tmp_path / "hermes.gguf", chat_template=HERMES_TEMPLATE)
+    server = LiveServer("-m", str(model), "-n", "8")
+    try:
+        client = server.client()
+        question = [{"role": "user", "content": "Weather in Paris?"}]
+        first = client.chat.completions.create(
+            model="hermes.gguf", messages=question, tools=[WEATHER_TOOL], temperature=0
+        )
+        assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        }
+        follow_up = [
+            *question,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+        ]
+        chunks = list(
+            client.chat.completions.create(
+                model="hermes.gguf", messages=follow_up, tools=[WEATHER_TOOL], stream=True
+            )
+        )
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
+        with pytest.raises(openai.BadRequestError, match="tool_choice"):
+            client.chat.completions.create(
+                model="hermes.gguf", messages=question, tools=[WEATHER_TOOL], tool_choice="required"
+            )
+    finally:
+        assert server.stop() == 0
