@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-import mlx.core as mx
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
@@ -35,6 +34,7 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_for_command
 from mlxcel_core.engine import Engine
+from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
@@ -138,8 +138,7 @@ def serving_model(loaded: LoadedModel, settings: ServerSettings) -> ServingModel
 
 
 def _load(model: str | None) -> LoadedModel:
-    # MLX streams belong to their thread; the loading thread needs its own.
-    with mx.stream(mx.new_stream(mx.default_device())):
+    with thread_stream():
         return load_for_command(model)
 
 

@@ -12,8 +12,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import mlx.core as mx
-
 from mlxcel_core.engine.request import (
     EngineClosedError,
     EngineOutput,
@@ -25,6 +23,7 @@ from mlxcel_core.engine.request import (
 )
 from mlxcel_core.generate import LanguageModel, stream_generate
 from mlxcel_core.sampling import Sampler
+from mlxcel_core.threads import thread_stream
 
 
 @dataclass(frozen=True)
@@ -136,8 +135,7 @@ class Engine:
             raise TimeoutError(f"the engine thread did not stop within {timeout} s")
 
     def _loop(self) -> None:
-        # MLX streams belong to the thread that made them: this thread needs its own.
-        with mx.stream(mx.new_stream(mx.default_device())):
+        with thread_stream():
             while True:
                 with self._condition:
                     while not self._waiting and not self._closing:
