@@ -26,7 +26,7 @@ from mlxcel.flags import (
     MODEL_FLAG,
     Flag,
     UsageError,
-    add_flags,
+    add_command,
     resolve_defaults,
 )
 from mlxcel.loading import load_for_command
@@ -62,9 +62,7 @@ class BenchResult:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", description=__doc__)
-    add_flags(parser, BENCH_FLAGS)
-    parser.set_defaults(command=run)
+    add_command(subparsers, "bench", __doc__, BENCH_FLAGS, run)
 
 
 def _mlxcel_stream(loaded: LoadedModel, batch_size: int) -> TokenStream:

@@ -126,6 +126,19 @@ SAMPLING_FLAGS = (
 )  # fmt: skip
 
 
+def add_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    description: str | None,
+    flags: tuple[Flag, ...],
+    run: Callable[..., int],
+) -> None:
+    """Declare subcommand `name` with `flags`; parsing it sets `command=run`."""
+    parser = subparsers.add_parser(name, description=description)
+    add_flags(parser, flags)
+    parser.set_defaults(command=run)
+
+
 def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
     """Declare `flags` on `parser`; defaults are resolved later by `resolve_defaults`."""
     for flag in flags:

@@ -15,7 +15,7 @@ from mlxcel.flags import (
     Flag,
     InputError,
     UsageError,
-    add_flags,
+    add_command,
     pick_one,
     resolve_defaults,
     sampling_params_from,
@@ -46,9 +46,7 @@ FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *PROMPT_FLAGS, *SAMPLING_FL
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("generate", description=__doc__)
-    add_flags(parser, FLAGS)
-    parser.set_defaults(command=run)
+    add_command(subparsers, "generate", __doc__, FLAGS, run)
 
 
 def _check_text(text: str, what: str) -> str:

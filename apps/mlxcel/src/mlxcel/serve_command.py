@@ -28,7 +28,7 @@ from mlxcel.flags import (
     InputError,
     RunError,
     UsageError,
-    add_flags,
+    add_command,
     resolve_defaults,
     sampling_params_from,
 )
@@ -74,9 +74,7 @@ FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *SERVER_FLAGS, *SAMPLING_FL
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("serve", description=__doc__)
-    add_flags(parser, FLAGS)
-    parser.set_defaults(command=run)
+    add_command(subparsers, "serve", __doc__, FLAGS, run)
 
 
 def _split(text: str | None) -> tuple[str, ...]:

@@ -120,7 +120,9 @@ class Completion(BaseModel):
     timings: Timings | None = None
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def make_usage(prompt_tokens: int, stats: Sequence[GenerationStats]) -> Usage:
+    """Usage of one request: its prompt once, and the tokens every choice generated."""
+    completion_tokens = sum(s.generated_tokens for s in stats)
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,

@@ -172,7 +172,6 @@ async def _events(
     started: set[int] = set()
     splitters: dict[int, ToolCallStream] = {}
     stats = []
-    completion_tokens = 0
     try:
         async for output in outputs:
             first = output.index not in started
@@ -198,7 +197,6 @@ async def _events(
             if output.finish_reason is not None and output.stats is not None:
                 choices[-1].finish_reason = "tool_calls" if calls else output.finish_reason
                 stats.append(output.stats)
-                completion_tokens += output.stats.generated_tokens
                 if len(stats) == len(prepared.requests):
                     timings = make_timings(stats)
             for position, each in enumerate(choices):
@@ -211,7 +209,7 @@ async def _events(
         return
     if include_usage:
         final = _chunk(prepared, [])
-        final.usage = make_usage(prepared.prompt_tokens, completion_tokens)
+        final.usage = make_usage(prepared.prompt_tokens, stats)
         final.timings = make_timings(stats)
         yield encode_event(final)
     yield DONE
@@ -256,9 +254,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 )
                 for r, (message, finish_reason) in zip(results, messages, strict=True)
             ],
-            usage=make_usage(
-                prepared.prompt_tokens, sum(r.stats.generated_tokens for r in results)
-            ),
+            usage=make_usage(prepared.prompt_tokens, [r.stats for r in results]),
             timings=make_timings([r.stats for r in results]),
         )
         return jsonify(completion.model_dump(mode="json"))

@@ -73,7 +73,7 @@ async def _events(
         return
     if include_usage:
         final = _chunk(prepared, [])
-        final.usage = make_usage(prepared.prompt_tokens, sum(s.generated_tokens for s in stats))
+        final.usage = make_usage(prepared.prompt_tokens, stats)
         final.timings = make_timings(stats)
         yield encode_event(final)
     yield DONE
@@ -122,9 +122,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 for r in results
             ],
         )
-        completion.usage = make_usage(
-            prepared.prompt_tokens, sum(r.stats.generated_tokens for r in results)
-        )
+        completion.usage = make_usage(prepared.prompt_tokens, [r.stats for r in results])
         completion.timings = make_timings([r.stats for r in results])
         return jsonify(completion.model_dump(mode="json"))
 
