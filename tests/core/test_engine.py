@@ -25,10 +25,10 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 class CountingModel:
-    """Predicts `last input token + 1`; each forward waits for `gate` when one is given."""
+    """Predicts `last input token + 1`; once `gate` is set, each forward waits for it."""
 
-    def __init__(self, gate: threading.Semaphore | None = None) -> None:
-        self.gate = gate
+    def __init__(self) -> None:
+        self.gate: threading.Semaphore | None = None
         self.forwards = 0
 
     def make_cache(self) -> list[KVCache]:
@@ -104,14 +104,23 @@ def test_seeded_requests_report_their_seed(engine):
     assert drain(sink, 1)[-1].seed == 42
 
 
-def test_cancel_stops_a_running_request_within_one_step():
+def gated_engine(
+    config: EngineConfig | None = None,
+) -> tuple[Engine, CountingModel, threading.Semaphore]:
+    """An engine whose model runs one forward pass per `gate.release()` after start-up."""
+    model = CountingModel()
+    engine = Engine(model, config)
     gate = threading.Semaphore(0)
-    model = CountingModel(gate)
-    engine = Engine(model)
+    model.gate, model.forwards = gate, 0
+    return engine, model, gate
+
+
+def test_cancel_stops_a_running_request_within_one_step():
+    engine, model, gate = gated_engine()
     try:
         sink = OutputQueue()
         handle = engine.submit([make_request(max_tokens=-1)], sink)
-        gate.release(3)  # prefill and two decode steps
+        gate.release(1)  # the prefill step
         first = sink.get(timeout=TIMEOUT)
         assert first.text == "b" and not first.finished
         handle.cancel()
@@ -119,14 +128,14 @@ def test_cancel_stops_a_running_request_within_one_step():
         rest = drain(sink, 1)
         assert isinstance(rest[-1].error, RequestCancelledError)
         assert len(rest) <= 2  # at most the step already in flight, then the terminal one
-        assert model.forwards <= 5
+        assert model.forwards <= 2
+        assert engine.stats.num_kv_blocks_used == 0
     finally:
         engine.shutdown(timeout=TIMEOUT)
 
 
 def test_cancelled_waiting_request_never_runs():
-    gate = threading.Semaphore(0)
-    engine = Engine(CountingModel(gate))
+    engine, _, gate = gated_engine()
     try:
         first, second = OutputQueue(), OutputQueue()
         engine.submit([make_request()], first)
@@ -140,12 +149,11 @@ def test_cancelled_waiting_request_never_runs():
 
 
 def test_full_waiting_queue_raises_overloaded_with_a_retry_hint():
-    gate = threading.Semaphore(0)
-    engine = Engine(CountingModel(gate), EngineConfig(max_waiting=2, retry_after_seconds=3))
+    engine, _, gate = gated_engine(EngineConfig(max_waiting=2, retry_after_seconds=3))
     try:
         running = OutputQueue()
         engine.submit([make_request()], running)
-        gate.release(2)  # prefill, and the first decode step queued before token 1 is read
+        gate.release(1)  # the prefill step; the next step waits on the gate
         running.get(timeout=TIMEOUT)  # the first request left the queue
         engine.submit([make_request(), make_request(index=1)], OutputQueue())
         with pytest.raises(EngineOverloadedError) as caught:
@@ -158,12 +166,11 @@ def test_full_waiting_queue_raises_overloaded_with_a_retry_hint():
 
 
 def test_shutdown_ends_running_and_waiting_requests_and_joins_the_thread():
-    gate = threading.Semaphore(0)
-    engine = Engine(CountingModel(gate))
+    engine, _, gate = gated_engine()
     running, waiting = OutputQueue(), OutputQueue()
     engine.submit([make_request(max_tokens=-1)], running)
     engine.submit([make_request()], waiting)
-    gate.release(2)
+    gate.release(1)
     running.get(timeout=TIMEOUT)
     stopper = threading.Thread(target=engine.shutdown, kwargs={"timeout": TIMEOUT})
     stopper.start()

@@ -118,7 +118,12 @@ def test_stream_event_order_and_text(client):
     text = full["output"][0]["content"][0]["text"]
     assert "".join(deltas) == text
     final = events[-1][1]["response"]
-    assert final["status"] == "incomplete" and final["usage"] == full["usage"]
+    assert final["status"] == "incomplete"
+    # The second request reuses the first one's full prompt blocks.
+    first_usage, usage = dict(full["usage"]), dict(final["usage"])
+    assert first_usage.pop("input_tokens_details")["cached_tokens"] == 0
+    assert usage.pop("input_tokens_details")["cached_tokens"] > 0
+    assert usage == first_usage
     assert final["output"][0]["content"][0]["text"] == text
     assert events[0][1]["response"]["status"] == "in_progress"
     assert client.get(f"{RESPONSES}/{final['id']}").json() == final

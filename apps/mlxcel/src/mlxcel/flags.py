@@ -216,17 +216,17 @@ def sampling_params_from(namespace: argparse.Namespace) -> SamplingParams:
         raise UsageError(f"{flag.names[-1]}: {message}" if flag else message) from error
 
 
-def pick_one(namespace: argparse.Namespace, first: str, second: str, what: str) -> str | None:
-    """The dest of whichever of two exclusive flags is set, the command line winning.
+def pick_one(namespace: argparse.Namespace, dests: tuple[str, ...], what: str) -> str | None:
+    """The dest of whichever of mutually exclusive flags is set, the command line winning.
 
     Raises:
-        UsageError: both are set by the same source.
+        UsageError: several are set by the same source.
     """
-    values = {dest: getattr(namespace, dest) for dest in (first, second)}
+    values = {dest: getattr(namespace, dest) for dest in dests}
     given = [dest for dest, value in values.items() if value is not None]
     if len(given) < 2:
         return given[0] if given else None
     on_command_line = [dest for dest in given if dest in namespace.from_command_line]
     if len(on_command_line) == 1:
         return on_command_line[0]
-    raise UsageError(f"give {what}, not both")
+    raise UsageError(f"give {what}, only one")

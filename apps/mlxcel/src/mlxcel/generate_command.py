@@ -1,4 +1,8 @@
-"""`mlxcel generate`: one prompt in, streamed text out, timings on stderr."""
+"""`mlxcel generate`: one prompt in, streamed text out, timings on stderr.
+
+With `--prompts-file`, many prompts run together on the continuous-batching engine
+(see `batch_generate`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from mlxcel.batch_generate import read_prompts, run_batch
+from mlxcel.engine_flags import ENGINE_FLAGS
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
     CTX_SIZE_FLAG,
@@ -29,6 +35,8 @@ from mlxcel_models.tokenizer import resolve_chat_template
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),
     Flag(("-f", "--file"), "file", str, None, "read the prompt from a file"),
+    Flag(("--prompts-file",), "prompts_file", str, None,
+         "one prompt per line, generated together (-np at once); JSON lines out"),
     Flag(("-n", "--n-predict"), "n_predict", int, -1,
          "tokens to generate; -1 = until the context is full", env="LLAMA_ARG_N_PREDICT"),
     Flag(("-sys", "--system-prompt"), "system_prompt", str, None,
@@ -42,7 +50,7 @@ PROMPT_FLAGS = (
          "raw completion: send the prompt as it is, without the chat template",
          is_switch=True),
 )  # fmt: skip
-FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *PROMPT_FLAGS, *SAMPLING_FLAGS)
+FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *PROMPT_FLAGS, *ENGINE_FLAGS, *SAMPLING_FLAGS)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,20 +72,25 @@ def _read_text_file(path: str, what: str) -> str:
         raise InputError(f"cannot read {what} {path}: {error}") from error
 
 
-def _read_prompt(args: argparse.Namespace) -> str:
-    source = pick_one(args, "prompt", "file", "the prompt with -p or -f")
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    source = pick_one(
+        args, ("prompt", "file", "prompts_file"), "the prompt with -p, -f or --prompts-file"
+    )
     if source is None:
-        raise UsageError("no prompt: give one with -p PROMPT or -f FILE")
+        raise UsageError("no prompt: give one with -p PROMPT, -f FILE or --prompts-file FILE")
     if source == "prompt":
-        return _check_text(args.prompt, "prompt")
+        return [_check_text(args.prompt, "prompt")]
+    if source == "prompts_file":
+        text = _read_text_file(args.prompts_file, "prompts file")
+        return read_prompts(text, args.prompts_file)
     prompt = _read_text_file(args.file, "prompt file")
     # As llama.cpp's -f: the newline that ends a file's last line is not part of the prompt.
-    return prompt.removesuffix("\n")
+    return [prompt.removesuffix("\n")]
 
 
 def _chat_template(args: argparse.Namespace) -> str | None:
     source = pick_one(
-        args, "chat_template", "chat_template_file", "--chat-template or --chat-template-file"
+        args, ("chat_template", "chat_template_file"), "--chat-template or --chat-template-file"
     )
     if source == "chat_template_file":
         return _read_text_file(args.chat_template_file, "chat template file")
@@ -127,7 +140,7 @@ def format_stats(stats: GenerationStats, load_seconds: float) -> str:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
-    prompt = _read_prompt(args)
+    prompts = _read_prompts(args)
     params = sampling_params_from(args)
     if args.n_predict < -1:
         raise UsageError(f"-n/--n-predict must be -1 or >= 0, got {args.n_predict}")
@@ -136,9 +149,14 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     if args.batch_size < 1:
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
     loaded = load_for_command(args.model)
-    tokens = prompt_tokens(loaded, args, prompt)
-    if not tokens:
-        raise InputError("the prompt is empty: it encodes to no tokens")
+    token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
+    for line, tokens in enumerate(token_ids, start=1):
+        if not tokens:
+            where = "" if args.prompts_file is None else f" on line {line}"
+            raise InputError(f"the prompt{where} is empty: it encodes to no tokens")
+    if args.prompts_file is not None:
+        return run_batch(args, loaded, prompts, token_ids, params, out, err)
+    (tokens,) = token_ids
     tokenizer = loaded.tokenizer
     config = GenerationConfig(
         context_size=args.ctx_size or loaded.config.context_length,

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import signal
 import socket
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
     CTX_SIZE_FLAG,
@@ -33,11 +37,13 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
-from mlxcel_core.engine import Engine
+from mlxcel_core.engine import Engine, InsufficientMemoryError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
+
+logger = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_SECONDS = 10.0
 # Time for requests ended by the engine to send their error event and close.
@@ -48,9 +54,8 @@ SERVER_FLAGS = (
     Flag(("--port",), "port", int, 8080, "port to listen on", env="LLAMA_ARG_PORT"),
     Flag(("-a", "--alias"), "alias", str, None, "the model's name in the API",
          env="LLAMA_ARG_ALIAS"),
-    Flag(("-np", "--parallel"), "parallel", int, 1,
-         "requests decoded at once; only 1 until continuous batching lands",
-         env="LLAMA_ARG_N_PARALLEL"),
+    Flag(("--max-queue",), "max_queue", int, 64,
+         "most requests waiting to run; more are answered 503 with Retry-After"),
     Flag(("-n", "--n-predict"), "n_predict", int, -1,
          "default tokens to generate per request; -1 = until the context is full",
          env="LLAMA_ARG_N_PREDICT"),
@@ -70,7 +75,7 @@ SERVER_FLAGS = (
          "llama-server's switch for POST /props; mlxcel refuses property changes either way",
          env="LLAMA_ARG_ENDPOINT_PROPS", is_switch=True),
 )  # fmt: skip
-FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *SERVER_FLAGS, *SAMPLING_FLAGS)
+FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *ENGINE_FLAGS, *SERVER_FLAGS, *SAMPLING_FLAGS)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -102,11 +107,6 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         UsageError: a value is out of range or unsupported.
         InputError: the API key file cannot be read.
     """
-    if args.parallel != 1:
-        raise UsageError(
-            f"-np/--parallel {args.parallel} is not supported yet: requests run one at a time "
-            "until continuous batching lands; use -np 1"
-        )
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in [1, 65535], got {args.port}")
     if args.timeout < 1:
@@ -116,7 +116,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             model_alias=args.alias,
             context_size=args.ctx_size,
             n_predict=args.n_predict,
-            prefill_step_size=args.batch_size,
+            engine=engine_config_from(args, max_waiting=args.max_queue),
             sampling=sampling_params_from(args),
             api_keys=_api_keys(args),
             cors_origins=_split(args.cors),
@@ -129,10 +129,23 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
 
 
 def serving_model(loaded: LoadedModel, settings: ServerSettings) -> ServingModel:
-    """Start an engine on `loaded` and name it as the API will."""
+    """Start an engine on `loaded` and name it as the API will.
+
+    Raises:
+        InsufficientMemoryError: the KV cache cannot hold one sequence of the context size.
+    """
     model_id = settings.model_alias or Path(loaded.source.path).name
     context_size = settings.context_size or loaded.config.context_length
-    return ServingModel(loaded, Engine(loaded.model), model_id, context_size)
+    config = replace(settings.engine, context_size=context_size)
+    engine = Engine(loaded.model, config, on_fatal=_exit_process)
+    return ServingModel(loaded, engine, model_id, context_size)
+
+
+def _exit_process(error: BaseException) -> None:
+    # A broken engine invariant leaves a server that cannot generate; a supervisor restarts
+    # a process that exits, so exit rather than linger.
+    logger.critical("mlxcel: the engine stopped on a broken invariant (%s); exiting", error)
+    os._exit(70)
 
 
 def _load(model: str | None) -> LoadedModel:
@@ -147,18 +160,22 @@ async def serve_until_stopped(
 
     Raises:
         ModelLoadError: the model cannot be loaded (the server stops).
+        RunError: the KV cache cannot hold one sequence of the context size.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    failures: list[ModelLoadError] = []
+    failures: list[ModelLoadError | RunError] = []
 
     def load() -> None:
         try:
             state.set_ready(serving_model(_load(model), settings))
         except ModelLoadError as error:
             failures.append(error)
+            loop.call_soon_threadsafe(stop.set)
+        except InsufficientMemoryError as error:
+            failures.append(RunError(str(error)))
             loop.call_soon_threadsafe(stop.set)
 
     async def end_requests_after_grace() -> None:

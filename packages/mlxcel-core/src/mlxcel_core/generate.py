@@ -112,6 +112,7 @@ class GenerationStats:
         generated_tokens: tokens sampled, the stop token included.
         decode_seconds: time from the first sampled token to the last.
         peak_memory_bytes: MLX's peak memory during the run.
+        cached_tokens: prompt tokens whose KV came from the prefix cache, not computed.
     """
 
     prompt_tokens: int
@@ -119,6 +120,7 @@ class GenerationStats:
     generated_tokens: int
     decode_seconds: float
     peak_memory_bytes: int
+    cached_tokens: int = 0
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -263,6 +265,71 @@ def generate_tokens(
         yield step.token_id
 
 
+class TextAssembler:
+    """Applies one sequence's stop criteria to its sampled tokens and assembles its text.
+
+    Generation ends with `FinishReason.STOP` on a stop token or stop string, and with
+    `FinishReason.LENGTH` at `max_tokens` or when the context window is full. Stop tokens
+    and stop strings are never part of the text.
+
+    Args:
+        detokenizer: the sequence's own incremental detokenizer.
+        config: its limits and stop criteria.
+        num_prompt_tokens: its prompt length (tokens).
+
+    Raises:
+        ContextOverflowError: the prompt fills the whole context window.
+    """
+
+    def __init__(
+        self, detokenizer: Detokenizer, config: GenerationConfig, num_prompt_tokens: int
+    ) -> None:
+        if num_prompt_tokens >= config.context_size:
+            raise ContextOverflowError(
+                f"the prompt has {num_prompt_tokens} tokens but the context size is "
+                f"{config.context_size}; shorten the prompt or raise -c/--ctx-size"
+            )
+        budget = config.context_size - num_prompt_tokens
+        if config.max_tokens >= 0:
+            budget = min(budget, config.max_tokens)
+        self.budget = budget
+        self.num_generated = 0
+        self.finish_reason: FinishReason | None = FinishReason.LENGTH if budget == 0 else None
+        self._detokenizer = detokenizer
+        self._stop_token_ids = config.stop_token_ids
+        self._matcher = StopStringMatcher(config.stop_strings)
+
+    def add(self, token_id: int) -> str:
+        """Take one sampled token; return the text it makes final.
+
+        Sets `finish_reason` when this token ends the sequence.
+
+        Raises:
+            ValueError: the sequence has already finished.
+        """
+        if self.finish_reason is not None:
+            raise ValueError("the sequence has already finished")
+        self.num_generated += 1
+        if token_id in self._stop_token_ids:
+            self.finish_reason = FinishReason.STOP
+            return ""
+        match = self._matcher.feed(self._detokenizer.add_token(token_id))
+        if match.stopped:
+            self.finish_reason = FinishReason.STOP
+        elif self.num_generated == self.budget:
+            self.finish_reason = FinishReason.LENGTH
+        return match.text
+
+    def finish(self) -> str:
+        """The text still held back, once the sequence has ended (a stop string may still
+        complete in it, which makes the finish reason `STOP`)."""
+        rest = self._matcher.feed(self._detokenizer.finalize())
+        if rest.stopped:
+            self.finish_reason = FinishReason.STOP
+            return rest.text
+        return rest.text + self._matcher.flush()
+
+
 def stream_generate(
     model: LanguageModel,
     prompt: Sequence[int],
@@ -272,30 +339,18 @@ def stream_generate(
     *,
     constraint: TokenConstraint | None = None,
 ) -> Iterator[GenerationChunk]:
-    """Generate text for `prompt`, streaming chunks until a stop criterion.
+    """Generate text for `prompt`, streaming chunks until a stop criterion (`TextAssembler`).
 
-    Generation ends with `FinishReason.STOP` on a stop token or stop string, and with
-    `FinishReason.LENGTH` at `max_tokens` or when the context window is full. Stop tokens
-    and stop strings are never part of the text. A `constraint` limits every draw to the
-    tokens it allows (see `generate_steps`); once it is complete it allows only stop tokens.
+    A `constraint` limits every draw to the tokens it allows (see `generate_steps`); once
+    it is complete it allows only stop tokens.
 
     Raises:
         ContextOverflowError: the prompt fills the whole context window.
     """
-    if len(prompt) >= config.context_size:
-        raise ContextOverflowError(
-            f"the prompt has {len(prompt)} tokens but the context size is "
-            f"{config.context_size}; shorten the prompt or raise -c/--ctx-size"
-        )
-    budget = config.context_size - len(prompt)
-    if config.max_tokens >= 0:
-        budget = min(budget, config.max_tokens)
-    matcher = StopStringMatcher(config.stop_strings)
+    text = TextAssembler(detokenizer, config, len(prompt))
     mx.reset_peak_memory()
     start = time.perf_counter()
     first_token_time = start
-    generated = 0
-    finish_reason = FinishReason.LENGTH
     steps = generate_steps(
         model,
         prompt,
@@ -304,32 +359,21 @@ def stream_generate(
         num_top_logprobs=config.num_top_logprobs,
         constraint=constraint,
     )
-    for step in steps if budget > 0 else ():
-        token_id = step.token_id
-        generated += 1
-        if generated == 1:
+    for step in steps if text.finish_reason is None else ():
+        if text.num_generated == 0:
             first_token_time = time.perf_counter()
-        if token_id in config.stop_token_ids:
-            finish_reason = FinishReason.STOP
-            break
-        match = matcher.feed(detokenizer.add_token(token_id))
-        if match.stopped:
-            finish_reason = FinishReason.STOP
-            yield GenerationChunk(match.text, token_id, logprobs=step.logprobs)
-            break
-        yield GenerationChunk(match.text, token_id, logprobs=step.logprobs)
-        if generated == budget:
+        piece = text.add(step.token_id)
+        if step.token_id not in config.stop_token_ids:
+            yield GenerationChunk(piece, step.token_id, logprobs=step.logprobs)
+        if text.finish_reason is not None:
             break
     end = time.perf_counter()
-    rest = matcher.feed(detokenizer.finalize())
-    if rest.stopped:
-        finish_reason = FinishReason.STOP
-    final_text = rest.text if rest.stopped else rest.text + matcher.flush()
+    final_text = text.finish()
     stats = GenerationStats(
         prompt_tokens=len(prompt),
         prompt_seconds=first_token_time - start,
-        generated_tokens=generated,
+        generated_tokens=text.num_generated,
         decode_seconds=end - first_token_time,
         peak_memory_bytes=mx.get_peak_memory(),
     )
-    yield GenerationChunk(final_text, None, finish_reason, stats)
+    yield GenerationChunk(final_text, None, text.finish_reason, stats)

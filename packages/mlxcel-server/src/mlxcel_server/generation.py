@@ -45,6 +45,7 @@ class Prepared:
 
     Attributes:
         requests: one engine request per choice; choice `i * n + j` is prompt i's j-th.
+        num_choices: choices per prompt (`n`).
         prompt_tokens: prompt tokens summed over the prompts (each counted once).
         response_id: the id the reply carries.
         created: Unix time (seconds) of the request.
@@ -52,6 +53,7 @@ class Prepared:
     """
 
     requests: tuple[EngineRequest, ...]
+    num_choices: int
     prompt_tokens: int
     response_id: str
     created: int
@@ -149,6 +151,7 @@ def prepare(
     )
     return Prepared(
         requests=requests,
+        num_choices=fields.n,
         prompt_tokens=sum(len(ids) for ids in prompts),
         response_id=f"{id_prefix}-{uuid.uuid4().hex}",
         created=int(time.time()),

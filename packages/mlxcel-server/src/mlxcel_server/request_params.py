@@ -172,7 +172,6 @@ def generation_config(
     return GenerationConfig(
         context_size=context_size,
         max_tokens=max_tokens(fields, settings.n_predict),
-        prefill_step_size=settings.prefill_step_size,
         stop_token_ids=tokenizer.eos_token_ids,
         stop_strings=stop_strings(fields),
         num_top_logprobs=num_top_logprobs,

@@ -120,13 +120,25 @@ class Completion(BaseModel):
     timings: Timings | None = None
 
 
-def make_usage(prompt_tokens: int, stats: Sequence[GenerationStats]) -> Usage:
-    """Usage of one request: its prompt once, and the tokens every choice generated."""
+def make_usage(prompt_tokens: int, stats: Sequence[GenerationStats], num_choices: int) -> Usage:
+    """Usage of one request: its prompts once, and the tokens every choice generated.
+
+    Args:
+        prompt_tokens: the prompts' tokens, each prompt counted once.
+        stats: every choice's statistics, in choice order (prompt i's j-th choice at
+            `i * num_choices + j`).
+        num_choices: choices per prompt (`n`).
+
+    `cached_tokens` counts, like `prompt_tokens`, each prompt once: its first choice's
+    prefix-cache hit (later choices of the same prompt hit the blocks the first computed).
+    """
     completion_tokens = sum(s.generated_tokens for s in stats)
+    cached_tokens = sum(s.cached_tokens for s in stats[::num_choices])
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
 
 

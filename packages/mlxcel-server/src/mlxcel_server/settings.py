@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlxcel_core.engine import EngineConfig
 from mlxcel_core.sampling import SamplingParams
 
 
@@ -15,7 +16,8 @@ class ServerSettings:
         model_alias: the model's name in the API (`-a/--alias`); None uses the file name.
         context_size: the context window (tokens); 0 uses the model's trained context.
         n_predict: default token limit of a request; -1 = until the context is full.
-        prefill_step_size: prompt tokens per prefill forward pass.
+        engine: the engine's limits and KV cache settings; its `context_size` is replaced
+            by the served context size when the model is ready.
         sampling: per-request sampling defaults; request fields override them.
         api_keys: accepted bearer keys; empty means no authentication.
         cors_origins: origins allowed cross-origin access; "*" allows any.
@@ -33,7 +35,7 @@ class ServerSettings:
     model_alias: str | None = None
     context_size: int = 4096
     n_predict: int = -1
-    prefill_step_size: int = 2048
+    engine: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     api_keys: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
@@ -48,8 +50,6 @@ class ServerSettings:
             raise ValueError(f"context_size must be >= 0, got {self.context_size}")
         if self.n_predict < -1:
             raise ValueError(f"n_predict must be -1 or >= 0, got {self.n_predict}")
-        if self.prefill_step_size < 1:
-            raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
         if any(not key for key in self.api_keys):
             raise ValueError("api_keys must not hold an empty key")
         if self.max_body_bytes < 1:

@@ -1,10 +1,11 @@
 """The engine boundary: requests in, per-request outputs out, on one inference thread.
 
 It knows nothing of HTTP or tokenizers: callers pass token ids, a detokenizer and sampling
-settings, and read `EngineOutput`s from the sink they supplied.
+settings, and read `EngineOutput`s from the sink they supplied. Inside, a continuous-batching
+loop schedules every request over a paged KV cache.
 """
 
-from mlxcel_core.engine.engine import Engine, EngineConfig
+from mlxcel_core.engine.engine import Engine, EngineConfig, InsufficientMemoryError
 from mlxcel_core.engine.output_queue import OutputQueue
 from mlxcel_core.engine.request import (
     EngineClosedError,
@@ -16,6 +17,8 @@ from mlxcel_core.engine.request import (
     RequestCancelledError,
     RequestHandle,
 )
+from mlxcel_core.engine.scheduler import SchedulerConfig
+from mlxcel_core.engine.stats import EngineStats, SlotState
 
 __all__ = [
     "Engine",
@@ -25,8 +28,12 @@ __all__ = [
     "EngineOutput",
     "EngineOverloadedError",
     "EngineRequest",
+    "EngineStats",
+    "InsufficientMemoryError",
     "OutputQueue",
     "OutputSink",
     "RequestCancelledError",
     "RequestHandle",
+    "SchedulerConfig",
+    "SlotState",
 ]

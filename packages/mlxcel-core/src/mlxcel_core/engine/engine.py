@@ -1,17 +1,25 @@
-"""The engine: one inference thread running requests from a bounded waiting queue.
+"""The continuous-batching engine: one inference thread stepping every request together.
 
-Requests run one at a time, in arrival order. The continuous-batching engine will replace
-this scheduling behind the same interface (`submit`, `RequestHandle.cancel`, `shutdown`).
+Each step: schedule (which sequences compute how many tokens) → one batched forward pass
+over the paged KV cache → sample each finished row with its own sampler → update and emit.
+Requests join and leave between steps; chunked prefill shares steps with decode.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 import threading
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 
+import mlx.core as mx
+
+from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
+from mlxcel_core.engine.memory import device_memory_bytes, plan_num_blocks, profile_model
 from mlxcel_core.engine.request import (
     EngineClosedError,
     EngineOutput,
@@ -21,9 +29,21 @@ from mlxcel_core.engine.request import (
     RequestCancelledError,
     RequestHandle,
 )
-from mlxcel_core.generate import LanguageModel, stream_generate
+from mlxcel_core.engine.runner import ModelRunner, RowInput
+from mlxcel_core.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatus
+from mlxcel_core.engine.stats import EngineStats, SlotState
+from mlxcel_core.generate import GenerationStats, LanguageModel, TextAssembler
+from mlxcel_core.logprobs import PendingLogprobs, make_logprobs
 from mlxcel_core.sampling import Sampler
+from mlxcel_core.sampling.constraint import apply_constraint
 from mlxcel_core.threads import thread_stream
+
+logger = logging.getLogger(__name__)
+
+
+class InsufficientMemoryError(ValueError):
+    """The KV cache budget cannot hold even one sequence of the context size."""
 
 
 @dataclass(frozen=True)
@@ -31,63 +51,137 @@ class EngineConfig:
     """Settings of the engine.
 
     Attributes:
-        max_waiting: most requests (sequences, not groups) waiting to run; a submission
-            that would exceed it raises `EngineOverloadedError`.
+        scheduler: step limits (sequences at once, tokens per step, prefill chunk).
+        context_size: the longest sequence (tokens) the KV cache must be able to hold.
+        block_size: tokens per KV block.
+        num_kv_blocks: KV blocks to use, null block included; None plans them from memory.
+        memory_utilization: the fraction of device memory weights, activations and the KV
+            cache may take together, in (0, 1].
+        device_memory: the device's memory (bytes); None asks MLX (RAM on the CPU).
+        enable_prefix_caching: reuse the KV of full blocks seen before.
+        max_waiting: most sequences waiting to run; a submission that would exceed it
+            raises `EngineOverloadedError`.
         retry_after_seconds: the retry hint carried by `EngineOverloadedError`.
+        max_consecutive_failures: failing steps in a row after which the engine stops.
+
+    Raises:
+        ValueError: a setting is out of range.
     """
 
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    context_size: int = 4096
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    memory_utilization: float = 0.9
+    device_memory: int | None = None
+    enable_prefix_caching: bool = True
     max_waiting: int = 64
     retry_after_seconds: int = 1
+    max_consecutive_failures: int = 3
 
     def __post_init__(self) -> None:
-        if self.max_waiting < 1:
-            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        for name in ("context_size", "block_size", "max_waiting", "max_consecutive_failures"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be None or >= 2, got {self.num_kv_blocks}")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if self.retry_after_seconds < 0:
             raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
 
 
 @dataclass(frozen=True)
-class _Job:
+class _Submission:
+    seq_id: int
     request: EngineRequest
     sink: OutputSink
     handle: RequestHandle
 
 
-class Engine:
-    """Runs generation requests on one dedicated thread.
+@dataclass(frozen=True)
+class _Draw:
+    """A row's sampled token and log probabilities, not yet evaluated."""
 
-    All MLX work of the requests happens on that thread, in an MLX stream of its own;
-    callers only submit, read their sink and cancel.
+    sequence: Sequence
+    token: mx.array
+    logprobs: PendingLogprobs | None
+
+
+def _log_fatal(error: BaseException) -> None:
+    logger.critical("the engine stopped on a broken invariant: %s", error, exc_info=error)
+
+
+class Engine:
+    """Runs generation requests together on one dedicated thread.
+
+    All MLX work happens on that thread, in an MLX stream of its own; callers only submit,
+    read their sink and cancel. Construction profiles the model and sizes the KV cache
+    before returning.
 
     Args:
         model: the language model; its weights must already be evaluated.
-        config: queue limits.
+        config: limits and cache settings.
+        on_fatal: called on the engine thread when an internal invariant breaks (after the
+            engine has ended every request); the server exits the process there.
+
+    Raises:
+        InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
+        ValueError: the model stores no keys and values.
     """
 
-    def __init__(self, model: LanguageModel, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        config: EngineConfig | None = None,
+        *,
+        on_fatal: Callable[[BaseException], None] = _log_fatal,
+    ) -> None:
         self._model = model
         self._config = EngineConfig() if config is None else config
+        self._on_fatal = on_fatal
         self._condition = threading.Condition()
-        self._waiting: deque[_Job] = deque()
-        self._num_running = 0
+        self._inbox: list[_Submission] = []
         self._closing = False
-        self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._loop, name="mlxcel-engine", daemon=True)
+        self._failure: BaseException | None = None
+        self._seq_ids = itertools.count()
+        self._handle_ids = itertools.count()
+        self._stats = EngineStats()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
         self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            raise self._start_error
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def stats(self) -> EngineStats:
+        """The state after the latest step."""
+        return self._stats
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued and not yet started."""
+        """Sequences submitted and not running."""
         with self._condition:
-            return len(self._waiting)
+            return len(self._inbox) + self._stats.num_waiting
 
     @property
     def num_running(self) -> int:
-        """Requests being generated now (0 or 1)."""
-        with self._condition:
-            return self._num_running
+        """Sequences being generated now."""
+        return self._stats.num_running
 
-    def submit(self, requests: Sequence[EngineRequest], sink: OutputSink) -> RequestHandle:
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the engine stopped by itself (repeated step failures), or None while healthy."""
+        return self._failure
+
+    def submit(self, requests: Seq[EngineRequest], sink: OutputSink) -> RequestHandle:
         """Queue a group of requests (e.g. the `n` choices of one API call), all or none.
 
         Each request's outputs go to `sink` in order, tagged with its `index`, ending with
@@ -96,105 +190,281 @@ class Engine:
         Raises:
             ValueError: `requests` is empty.
             EngineOverloadedError: the waiting queue has no room for the whole group.
-            EngineClosedError: the engine is shutting down.
+            EngineClosedError: the engine is shutting down or has failed.
         """
         if not requests:
             raise ValueError("requests must hold at least one request")
-        handle = RequestHandle(next(self._ids))
+        handle = RequestHandle(next(self._handle_ids))
         with self._condition:
             if self._closing:
                 raise EngineClosedError("the engine is shutting down")
-            if len(self._waiting) + len(requests) > self._config.max_waiting:
+            waiting = len(self._inbox) + self._stats.num_waiting
+            if waiting + len(requests) > self._config.max_waiting:
                 raise EngineOverloadedError(
-                    f"the server is busy: {len(self._waiting)} requests are waiting "
+                    f"the server is busy: {waiting} requests are waiting "
                     f"(limit {self._config.max_waiting}); retry later",
                     retry_after_seconds=self._config.retry_after_seconds,
                 )
-            self._waiting.extend(_Job(request, sink, handle) for request in requests)
+            self._inbox.extend(
+                _Submission(next(self._seq_ids), request, sink, handle) for request in requests
+            )
             self._condition.notify()
         return handle
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Refuse new requests, end waiting and running ones, and join the thread.
 
-        Waiting requests and the running one end with an `EngineClosedError` output (the
-        running one within one decode step). Safe to call more than once.
+        Every unfinished request ends with an `EngineClosedError` output within one step.
+        Safe to call more than once.
 
         Raises:
             TimeoutError: the thread did not end within `timeout` seconds.
         """
         with self._condition:
             self._closing = True
-            dropped = list(self._waiting)
-            self._waiting.clear()
             self._condition.notify_all()
-        for job in dropped:
-            job.sink.put(_closed_output(job.request.index))
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"the engine thread did not stop within {timeout} s")
 
-    def _loop(self) -> None:
+    # The engine thread from here on.
+
+    def _run(self) -> None:
         with thread_stream():
-            while True:
-                with self._condition:
-                    while not self._waiting and not self._closing:
-                        self._condition.wait()
-                    if self._closing:
-                        return
-                    job = self._waiting.popleft()
-                    self._num_running = 1
-                try:
-                    self._run(job)
-                finally:
-                    with self._condition:
-                        self._num_running = 0
+            try:
+                self._setup()
+            except Exception as error:
+                self._start_error = error
+                self._started.set()
+                return
+            self._started.set()
+            try:
+                self._loop()
+            except InvariantError as error:
+                self._close_all(EngineClosedError("the engine stopped on an internal error"))
+                self._on_fatal(error)
+            finally:
+                self._close_all(EngineClosedError("the server is shutting down"))
 
-    def _interrupted(self, handle: RequestHandle, index: int) -> EngineOutput | None:
-        if handle.cancelled:
-            return EngineOutput(index, error=RequestCancelledError("the request was cancelled"))
-        if self._closing:
-            return _closed_output(index)
-        return None
-
-    def _run(self, job: _Job) -> None:
-        request, sink = job.request, job.sink
-        stop = self._interrupted(job.handle, request.index)
-        if stop is not None:
-            sink.put(stop)
-            return
-        try:
-            sampler = Sampler(request.sampling, dry_breaker_ids=request.dry_breaker_ids)
-            chunks = stream_generate(
-                self._model,
-                list(request.prompt_ids),
-                sampler,
-                request.detokenizer,
-                request.generation,
-                constraint=request.constraint,
+    def _setup(self) -> None:
+        config = self._config
+        profile = profile_model(self._model, config.scheduler.max_prefill_chunk)
+        num_blocks = config.num_kv_blocks
+        block_bytes = config.block_size * sum(layer.bytes_per_token for layer in profile.layers)
+        if num_blocks is None:
+            memory = device_memory_bytes() if config.device_memory is None else config.device_memory
+            num_blocks = plan_num_blocks(
+                usable_bytes=int(memory * config.memory_utilization),
+                profile=profile,
+                bytes_per_block=block_bytes,
             )
-            for chunk in chunks:
-                stop = self._interrupted(job.handle, request.index)
-                if stop is not None:
-                    chunks.close()
-                    sink.put(stop)
+        needed = math.ceil(config.context_size / config.block_size) + 1
+        if num_blocks < needed:
+            raise InsufficientMemoryError(
+                f"the KV cache has room for {max(num_blocks - 1, 0) * config.block_size} tokens "
+                f"but one sequence of the context size ({config.context_size} tokens) needs "
+                f"{(needed - 1) * config.block_size}; lower the context size or give the "
+                "cache more memory"
+            )
+        self._kv = KVCacheManager(
+            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self._storage = PagedKVStorage(profile.layers, config.block_size, num_blocks)
+        self._scheduler = Scheduler(config.scheduler, self._kv)
+        self._runner = ModelRunner(self._model, self._storage)
+        self._consecutive_failures = 0
+        self._publish_stats()
+
+    def _loop(self) -> None:
+        while True:
+            with self._condition:
+                while not self._inbox and not self._scheduler.has_work and not self._closing:
+                    self._condition.wait()
+                if self._closing:
                     return
-                sink.put(
-                    EngineOutput(
-                        request.index,
-                        chunk.text,
-                        chunk.token_id,
-                        chunk.finish_reason,
-                        chunk.stats,
-                        sampler.seed,
-                        logprobs=chunk.logprobs,
-                    )
-                )
-        # A failure of one request (a model error, an MLX error) must end that request with
-        # its error, not the thread every other request depends on.
+                arrivals, self._inbox = self._inbox, []
+            for submission in arrivals:
+                self._admit(submission)
+            self._end_cancelled()
+            if self._scheduler.has_work:
+                self._step()
+            self._publish_stats()
+
+    def _admit(self, submission: _Submission) -> None:
+        request = submission.request
+        try:
+            text = TextAssembler(request.detokenizer, request.generation, len(request.prompt_ids))
+            sampler = Sampler(request.sampling, dry_breaker_ids=request.dry_breaker_ids)
+        except ValueError as error:
+            submission.sink.put(EngineOutput(request.index, error=error))
+            return
+        sequence = Sequence(
+            submission.seq_id, request, submission.sink, submission.handle, sampler, text
+        )
+        if text.finish_reason is not None:
+            self._finish(sequence, "")
+            return
+        self._scheduler.add(sequence)
+
+    def _end_cancelled(self) -> None:
+        for sequence in [*self._scheduler.waiting, *self._scheduler.running]:
+            if sequence.handle.cancelled:
+                self._scheduler.finish(sequence, SequenceStatus.FINISHED_ABORTED)
+                error = RequestCancelledError("the request was cancelled")
+                sequence.sink.put(EngineOutput(sequence.request.index, error=error))
+
+    def _step(self) -> None:
+        plan = self._scheduler.schedule()
+        if not plan.scheduled:
+            raise InvariantError(
+                f"no sequence could be scheduled with {len(self._scheduler.waiting)} waiting "
+                f"and {len(self._scheduler.running)} running"
+            )
+        try:
+            draws = self._forward_and_sample(plan)
+            mx.eval(
+                [draw.token for draw in draws],
+                [a for draw in draws if draw.logprobs is not None for a in draw.logprobs.arrays()],
+                self._storage.arrays(),
+            )
+        except InvariantError:
+            raise
+        # An MLX or model error fails this step's requests, not the engine.
         except Exception as error:
-            sink.put(EngineOutput(request.index, error=error))
+            self._fail_step(plan, error)
+            return
+        self._consecutive_failures = 0
+        self._scheduler.complete_step(plan)
+        for draw in draws:
+            self._take_token(draw)
 
+    def _forward_and_sample(self, plan: SchedulerOutput) -> list[_Draw]:
+        kv = self._kv
+        self._storage.ensure_capacity(kv.num_materialized_blocks)
+        self._storage.copy_blocks(kv.take_block_copies())
+        rows = [
+            RowInput(
+                item.sequence.token_ids[
+                    item.sequence.num_computed : item.sequence.num_computed + item.num_new_tokens
+                ],
+                kv.block_table(item.sequence.seq_id),
+                item.sequence.num_computed,
+            )
+            for item in plan.scheduled
+        ]
+        logits = self._runner.execute(rows)
+        return [
+            self._draw(item.sequence, row_logits)
+            for item, row_logits in zip(plan.scheduled, logits, strict=True)
+            if item.sequence.num_computed + item.num_new_tokens == item.sequence.num_tokens
+        ]
 
-def _closed_output(index: int) -> EngineOutput:
-    return EngineOutput(index, error=EngineClosedError("the server is shutting down"))
+    def _draw(self, sequence: Sequence, logits: mx.array) -> _Draw:
+        request = sequence.request
+        allowed = logits
+        if request.constraint is not None:
+            allowed = apply_constraint(logits, request.constraint.allowed_mask(logits.shape[-1]))
+        token = sequence.sampler(allowed, mx.array(sequence.token_ids, dtype=mx.int32))
+        k = request.generation.num_top_logprobs
+        return _Draw(sequence, token, None if k is None else make_logprobs(logits, token, k))
+
+    def _take_token(self, draw: _Draw) -> None:
+        sequence = draw.sequence
+        token_id = int(draw.token.item())
+        now = time.perf_counter()
+        if sequence.first_token_time is None:
+            sequence.first_token_time = now
+        sequence.last_token_time = now
+        if sequence.request.constraint is not None:
+            sequence.request.constraint.advance(token_id)
+        sequence.token_ids.append(token_id)
+        text = sequence.text.add(token_id)
+        logprobs = None if draw.logprobs is None else draw.logprobs.read(token_id)
+        if token_id not in sequence.request.generation.stop_token_ids:
+            sequence.sink.put(
+                EngineOutput(
+                    sequence.request.index,
+                    text,
+                    token_id,
+                    seed=sequence.sampler.seed,
+                    logprobs=logprobs,
+                )
+            )
+        if sequence.text.finish_reason is not None:
+            self._finish(sequence, sequence.text.finish())
+
+    def _finish(self, sequence: Sequence, final_text: str) -> None:
+        reason = sequence.text.finish_reason
+        assert reason is not None
+        self._scheduler.finish(sequence, FINISHED_STATUS[reason])
+        start = sequence.first_scheduled_time or sequence.arrival_time
+        first = sequence.first_token_time or start
+        stats = GenerationStats(
+            prompt_tokens=sequence.num_prompt_tokens,
+            prompt_seconds=first - start,
+            generated_tokens=sequence.text.num_generated,
+            decode_seconds=(sequence.last_token_time or first) - first,
+            peak_memory_bytes=mx.get_peak_memory(),
+            cached_tokens=sequence.num_cached_tokens,
+        )
+        sequence.sink.put(
+            EngineOutput(
+                sequence.request.index, final_text, None, reason, stats, sequence.sampler.seed
+            )
+        )
+
+    def _fail_step(self, plan: SchedulerOutput, error: Exception) -> None:
+        logger.error("an engine step failed; ending its requests", exc_info=error)
+        for item in plan.scheduled:
+            sequence = item.sequence
+            if not sequence.status.finished:
+                self._scheduler.finish(sequence, SequenceStatus.FINISHED_ABORTED)
+                sequence.sink.put(EngineOutput(sequence.request.index, error=error))
+        self._consecutive_failures += 1
+        if self._consecutive_failures >= self._config.max_consecutive_failures:
+            self._failure = error
+            logger.critical(
+                "%d engine steps failed in a row; the engine stops", self._consecutive_failures
+            )
+            with self._condition:
+                self._closing = True
+
+    def _close_all(self, error: EngineClosedError) -> None:
+        with self._condition:
+            self._closing = True
+            arrivals, self._inbox = self._inbox, []
+        for submission in arrivals:
+            submission.sink.put(EngineOutput(submission.request.index, error=error))
+        scheduler = getattr(self, "_scheduler", None)
+        if scheduler is None:
+            return
+        for sequence in [*scheduler.waiting, *scheduler.running]:
+            scheduler.finish(sequence, SequenceStatus.FINISHED_ABORTED)
+            sequence.sink.put(EngineOutput(sequence.request.index, error=error))
+        self._publish_stats()
+
+    def _publish_stats(self) -> None:
+        kv, scheduler = self._kv, self._scheduler
+        self._stats = EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_kv_blocks=kv.num_blocks - 1,
+            num_kv_blocks_used=kv.num_used_blocks,
+            num_kv_blocks_cached=kv.num_cached_blocks,
+            kv_cache_bytes=self._storage.nbytes,
+            prefix_cache_queried_tokens=kv.num_queried_tokens,
+            prefix_cache_hit_tokens=kv.num_hit_tokens,
+            num_preemptions=scheduler.num_preemptions,
+            slots=tuple(
+                SlotState(
+                    slot=sequence.slot,
+                    request_id=sequence.handle.request_id,
+                    index=sequence.request.index,
+                    num_prompt_tokens=sequence.num_prompt_tokens,
+                    num_cached_tokens=sequence.num_cached_tokens,
+                    num_generated=sequence.num_generated,
+                )
+                for sequence in scheduler.running
+                if sequence.slot is not None
+            ),
+        )

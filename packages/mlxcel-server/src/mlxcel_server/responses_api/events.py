@@ -66,7 +66,7 @@ async def response_events(
     part = {"output_index": 0, "item_id": target.message_id, "content_index": 0}
     opening = OutputMessage(id=target.message_id, status="in_progress", content=[])
     texts: list[str] = []
-    finish_reason, output_tokens = "stop", 0
+    finish_reason, stats = "stop", None
     try:
         # Closed on exit so that the engine request is cancelled at once when the client goes.
         async with contextlib.aclosing(outputs):
@@ -92,17 +92,19 @@ async def response_events(
                     )
                 if output.finish_reason is not None and output.stats is not None:
                     finish_reason = output.finish_reason
-                    output_tokens = output.stats.generated_tokens
+                    stats = output.stats
     except ApiError as error:
         yield event("error", code=error.code, message=error.message, param=error.param)
         return
+    # The engine ends every choice with a finish reason and statistics, or an error.
+    assert stats is not None
     response = finish_response(
         target.draft,
         message_id=target.message_id,
         text="".join(texts),
         finish_reason=finish_reason,
         input_tokens=target.input_tokens,
-        output_tokens=output_tokens,
+        stats=stats,
     )
     target.on_finish(response)
     (message,) = response.output

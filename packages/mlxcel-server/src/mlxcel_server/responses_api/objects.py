@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from mlxcel_core.generate import GenerationStats
+
 Status = Literal["in_progress", "completed", "incomplete"]
 
 
@@ -79,9 +81,12 @@ class ResponseObject(BaseModel):
     usage: ResponseUsage | None = None
 
 
-def make_response_usage(input_tokens: int, output_tokens: int) -> ResponseUsage:
+def make_response_usage(input_tokens: int, stats: GenerationStats) -> ResponseUsage:
+    """Usage of a one-message response with its choice's statistics."""
+    output_tokens = stats.generated_tokens
     return ResponseUsage(
         input_tokens=input_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=stats.cached_tokens),
         output_tokens=output_tokens,
         total_tokens=input_tokens + output_tokens,
     )
@@ -94,7 +99,7 @@ def finish_response(
     text: str,
     finish_reason: str,
     input_tokens: int,
-    output_tokens: int,
+    stats: GenerationStats,
 ) -> ResponseObject:
     """`draft` finished with its one message: `incomplete` when the token limit ended it.
 
@@ -104,7 +109,7 @@ def finish_response(
         text: the whole generated text.
         finish_reason: the choice's OpenAI `finish_reason` (`stop` or `length`).
         input_tokens: prompt tokens.
-        output_tokens: tokens generated.
+        stats: the choice's statistics (tokens generated, prefix-cache hits).
     """
     status: Status = "incomplete" if finish_reason == "length" else "completed"
     message = OutputMessage(id=message_id, status=status, content=[OutputTextPart(text=text)])
@@ -115,6 +120,6 @@ def finish_response(
             "incomplete_details": (
                 IncompleteDetails(reason="max_output_tokens") if status == "incomplete" else None
             ),
-            "usage": make_response_usage(input_tokens, output_tokens),
+            "usage": make_response_usage(input_tokens, stats),
         }
     )

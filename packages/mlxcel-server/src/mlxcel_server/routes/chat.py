@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
+from mlxcel_core.generate import GenerationStats
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
@@ -171,7 +172,7 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     started: set[int] = set()
     splitters: dict[int, ToolCallStream] = {}
-    stats = []
+    stats: dict[int, GenerationStats] = {}
     try:
         async for output in outputs:
             first = output.index not in started
@@ -196,9 +197,9 @@ async def _events(
             timings = None
             if output.finish_reason is not None and output.stats is not None:
                 choices[-1].finish_reason = "tool_calls" if calls else output.finish_reason
-                stats.append(output.stats)
+                stats[output.index] = output.stats
                 if len(stats) == len(prepared.requests):
-                    timings = make_timings(stats)
+                    timings = make_timings(list(stats.values()))
             for position, each in enumerate(choices):
                 chunk = _chunk(prepared, [each])
                 if position == len(choices) - 1:
@@ -209,8 +210,10 @@ async def _events(
         return
     if include_usage:
         final = _chunk(prepared, [])
-        final.usage = make_usage(prepared.prompt_tokens, stats)
-        final.timings = make_timings(stats)
+        final.usage = make_usage(
+            prepared.prompt_tokens, [stats[i] for i in sorted(stats)], prepared.num_choices
+        )
+        final.timings = make_timings(list(stats.values()))
         yield encode_event(final)
     yield DONE
 
@@ -254,7 +257,9 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 )
                 for r, (message, finish_reason) in zip(results, messages, strict=True)
             ],
-            usage=make_usage(prepared.prompt_tokens, [r.stats for r in results]),
+            usage=make_usage(
+                prepared.prompt_tokens, [r.stats for r in results], prepared.num_choices
+            ),
             timings=make_timings([r.stats for r in results]),
         )
         return jsonify(completion.model_dump(mode="json"))

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
+from mlxcel_core.generate import GenerationStats
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
@@ -48,7 +49,7 @@ async def _events(
     started: set[int] = set()
     # Character offset in each choice's text where its next token's text begins.
     offsets: dict[int, int] = {}
-    stats = []
+    stats: dict[int, GenerationStats] = {}
     try:
         async for output in outputs:
             first = output.index not in started
@@ -64,17 +65,19 @@ async def _events(
             chunk = _chunk(prepared, [choice])
             if output.finish_reason is not None and output.stats is not None:
                 chunk.choices[0].finish_reason = output.finish_reason
-                stats.append(output.stats)
+                stats[output.index] = output.stats
                 if len(stats) == len(prepared.requests):
-                    chunk.timings = make_timings(stats)
+                    chunk.timings = make_timings(list(stats.values()))
             yield encode_event(chunk)
     except ApiError as error:
         yield encode_event(error.body())
         return
     if include_usage:
         final = _chunk(prepared, [])
-        final.usage = make_usage(prepared.prompt_tokens, stats)
-        final.timings = make_timings(stats)
+        final.usage = make_usage(
+            prepared.prompt_tokens, [stats[i] for i in sorted(stats)], prepared.num_choices
+        )
+        final.timings = make_timings(list(stats.values()))
         yield encode_event(final)
     yield DONE
 
@@ -122,7 +125,9 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 for r in results
             ],
         )
-        completion.usage = make_usage(prepared.prompt_tokens, [r.stats for r in results])
+        completion.usage = make_usage(
+            prepared.prompt_tokens, [r.stats for r in results], prepared.num_choices
+        )
         completion.timings = make_timings([r.stats for r in results])
         return jsonify(completion.model_dump(mode="json"))
 

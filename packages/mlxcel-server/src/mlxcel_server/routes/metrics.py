@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from quart import Blueprint, Response
 
+from mlxcel_core.engine import EngineStats
 from mlxcel_server.errors import ApiError
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState
@@ -29,7 +30,11 @@ class LlamaServerCollector(Collector):
     Exposes `llamacpp:prompt_tokens_total`, `llamacpp:prompt_seconds_total`,
     `llamacpp:tokens_predicted_total`, `llamacpp:tokens_predicted_seconds_total` (counters),
     `llamacpp:prompt_tokens_seconds`, `llamacpp:predicted_tokens_seconds` (tokens/s),
-    `llamacpp:requests_processing` and `llamacpp:requests_deferred` (gauges).
+    `llamacpp:requests_processing` and `llamacpp:requests_deferred` (gauges), and the
+    engine's KV cache: `llamacpp:kv_cache_usage_ratio`, `mlxcel:kv_cache_blocks_used`,
+    `mlxcel:kv_cache_blocks_free`, `mlxcel:kv_cache_bytes`, `mlxcel:prefix_cache_hit_rate`
+    (gauges), `mlxcel:prefix_cache_queried_tokens`, `mlxcel:prefix_cache_hit_tokens` and
+    `mlxcel:preemptions` (counters).
     """
 
     def __init__(self, state: ServerState) -> None:
@@ -42,6 +47,7 @@ class LlamaServerCollector(Collector):
         previous, self._previous = self._previous, totals
         processing = 0 if model is None else model.engine.num_running
         deferred = 0 if model is None else model.engine.num_waiting
+        engine = EngineStats() if model is None else model.engine.stats
         yield CounterMetricFamily(
             "llamacpp:prompt_tokens", "Number of prompt tokens processed.", totals.prompt_tokens
         )
@@ -78,6 +84,47 @@ class LlamaServerCollector(Collector):
         yield GaugeMetricFamily(
             "llamacpp:requests_deferred", "Number of requests deferred.", deferred
         )
+        yield from _engine_metrics(engine)
+
+
+def _engine_metrics(stats: EngineStats) -> Iterator[Metric]:
+    usage = stats.num_kv_blocks_used / stats.num_kv_blocks if stats.num_kv_blocks else 0.0
+    yield GaugeMetricFamily(
+        "llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", usage
+    )
+    yield GaugeMetricFamily(
+        "mlxcel:kv_cache_blocks_used",
+        "KV cache blocks held by sequences.",
+        stats.num_kv_blocks_used,
+    )
+    yield GaugeMetricFamily(
+        "mlxcel:kv_cache_blocks_free",
+        "KV cache blocks free (cached ones included).",
+        stats.num_kv_blocks_free,
+    )
+    yield GaugeMetricFamily(
+        "mlxcel:kv_cache_bytes", "Bytes the KV cache pools hold now.", stats.kv_cache_bytes
+    )
+    yield GaugeMetricFamily(
+        "mlxcel:prefix_cache_hit_rate",
+        "Prompt tokens found in the prefix cache over prompt tokens looked up.",
+        stats.prefix_cache_hit_rate,
+    )
+    yield CounterMetricFamily(
+        "mlxcel:prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache.",
+        stats.prefix_cache_queried_tokens,
+    )
+    yield CounterMetricFamily(
+        "mlxcel:prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache.",
+        stats.prefix_cache_hit_tokens,
+    )
+    yield CounterMetricFamily(
+        "mlxcel:preemptions",
+        "Sequences preempted to free KV cache blocks.",
+        stats.num_preemptions,
+    )
 
 
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:

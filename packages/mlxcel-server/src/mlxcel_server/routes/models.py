@@ -13,8 +13,11 @@ def make_blueprint(state: ServerState) -> Blueprint:
 
     @blueprint.get("/health")
     async def health() -> Response:
-        if not state.ready:
+        model = state.serving_model
+        if model is None:
             raise ApiError(503, "the model is loading", headers={"Retry-After": "1"})
+        if model.engine.failure is not None:
+            raise ApiError(503, "the engine stopped after repeated failures; restart the server")
         return jsonify({"status": "ok"})
 
     @blueprint.get("/v1/models")

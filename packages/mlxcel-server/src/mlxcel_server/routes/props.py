@@ -1,4 +1,4 @@
-"""llama-server's `GET /props` and `GET /slots` (one slot: requests run one at a time)."""
+"""llama-server's `GET /props` and `GET /slots`: one slot per sequence the engine runs at once."""
 
 from __future__ import annotations
 
@@ -38,13 +38,23 @@ def default_params(settings: ServerSettings) -> dict:
     }
 
 
-def _slot(model: ServingModel) -> dict:
-    return {
-        "id": 0,
-        "n_ctx": model.context_size,
-        "speculative": False,
-        "is_processing": model.engine.num_running > 0,
-    }
+def _idle_slot(model: ServingModel, slot: int) -> dict:
+    return {"id": slot, "n_ctx": model.context_size, "speculative": False, "is_processing": False}
+
+
+def _slots(model: ServingModel) -> list[dict]:
+    """Every slot; a busy one names its task and counts its tokens as llama-server does."""
+    slots = [_idle_slot(model, i) for i in range(model.engine.config.scheduler.max_num_seqs)]
+    for state in model.engine.stats.slots:
+        slots[state.slot].update(
+            is_processing=True,
+            id_task=state.request_id,
+            index=state.index,
+            n_prompt_tokens=state.num_prompt_tokens,
+            n_prompt_tokens_cache=state.num_cached_tokens,
+            n_decoded=state.num_generated,
+        )
+    return slots
 
 
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
@@ -56,10 +66,10 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         return jsonify(
             {
                 "default_generation_settings": {
-                    **_slot(model),
+                    **_idle_slot(model, 0),
                     "params": default_params(settings),
                 },
-                "total_slots": 1,
+                "total_slots": model.engine.config.scheduler.max_num_seqs,
                 "model_alias": model.model_id,
                 "model_path": str(model.loaded.source.path),
                 "chat_template": model.loaded.tokenizer.chat_template or "",
@@ -89,6 +99,6 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 "This server does not support slots endpoint. Start it with `--slots`",
                 code="not_supported",
             )
-        return jsonify([_slot(state.require_model())])
+        return jsonify(_slots(state.require_model()))
 
     return blueprint

@@ -114,7 +114,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             text=result.text,
             finish_reason=result.finish_reason,
             input_tokens=len(ids),
-            output_tokens=result.stats.generated_tokens,
+            stats=result.stats,
         )
         keep(response)
         return jsonify(response.model_dump(mode="json"))

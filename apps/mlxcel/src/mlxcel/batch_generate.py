@@ -1,0 +1,139 @@
+"""`mlxcel generate --prompts-file FILE`: many prompts at once on the continuous-batching engine.
+
+Each non-blank line of the file is one prompt. The replies are written to stdout as JSON
+lines in the file's order; throughput goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from typing import TextIO
+
+from mlxcel.engine_flags import engine_config_from
+from mlxcel.flags import InputError, RunError
+from mlxcel_core.engine import (
+    Engine,
+    EngineOutput,
+    EngineRequest,
+    InsufficientMemoryError,
+    OutputQueue,
+)
+from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.sampling import SamplingParams
+from mlxcel_models.loaded import LoadedModel
+
+# A reply's outputs never stop coming for this long while the engine is healthy.
+OUTPUT_TIMEOUT_SECONDS = 600.0
+
+
+def read_prompts(text: str, path: str) -> list[str]:
+    """The file's non-blank lines.
+
+    Raises:
+        InputError: the file holds no prompt.
+    """
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise InputError(f"the prompts file {path} holds no prompt (one per line)")
+    return prompts
+
+
+def run_batch(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    prompts: list[str],
+    token_ids: list[list[int]],
+    params: SamplingParams,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Generate every prompt's reply together; write one JSON line per prompt, in order.
+
+    Raises:
+        InputError: a prompt does not fit the context.
+        RunError: the KV cache cannot hold one sequence of the context size.
+    """
+    tokenizer = loaded.tokenizer
+    context_size = args.ctx_size or loaded.config.context_length
+    for line, ids in enumerate(token_ids, start=1):
+        if len(ids) >= context_size:
+            raise InputError(
+                f"prompt {line} has {len(ids)} tokens but the context size is {context_size}"
+            )
+    config = GenerationConfig(
+        context_size=context_size,
+        max_tokens=args.n_predict,
+        stop_token_ids=tokenizer.eos_token_ids,
+    )
+    engine_config = replace(
+        engine_config_from(args, max_waiting=len(prompts)), context_size=context_size
+    )
+    breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
+    start = time.perf_counter()
+    try:
+        engine = Engine(loaded.model, engine_config)
+    except InsufficientMemoryError as error:
+        raise RunError(str(error)) from error
+    try:
+        sink = OutputQueue()
+        engine.submit(
+            [
+                EngineRequest(
+                    prompt_ids=tuple(ids),
+                    sampling=params,
+                    generation=config,
+                    detokenizer=tokenizer.make_detokenizer(),
+                    dry_breaker_ids=breakers,
+                    index=index,
+                )
+                for index, ids in enumerate(token_ids)
+            ],
+            sink,
+        )
+        replies = _write_in_order(sink, prompts, out)
+    finally:
+        engine.shutdown()
+    seconds = time.perf_counter() - start
+    generated = sum(reply["completion_tokens"] for reply in replies)
+    cached = sum(reply["cached_tokens"] for reply in replies)
+    print(
+        f"{len(prompts)} prompts: {sum(map(len, token_ids))} prompt tokens ({cached} from the "
+        f"prefix cache), {generated} generated in {seconds:.2f} s "
+        f"({generated / seconds:.1f} tokens/s overall)",
+        file=err,
+    )
+    return 0
+
+
+def _write_in_order(sink: OutputQueue, prompts: list[str], out: TextIO) -> list[dict]:
+    """Collect every reply and write each as soon as those before it are written.
+
+    Raises:
+        RunError: a reply failed.
+    """
+    texts: dict[int, list[str]] = {index: [] for index in range(len(prompts))}
+    replies: dict[int, dict] = {}
+    written = 0
+    while written < len(prompts):
+        output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
+        if output.error is not None:
+            raise RunError(f"prompt {output.index + 1} failed: {output.error}")
+        texts[output.index].append(output.text)
+        if output.finish_reason is not None and output.stats is not None:
+            replies[output.index] = {
+                "index": output.index,
+                "prompt": prompts[output.index],
+                "text": "".join(texts[output.index]),
+                "finish_reason": output.finish_reason.value,
+                "prompt_tokens": output.stats.prompt_tokens,
+                "cached_tokens": output.stats.cached_tokens,
+                "completion_tokens": output.stats.generated_tokens,
+            }
+        while written in replies:
+            out.write(json.dumps(replies[written], ensure_ascii=False) + "\n")
+            out.flush()
+            written += 1
+    return [replies[index] for index in range(len(prompts))]

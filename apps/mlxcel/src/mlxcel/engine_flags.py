@@ -1,0 +1,66 @@
+"""The continuous-batching engine's flags, shared by `serve` and batch `generate`.
+
+`-np` and `-ub` are llama-server's; `--block-size` and `--gpu-memory-utilization` are vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mlxcel.flags import Flag, UsageError
+from mlxcel_core.engine import EngineConfig, SchedulerConfig
+
+ENGINE_FLAGS = (
+    Flag(("-np", "--parallel"), "parallel", int, 4,
+         "sequences generated at once (continuous batching); more wait in a queue",
+         env="LLAMA_ARG_N_PARALLEL"),
+    Flag(("-ub", "--ubatch-size"), "ubatch_size", int, 512,
+         "most prompt tokens of one request per forward pass (prefill chunk)",
+         env="LLAMA_ARG_UBATCH"),
+    Flag(("--block-size",), "block_size", int, 16, "tokens per KV cache block"),
+    Flag(("--kv-cache-blocks",), "kv_cache_blocks", int, 0,
+         "KV cache blocks to use; 0 = as many as --gpu-memory-utilization allows"),
+    Flag(("--gpu-memory-utilization",), "memory_utilization", float, 0.9,
+         "fraction of device memory (RAM on a CPU) for weights, activations and KV cache"),
+)  # fmt: skip
+
+
+def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineConfig:
+    """The engine's limits from resolved flags (the context size is set once the model loads).
+
+    Raises:
+        UsageError: a value is out of range.
+    """
+    if args.kv_cache_blocks < 0:
+        raise UsageError(f"--kv-cache-blocks must be >= 0, got {args.kv_cache_blocks}")
+    try:
+        return EngineConfig(
+            scheduler=SchedulerConfig(
+                max_num_seqs=args.parallel,
+                max_num_batched_tokens=args.batch_size,
+                max_prefill_chunk=min(args.ubatch_size, args.batch_size),
+            ),
+            block_size=args.block_size,
+            num_kv_blocks=args.kv_cache_blocks or None,
+            memory_utilization=args.memory_utilization,
+            max_waiting=max_waiting,
+        )
+    except ValueError as error:
+        raise UsageError(_flag_message(str(error))) from error
+
+
+_FLAG_NAMES = {
+    "max_num_seqs": "-np/--parallel",
+    "max_num_batched_tokens": "-b/--batch-size",
+    "max_prefill_chunk": "-ub/--ubatch-size",
+    "block_size": "--block-size",
+    "num_kv_blocks": "--kv-cache-blocks",
+    "memory_utilization": "--gpu-memory-utilization",
+    "max_waiting": "--max-queue",
+}
+
+
+def _flag_message(message: str) -> str:
+    """An engine setting's error, naming the flag instead of the field."""
+    field, _, rest = message.partition(" ")
+    return f"{_FLAG_NAMES[field]} {rest}" if field in _FLAG_NAMES else message

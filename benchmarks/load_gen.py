@@ -1,0 +1,244 @@
+"""A closed-loop load generator: concurrent streaming chat completions, timed per content delta.
+
+`run_level` keeps `concurrency` streaming chat completions in flight (one asyncio task per
+slot, each sending its next request as soon as its previous one ends) until `num_requests`
+have been sent; with `num_requests == concurrency` that is one wave sent at once.
+`summarize_level` turns the timings into one row of the report:
+
+- output tokens/s: completion tokens of all successful requests over the wall time from the
+  first send to the last finish;
+- TTFT: from sending a request to its first content delta;
+- ITL (inter-token latency): the gaps between successive content deltas of one request,
+  pooled over all requests. A server may put several tokens in one delta (a partial UTF-8
+  character held back, or a server that flushes in batches); such a delta shows as one longer
+  gap, so ITL is a per-delta figure. Token counts come from the final `usage` chunk
+  (`stream_options: {"include_usage": true}`), never from counting deltas.
+
+Each request's messages start with its own index (`messages_for`), so no two requests share
+more than the chat template's opening tokens and a leading digit: neither server's prefix cache
+can reuse one request's prefill for another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+USER_MESSAGE = (
+    "Here is the start of a story. The lighthouse keeper on the northern island had not seen "
+    "a ship in forty days. Every evening she climbed the spiral stairs, trimmed the wick, and "
+    "wrote one line in the logbook: 'No ships.' On the forty-first evening the lamp would not "
+    "light, and from the dark water below came the sound of oars. Continue the story in "
+    "detail, describing the visitors, the island, the weather and what the keeper decides."
+)
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """One streamed chat completion; times are `time.perf_counter` seconds.
+
+    Attributes:
+        sent: when the request was sent.
+        finished: when its stream ended, or it failed.
+        deltas: when each content delta arrived, in order.
+        completion_tokens: from the final `usage` chunk; the number of deltas if none came.
+        prompt_tokens: from the final `usage` chunk; None if none came.
+        error: why the request failed; None if it succeeded.
+    """
+
+    sent: float
+    finished: float
+    deltas: tuple[float, ...]
+    completion_tokens: int
+    prompt_tokens: int | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ttft(self) -> float:
+        """Seconds from sending to the first content delta."""
+        return self.deltas[0] - self.sent
+
+    @property
+    def decode_tps(self) -> float:
+        """Tokens/s after the first: (completion tokens - 1) over first to last delta."""
+        span = self.deltas[-1] - self.deltas[0]
+        return (self.completion_tokens - 1) / span if span > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    """One concurrency level of one server. Times in seconds, NaN where no request succeeded."""
+
+    concurrency: int
+    num_requests: int
+    num_failed: int
+    wall: float
+    completion_tokens: int
+    output_tps: float
+    ttft_p50: float
+    ttft_p95: float
+    itl_p50: float
+    itl_p95: float
+    stream_tps_p50: float
+    prompt_tokens: int | None
+
+
+def messages_for(index: int) -> list[dict[str, str]]:
+    """The chat messages of request `index`: a system message led by the index, a fixed prompt."""
+    return [
+        {"role": "system", "content": f"{index}. You are a helpful storyteller."},
+        {"role": "user", "content": USER_MESSAGE},
+    ]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`-th percentile of `values`, interpolating linearly between closest ranks.
+
+    The same rule as `numpy.percentile`'s default (Hyndman & Fan 1996, definition 7).
+
+    Raises:
+        ValueError: `values` is empty or `q` is outside [0, 100].
+    """
+    if not values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def inter_token_gaps(deltas: Sequence[float]) -> list[float]:
+    """Seconds between successive content deltas of one stream (one fewer than the deltas)."""
+    return [later - earlier for earlier, later in itertools.pairwise(deltas)]
+
+
+def _percentile_or_nan(values: Sequence[float], q: float) -> float:
+    return percentile(values, q) if values else math.nan
+
+
+def summarize_level(concurrency: int, timings: Sequence[StreamTiming]) -> LevelStats:
+    """The report row of one level's timings (failed requests count in the wall time only).
+
+    Raises:
+        ValueError: `timings` is empty.
+    """
+    if not timings:
+        raise ValueError("summarize_level needs at least one timing")
+    done = [timing for timing in timings if timing.ok]
+    wall = max(timing.finished for timing in timings) - min(timing.sent for timing in timings)
+    completion_tokens = sum(timing.completion_tokens for timing in done)
+    ttfts = [timing.ttft for timing in done]
+    gaps = [gap for timing in done for gap in inter_token_gaps(timing.deltas)]
+    return LevelStats(
+        concurrency=concurrency,
+        num_requests=len(timings),
+        num_failed=len(timings) - len(done),
+        wall=wall,
+        completion_tokens=completion_tokens,
+        output_tps=completion_tokens / wall if wall > 0 else 0.0,
+        ttft_p50=_percentile_or_nan(ttfts, 50),
+        ttft_p95=_percentile_or_nan(ttfts, 95),
+        itl_p50=_percentile_or_nan(gaps, 50),
+        itl_p95=_percentile_or_nan(gaps, 95),
+        stream_tps_p50=statistics.median(t.decode_tps for t in done) if done else math.nan,
+        prompt_tokens=done[0].prompt_tokens if done else None,
+    )
+
+
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, messages: list[dict[str, str]], max_tokens: int
+) -> StreamTiming:
+    """Send one streaming chat completion (`temperature` 0) and time its content deltas.
+
+    A transport error, an HTTP error status, an unreadable or error event, or a stream without
+    content makes a failed timing (its `error` set) rather than an exception.
+    """
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    deltas: list[float] = []
+    usage = None
+    error = None
+    sent = time.perf_counter()
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line.removeprefix("data:"))
+                if "error" in chunk:
+                    error = f"error event: {chunk['error']}"
+                    break
+                usage = chunk.get("usage") or usage
+                choices = chunk.get("choices") or []
+                if choices and choices[0].get("delta", {}).get("content"):
+                    deltas.append(time.perf_counter())
+    except (httpx.HTTPError, json.JSONDecodeError) as caught:
+        error = f"{type(caught).__name__}: {caught}"
+    finished = time.perf_counter()
+    if error is None and not deltas:
+        error = "the stream had no content"
+    return StreamTiming(
+        sent=sent,
+        finished=finished,
+        deltas=tuple(deltas),
+        completion_tokens=usage["completion_tokens"] if usage else len(deltas),
+        prompt_tokens=usage.get("prompt_tokens") if usage else None,
+        error=error,
+    )
+
+
+async def run_level(
+    url: str,
+    *,
+    concurrency: int,
+    num_requests: int,
+    max_tokens: int,
+    first_index: int,
+    timeout: float,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[StreamTiming]:
+    """Send requests `first_index ...` keeping `concurrency` in flight; timings in send order.
+
+    `transport` replaces the network (tests pass an `httpx.MockTransport`).
+
+    Raises:
+        ValueError: `concurrency` < 1 or `num_requests` < `concurrency`.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if num_requests < concurrency:
+        raise ValueError(f"num_requests must be >= concurrency ({concurrency}), got {num_requests}")
+    indices = iter(range(first_index, first_index + num_requests))
+    timings: list[StreamTiming] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeouts = httpx.Timeout(timeout, connect=5.0)
+    async with httpx.AsyncClient(timeout=timeouts, limits=limits, transport=transport) as client:
+
+        async def slot() -> None:
+            # The tasks share one iterator: each takes the next index when it is free.
+            for index in indices:
+                timings.append(await stream_chat(client, url, messages_for(index), max_tokens))
+
+        await asyncio.gather(*(slot() for _ in range(concurrency)))
+    return sorted(timings, key=lambda timing: timing.sent)

@@ -1,0 +1,36 @@
+"""The paged KV cache: a block pool with prefix caching, its arrays, and batched views.
+
+`KVCacheManager` is the bookkeeping (block tables, reference counts, prefix hashes,
+copy-on-write, detach/adopt) and touches no arrays; `PagedKVStorage` holds the per-layer
+pools; `PagedBatch` and `PagedLayerCache` let a model's attention read and write them
+through the `KVCache` protocol (gather, then attention: the reference path).
+"""
+
+from mlxcel_core.cache.paged.batch import (
+    BatchRow,
+    PagedBatch,
+    PagedLayerCache,
+    make_layer_caches,
+)
+from mlxcel_core.cache.paged.block_pool import BlockPool, InvariantError, KVBlock
+from mlxcel_core.cache.paged.manager import BlockCopy, DetachedBlocks, KVCacheManager
+from mlxcel_core.cache.paged.prefix import BlockHash, hash_block_tokens, hash_token_blocks
+from mlxcel_core.cache.paged.storage import LayerGeometry, PagedKVStorage
+
+__all__ = [
+    "BatchRow",
+    "BlockCopy",
+    "BlockHash",
+    "BlockPool",
+    "DetachedBlocks",
+    "InvariantError",
+    "KVBlock",
+    "KVCacheManager",
+    "LayerGeometry",
+    "PagedBatch",
+    "PagedKVStorage",
+    "PagedLayerCache",
+    "hash_block_tokens",
+    "hash_token_blocks",
+    "make_layer_caches",
+]

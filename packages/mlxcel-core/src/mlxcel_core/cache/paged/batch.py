@@ -1,0 +1,136 @@
+"""One forward pass over paged KV: the batch's slot tables, masks and per-layer cache views."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from mlxcel_core.cache.paged.storage import PagedKVStorage
+from mlxcel_core.cache.protocol import AttentionMask
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One sequence's part of a forward pass.
+
+    Attributes:
+        block_table: the sequence's block ids in position order, covering at least
+            `offset + num_new_tokens` positions.
+        offset: positions already in the cache (tokens).
+        num_new_tokens: positions this pass computes and stores (>= 1).
+    """
+
+    block_table: Sequence[int]
+    offset: int
+    num_new_tokens: int
+
+
+class PagedBatch:
+    """Slot tables and masks of a batch of rows, each padded to the longest row.
+
+    Row b's new tokens sit at positions offset_b .. offset_b + n_b - 1; the batch has
+    L = max n_b query positions per row and S = max(offset_b + n_b) key positions. Padding
+    queries write to the null block and padding keys are masked out.
+
+    Args:
+        rows: the rows, at least one.
+        block_size: tokens per block.
+
+    Raises:
+        ValueError: `rows` is empty, or a row's block table is too short.
+    """
+
+    def __init__(self, rows: Sequence[BatchRow], block_size: int) -> None:
+        if not rows:
+            raise ValueError("rows must hold at least one row")
+        self.num_rows = len(rows)
+        self.num_queries = max(row.num_new_tokens for row in rows)
+        self.num_keys = max(row.offset + row.num_new_tokens for row in rows)
+        offsets = np.array([row.offset for row in rows], dtype=np.int32)
+        lengths = offsets + np.array([row.num_new_tokens for row in rows], dtype=np.int32)
+        key_positions = np.arange(self.num_keys, dtype=np.int32)
+        read = np.zeros((self.num_rows, self.num_keys), dtype=np.int32)
+        for b, row in enumerate(rows):
+            if len(row.block_table) * block_size < lengths[b]:
+                raise ValueError(
+                    f"row {b}'s block table covers {len(row.block_table) * block_size} "
+                    f"positions; it needs {lengths[b]}"
+                )
+            table = np.asarray(row.block_table, dtype=np.int32)
+            used = key_positions[: lengths[b]]
+            read[b, : lengths[b]] = table[used // block_size] * block_size + used % block_size
+        query_positions = offsets[:, None] + np.arange(self.num_queries, dtype=np.int32)
+        is_real_query = query_positions < lengths[:, None]
+        # Padding queries all write to slot 0, inside the null block.
+        last_positions = np.minimum(query_positions, lengths[:, None] - 1)
+        write = np.where(is_real_query, np.take_along_axis(read, last_positions, 1), 0)
+        self.offsets = mx.array(offsets)
+        self.read_slots = mx.array(read)
+        self.write_slots = mx.array(write.reshape(-1))
+        self._query_positions = query_positions
+        self._lengths = lengths
+        self._masks: dict[int | None, mx.array] = {}
+
+    def mask(self, window_size: int | None = None) -> mx.array:
+        """(B, 1, L, S) boolean mask; True where a query may attend to a key.
+
+        Query i of row b (position offset_b + i) sees the row's keys at positions up to its
+        own, and with `window_size` only the last `window_size` of them.
+        """
+        if window_size not in self._masks:
+            keys = np.arange(self.num_keys, dtype=np.int32)[None, None, :]
+            queries = np.minimum(self._query_positions, self._lengths[:, None] - 1)[:, :, None]
+            allowed = keys <= queries
+            if window_size is not None:
+                allowed &= keys > queries - window_size
+            self._masks[window_size] = mx.array(allowed[:, None])
+        return self._masks[window_size]
+
+
+class PagedLayerCache:
+    """One layer's view of the paged cache during one forward pass (the `KVCache` protocol).
+
+    `offset` is a (B,) int32 array, which RoPE applies per row; `update_and_fetch` stores the
+    new keys and values in their slots, then gathers each row's whole context.
+    """
+
+    def __init__(self, storage: PagedKVStorage, layer: int, batch: PagedBatch) -> None:
+        self._storage = storage
+        self._layer = layer
+        self._batch = batch
+
+    @property
+    def offset(self) -> mx.array:
+        return self._batch.offsets
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        B, H, L, _ = keys.shape
+        self._storage.write(
+            self._layer,
+            self._batch.write_slots,
+            keys.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
+            values.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
+        )
+        return self._storage.gather(self._layer, self._batch.read_slots)
+
+    def make_mask(
+        self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
+    ) -> AttentionMask:
+        batch = self._batch
+        if batch.num_rows == 1 and window_size is None and not return_array:
+            # One row has no padding: the plain causal mask (None for one query) is exact
+            # and lets attention take its fastest path.
+            return "causal" if num_queries > 1 else None
+        return batch.mask(window_size)
+
+    def trim(self, num_tokens: int) -> int:
+        """Paged views never drop positions; sequences shrink through the KV manager."""
+        return 0
+
+
+def make_layer_caches(storage: PagedKVStorage, batch: PagedBatch) -> list[PagedLayerCache]:
+    """One view per layer, for the model's `cache` argument."""
+    return [PagedLayerCache(storage, layer, batch) for layer in range(len(storage.layers))]

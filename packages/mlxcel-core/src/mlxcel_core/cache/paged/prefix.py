@@ -1,0 +1,70 @@
+"""Block hashes: the identity of a full block of tokens in the prefix cache.
+
+A full block's hash chains its parent block's hash, its own token ids and any extra keys
+(later: content hashes of the images whose embeddings the block holds). Two blocks share a
+hash only if they hold the same tokens after the same prefix, so a block found by hash holds
+keys and values that are valid to reuse.
+
+Source: vLLM's automatic prefix caching (`vllm/v1/core/kv_cache_utils.py`,
+`hash_block_tokens`), which hashes the pickled `(parent, tokens, extra)` tuple the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Sequence
+from typing import NewType
+
+BlockHash = NewType("BlockHash", int)
+"""A block's identity in the prefix cache: 64 bits of a BLAKE2b digest, as an int."""
+
+_DIGEST_BYTES = 8
+
+
+def hash_block_tokens(
+    parent: BlockHash | None, token_ids: Sequence[int], extra: tuple[int | str | bytes, ...] = ()
+) -> BlockHash:
+    """Hash one full block of tokens, chained to the block before it.
+
+    The digest is BLAKE2b over the pickled `(parent, token_ids, extra)` tuple: stable across
+    processes (unlike the built-in `hash`, which maps small ints to themselves and is seeded
+    per process for strings), so blocks handed to another process keep their identity.
+
+    Args:
+        parent: the hash of the previous block, or None for a sequence's first block.
+        token_ids: the block's token ids, exactly `block_size` of them.
+        extra: further keys the block's keys and values depend on (ints, strs or bytes,
+            e.g. content hashes of images), empty for text.
+
+    Returns:
+        The block's hash.
+    """
+    payload = pickle.dumps((parent, tuple(map(int, token_ids)), extra), protocol=5)
+    digest = hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest()
+    return BlockHash(int.from_bytes(digest, "little"))
+
+
+def hash_token_blocks(
+    token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
+) -> list[BlockHash]:
+    """Hash every full block of `token_ids`; a trailing partial block gets no hash.
+
+    Args:
+        token_ids: tokens starting at a block boundary.
+        block_size: tokens per block.
+        parent: the hash of the block before `token_ids[0]`, or None at a sequence's start.
+
+    Returns:
+        One hash per full block, `len(token_ids) // block_size` of them, in position order.
+
+    Raises:
+        ValueError: `block_size` is < 1.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,177 @@
+"""The token-budget scheduler: which sequences compute how many tokens in the next step.
+
+It touches no arrays. Each step it serves running sequences first, oldest first, then
+admits waiting ones in arrival order while the budget, the sequence cap and the KV cache
+allow. When the cache cannot hold a running sequence's next tokens, the newest running
+sequence is preempted: its blocks are freed and it is recomputed later. This is the
+scheduling of vLLM's v1 engine (`vllm/v1/core/sched/scheduler.py`), without its phases:
+chunked prefill, prefix-cache hits and decode are one rule (see `Sequence`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from mlxcel_core.cache.paged import KVCacheManager
+from mlxcel_core.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one engine step.
+
+    Attributes:
+        max_num_seqs: most sequences running at once (llama-server's `-np`).
+        max_num_batched_tokens: most tokens computed in one step, decode and prefill
+            together (llama-server's logical batch, `-b`).
+        max_prefill_chunk: most prompt tokens of one sequence in one forward pass
+            (llama-server's physical batch, `-ub`), so no prompt stalls the running streams
+            for longer than one chunk.
+
+    Raises:
+        ValueError: a limit is < 1.
+    """
+
+    max_num_seqs: int = 1
+    max_num_batched_tokens: int = 2048
+    max_prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """A sequence and the tokens it computes this step (from `num_computed` on)."""
+
+    sequence: Sequence
+    num_new_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's plan.
+
+    Attributes:
+        scheduled: the sequences to run, oldest first.
+        preempted: sequences whose KV was freed to make room; they wait to be recomputed.
+    """
+
+    scheduled: tuple[ScheduledSequence, ...]
+    preempted: tuple[Sequence, ...]
+
+
+def _by_age(sequence: Sequence) -> int:
+    return sequence.seq_id
+
+
+class Scheduler:
+    """Decides each step's work over a `KVCacheManager`.
+
+    Args:
+        config: the step limits.
+        kv: the KV cache manager; the scheduler admits, grows and frees sequences there.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self._free_slots = list(range(config.max_num_seqs))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, sequence: Sequence) -> None:
+        """Queue a new sequence behind those already waiting."""
+        self.waiting.append(sequence)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step; the KV cache already holds room for every scheduled token."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        preempted: list[Sequence] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            sequence = self.running[index]
+            num_new = min(sequence.num_uncomputed, budget, self.config.max_prefill_chunk)
+            while not self.kv.allocate_slots(sequence.seq_id, sequence.num_computed, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is sequence:
+                    break
+            else:
+                scheduled.append(ScheduledSequence(sequence, num_new))
+                budget -= num_new
+                index += 1
+        # Admitting while preempting would hand the freed blocks to a newer request.
+        while not preempted and self.waiting and budget > 0 and self._free_slots:
+            sequence = self.waiting[0]
+            wanted = min(budget, self.config.max_prefill_chunk)
+            num_cached = self.kv.admit(sequence.seq_id, sequence.token_ids, wanted)
+            if num_cached is None:
+                break
+            self.waiting.popleft()
+            self._start(sequence, num_cached)
+            num_new = min(sequence.num_uncomputed, wanted)
+            scheduled.append(ScheduledSequence(sequence, num_new))
+            budget -= num_new
+        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+
+    def complete_step(self, output: SchedulerOutput) -> None:
+        """Record that the step's tokens were computed; full blocks join the prefix cache."""
+        for item in output.scheduled:
+            sequence = item.sequence
+            if sequence.status is SequenceStatus.RUNNING:
+                sequence.num_computed += item.num_new_tokens
+                self.kv.commit(sequence.seq_id, sequence.token_ids, sequence.num_computed)
+
+    def finish(self, sequence: Sequence, status: SequenceStatus) -> None:
+        """End a sequence (waiting or running): free its KV and its slot.
+
+        Raises:
+            ValueError: `status` is not a finished status.
+        """
+        if not status.finished:
+            raise ValueError(f"status must be a finished status, got {status.name}")
+        if sequence.status is SequenceStatus.RUNNING:
+            self.running.remove(sequence)
+            self._release_slot(sequence)
+        elif sequence.status is SequenceStatus.WAITING:
+            self.waiting.remove(sequence)
+        self.kv.free(sequence.seq_id)
+        sequence.status = status
+
+    def _start(self, sequence: Sequence, num_cached: int) -> None:
+        if sequence.first_scheduled_time is None:
+            sequence.first_scheduled_time = time.perf_counter()
+            sequence.num_cached_tokens = num_cached
+        sequence.num_computed = num_cached
+        sequence.status = SequenceStatus.RUNNING
+        sequence.slot = heapq.heappop(self._free_slots)
+        bisect.insort(self.running, sequence, key=_by_age)
+
+    def _preempt(self, sequence: Sequence) -> None:
+        self.running.remove(sequence)
+        self._release_slot(sequence)
+        self.kv.free(sequence.seq_id)
+        sequence.num_computed = 0
+        sequence.num_preemptions += 1
+        sequence.status = SequenceStatus.WAITING
+        self.waiting.appendleft(sequence)
+        self.num_preemptions += 1
+
+    def _release_slot(self, sequence: Sequence) -> None:
+        if sequence.slot is not None:
+            heapq.heappush(self._free_slots, sequence.slot)
+            sequence.slot = None

@@ -1,0 +1,98 @@
+"""A request's state inside the engine: its tokens, progress through them, and status."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from mlxcel_core.engine.request import EngineRequest, OutputSink, RequestHandle
+from mlxcel_core.generate import FinishReason, TextAssembler
+from mlxcel_core.sampling import Sampler
+
+
+class SequenceStatus(IntEnum):
+    """Where a sequence is; every status from `FINISHED_STOPPED` on is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOPPED = 2
+    FINISHED_LENGTH = 3
+    FINISHED_ABORTED = 4
+
+    @property
+    def finished(self) -> bool:
+        return self >= SequenceStatus.FINISHED_STOPPED
+
+
+FINISHED_STATUS = {
+    FinishReason.STOP: SequenceStatus.FINISHED_STOPPED,
+    FinishReason.LENGTH: SequenceStatus.FINISHED_LENGTH,
+}
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request being generated.
+
+    The engine's one rule: `num_computed` of `token_ids` have their KV in the cache, and
+    each step computes some of the rest. When all are computed, the last position's logits
+    give the next token. A fresh prompt, a prefix-cache hit, chunked prefill, decode and
+    recompute after preemption are all this one rule.
+
+    Attributes:
+        seq_id: unique within the engine.
+        request: what was asked.
+        sink: where its outputs go.
+        handle: its group's handle (cancellation).
+        sampler: its own sampler chain and random stream.
+        text: its stop criteria and detokenized text.
+        token_ids: prompt then generated tokens.
+        num_computed: leading tokens whose KV is in the cache.
+        num_cached_tokens: prompt tokens the prefix cache supplied at first admission.
+        status: where it is.
+        slot: its slot (0 .. max_num_seqs - 1) while running, else None.
+        arrival_time: `time.perf_counter()` at submission (seconds).
+        first_scheduled_time: when it first ran, or None.
+        first_token_time: when its first token was sampled, or None.
+        last_token_time: when its latest token was sampled, or None.
+        num_preemptions: times its KV was dropped to make room for older requests.
+    """
+
+    seq_id: int
+    request: EngineRequest
+    sink: OutputSink
+    handle: RequestHandle
+    sampler: Sampler
+    text: TextAssembler
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    slot: int | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.request.prompt_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens whose KV is not in the cache yet."""
+        return len(self.token_ids) - self.num_computed
