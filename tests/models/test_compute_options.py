@@ -1,3 +1,5 @@
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -10,10 +12,33 @@ from mlxcel_models.loading.loader import load_model
 TOKENS = mx.array([[5, 80, 81, 200, 17, 42, 9, 260] * 5])
 
 
-def test_cpu_defaults_are_float32_with_the_prefill_tactic():
+def test_cpu_defaults_are_float32_with_dense_weights_up_to_a_quarter_of_memory():
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     options = ComputeOptions.for_device(mx.Device(mx.cpu))
-    assert options == ComputeOptions(float_dtype=mx.float32, dequantize_min_rows=4)
+    assert options == ComputeOptions(
+        float_dtype=mx.float32, dequantize_min_rows=4, dense_weights_max_bytes=memory // 4
+    )
     assert ComputeOptions.for_device(mx.Device(mx.gpu)) == ComputeOptions()
+
+
+def test_dense_weights_replace_every_quantized_layer_within_the_limit(tiny_gguf):
+    plain = load_model(tiny_gguf, compute=ComputeOptions())
+    dense = load_model(tiny_gguf, compute=ComputeOptions(mx.float32, dense_weights_max_bytes=2**30))
+    layers = [m for _, m in dense.model.module.named_modules()]
+    assert not any(isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding) for m in layers)
+    params = dict(tree_flatten(dense.model.module.parameters()))
+    assert params["model.layers.0.self_attn.q_proj.weight"].dtype == mx.float32
+    expected = plain.model(TOKENS, plain.model.make_cache())
+    actual = dense.model(TOKENS, dense.model.make_cache())
+    np.testing.assert_allclose(
+        np.array(actual), np.array(expected.astype(mx.float32)), atol=2e-2, rtol=2e-2
+    )
+
+
+def test_a_model_over_the_dense_limit_keeps_quantized_layers_with_the_prefill_tactic(tiny_gguf):
+    options = ComputeOptions(mx.float32, dequantize_min_rows=4, dense_weights_max_bytes=1024)
+    layers = [m for _, m in load_model(tiny_gguf, compute=options).model.module.named_modules()]
+    assert sum(isinstance(m, PrefillDequantizingLinear) for m in layers) == 14
 
 
 def test_options_change_dtypes_and_layers_but_not_the_logits(tiny_gguf):

@@ -1,7 +1,8 @@
-"""How a loaded model computes: activation dtype and the prefill tactic for quantized layers."""
+"""How a loaded model computes: activation dtype, and dense or quantized weights."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -12,6 +13,8 @@ from mlxcel_core.kernels import quantized_linear
 
 # Rows of input from which quantized layers dequantize for a dense GEMM (prefill chunks).
 CPU_DEQUANTIZE_MIN_ROWS = 4
+# Dense weights may take up to this fraction of the CPU's memory (docs/adr/0004).
+CPU_DENSE_WEIGHTS_MEMORY_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -23,25 +26,41 @@ class ComputeOptions:
             unquantized weights), which sets the activations' dtype; None keeps the file's.
         dequantize_min_rows: quantized linear layers given at least this many rows of input
             multiply by their dequantized weight (see `quantized_linear`); None never does.
+        dense_weights_max_bytes: affine-quantized linear and embedding layers are replaced
+            by dense ones, dequantized once at load to `float_dtype`, when all of them take
+            at most this many bytes dense; then `dequantize_min_rows` has nothing left to
+            act on. None keeps the quantized layers.
     """
 
     float_dtype: mx.Dtype | None = None
     dequantize_min_rows: int | None = None
+    dense_weights_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.dequantize_min_rows is not None and self.dequantize_min_rows < 1:
             raise ValueError(f"dequantize_min_rows must be >= 1, got {self.dequantize_min_rows}")
+        if self.dense_weights_max_bytes is not None and self.dense_weights_max_bytes < 0:
+            raise ValueError(
+                f"dense_weights_max_bytes must be None or >= 0, got {self.dense_weights_max_bytes}"
+            )
 
     @classmethod
     def for_device(cls, device: mx.Device) -> ComputeOptions:
-        """The measured best choice for `device` (docs/adr/0003).
+        """The measured best choice for `device` (docs/adr/0003, 0004).
 
-        On the CPU, float16 arithmetic has no fast path and quantized GEMMs skip BLAS, so
-        activations run in float32 and prefill dequantizes. Elsewhere the file's dtypes and
-        MLX's quantized kernels are kept.
+        On the CPU, float16 arithmetic has no fast path and quantized products skip BLAS,
+        so activations run in float32 and quantized weights are made dense float32 when
+        they fit in a quarter of the memory; larger models keep them quantized and
+        dequantize per prefill chunk. Elsewhere the file's dtypes and MLX's quantized
+        kernels are kept.
         """
         if device.type == mx.DeviceType.cpu:
-            return cls(float_dtype=mx.float32, dequantize_min_rows=CPU_DEQUANTIZE_MIN_ROWS)
+            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            return cls(
+                float_dtype=mx.float32,
+                dequantize_min_rows=CPU_DEQUANTIZE_MIN_ROWS,
+                dense_weights_max_bytes=int(memory * CPU_DENSE_WEIGHTS_MEMORY_FRACTION),
+            )
         return cls()
 
 
@@ -82,8 +101,42 @@ class PrefillDequantizingLinear(nn.QuantizedLinear):
         )
 
 
+def _quantized_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [
+        (name, layer)
+        for name, layer in module.named_modules()
+        if type(layer) in (nn.QuantizedLinear, nn.QuantizedEmbedding) and layer.mode == "affine"
+    ]
+
+
+def _dense_weight(layer: nn.Module, dtype: mx.Dtype) -> mx.array:
+    weight = mx.dequantize(
+        layer["weight"],
+        layer["scales"],
+        layer["biases"],
+        group_size=layer.group_size,
+        bits=layer.bits,
+    )
+    return weight.astype(dtype)
+
+
+def _dense_layer(layer: nn.Module, dtype: mx.Dtype) -> nn.Module:
+    """`layer` with its weight dequantized; the constructor's random init is replaced."""
+    rows, packed = layer["weight"].shape
+    columns = packed * 32 // layer.bits
+    if isinstance(layer, nn.QuantizedEmbedding):
+        dense: nn.Module = nn.Embedding(rows, columns)
+    else:
+        dense = nn.Linear(columns, rows, bias="bias" in layer)
+        if "bias" in layer:
+            dense.bias = layer["bias"].astype(dtype)
+    dense.weight = _dense_weight(layer, dtype)
+    return dense
+
+
 def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
-    """Cast float parameters and install the prefill tactic, in place, before evaluation."""
+    """Cast float parameters and make quantized layers dense or install the prefill tactic,
+    in place, before evaluation."""
     if options.float_dtype is not None:
         dtype = options.float_dtype
         module.update(
@@ -92,7 +145,18 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
                 module.parameters(),
             )
         )
-    if options.dequantize_min_rows is not None:
+    quantized = _quantized_layers(module)
+    dtype = options.float_dtype or mx.float32
+    dense_bytes = sum(
+        layer["weight"].shape[0] * layer["weight"].shape[1] * 32 // layer.bits * dtype.size
+        for _, layer in quantized
+    )
+    limit = options.dense_weights_max_bytes
+    if quantized and limit is not None and dense_bytes <= limit:
+        module.update_modules(
+            tree_unflatten([(name, _dense_layer(layer, dtype)) for name, layer in quantized])
+        )
+    elif options.dequantize_min_rows is not None:
         replacements = [
             (name, PrefillDequantizingLinear.replacing(layer, options.dequantize_min_rows))
             for name, layer in module.named_modules()

@@ -293,6 +293,11 @@ class Engine:
     def _admit(self, submission: _Submission) -> None:
         request = submission.request
         try:
+            if request.generation.context_size > self._config.context_size:
+                raise ValueError(
+                    f"the request's context size ({request.generation.context_size} tokens) "
+                    f"exceeds the engine's ({self._config.context_size})"
+                )
             text = TextAssembler(request.detokenizer, request.generation, len(request.prompt_ids))
             sampler = Sampler(request.sampling, dry_breaker_ids=request.dry_breaker_ids)
         except ValueError as error:
@@ -302,7 +307,9 @@ class Engine:
             submission.seq_id, request, submission.sink, submission.handle, sampler, text
         )
         if text.finish_reason is not None:
-            self._finish(sequence, "")
+            # Nothing to generate (a zero token budget): it ends without ever being queued.
+            sequence.status = FINISHED_STATUS[text.finish_reason]
+            self._emit_final(sequence, text.finish())
             return
         self._scheduler.add(sequence)
 
@@ -390,13 +397,13 @@ class Engine:
                     logprobs=logprobs,
                 )
             )
-        if sequence.text.finish_reason is not None:
-            self._finish(sequence, sequence.text.finish())
-
-    def _finish(self, sequence: Sequence, final_text: str) -> None:
         reason = sequence.text.finish_reason
-        assert reason is not None
-        self._scheduler.finish(sequence, FINISHED_STATUS[reason])
+        if reason is not None:
+            self._scheduler.finish(sequence, FINISHED_STATUS[reason])
+            self._emit_final(sequence, sequence.text.finish())
+
+    def _emit_final(self, sequence: Sequence, final_text: str) -> None:
+        """Send a finished sequence's last text, its finish reason and its statistics."""
         start = sequence.first_scheduled_time or sequence.arrival_time
         first = sequence.first_token_time or start
         stats = GenerationStats(
@@ -409,7 +416,12 @@ class Engine:
         )
         sequence.sink.put(
             EngineOutput(
-                sequence.request.index, final_text, None, reason, stats, sequence.sampler.seed
+                sequence.request.index,
+                final_text,
+                None,
+                sequence.text.finish_reason,
+                stats,
+                sequence.sampler.seed,
             )
         )
 
@@ -422,12 +434,12 @@ class Engine:
                 sequence.sink.put(EngineOutput(sequence.request.index, error=error))
         self._consecutive_failures += 1
         if self._consecutive_failures >= self._config.max_consecutive_failures:
-            self._failure = error
             logger.critical(
                 "%d engine steps failed in a row; the engine stops", self._consecutive_failures
             )
             with self._condition:
                 self._closing = True
+                self._failure = error
 
     def _close_all(self, error: EngineClosedError) -> None:
         with self._condition:

@@ -1,0 +1,445 @@
+"""The continuous-batching engine against the single-sequence path, and its failure posture.
+
+On the tiny float32 llama, every batched run (chunked prefill, waiting for a slot, block
+growth, preemption, prefix hits) must give the tokens and log probabilities that
+`stream_generate` gives for each prompt alone. Fake models drive the failure handling.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import mlx.core as mx
+import pytest
+from test_paged_attention import write_sliding_window_model
+
+from mlxcel_core.cache import DenseKVCache, KVCache
+from mlxcel_core.engine import (
+    Engine,
+    EngineClosedError,
+    EngineConfig,
+    EngineOutput,
+    EngineRequest,
+    InsufficientMemoryError,
+    OutputQueue,
+    RequestCancelledError,
+    SchedulerConfig,
+)
+from mlxcel_core.generate import (
+    FinishReason,
+    GenerationChunk,
+    GenerationConfig,
+    LanguageModel,
+    stream_generate,
+)
+from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_models.loading.loader import load_model
+
+from factories import TinyConfig
+
+TIMEOUT = 20.0
+BLOCK_SIZE = 4
+CONTEXT_SIZE = 48
+GREEDY = SamplingParams(temperature=0.0)
+GENERATION = GenerationConfig(context_size=CONTEXT_SIZE, max_tokens=10)
+PROMPT_LENGTHS = (3, 9, 14, 5, 21, 1)
+
+
+class NullDetokenizer:
+    def add_token(self, token_id: int) -> str:
+        return ""
+
+    def finalize(self) -> str:
+        return ""
+
+
+def make_prompts(lengths: Sequence[int] = PROMPT_LENGTHS) -> list[tuple[int, ...]]:
+    """Prompts of the given lengths, no two starting alike (so no prefix-cache hits)."""
+    return [tuple(range(30 + 7 * i, 30 + 7 * i + n)) for i, n in enumerate(lengths)]
+
+
+def make_request(
+    prompt: Sequence[int],
+    *,
+    index: int = 0,
+    sampling: SamplingParams = GREEDY,
+    generation: GenerationConfig = GENERATION,
+) -> EngineRequest:
+    return EngineRequest(
+        prompt_ids=tuple(prompt),
+        sampling=sampling,
+        generation=generation,
+        detokenizer=NullDetokenizer(),
+        index=index,
+    )
+
+
+def make_config(**kwargs) -> EngineConfig:
+    settings = {
+        "scheduler": SchedulerConfig(max_num_seqs=4, max_prefill_chunk=8),
+        "context_size": CONTEXT_SIZE,
+        "block_size": BLOCK_SIZE,
+        "num_kv_blocks": 64,
+    }
+    return EngineConfig(**{**settings, **kwargs})
+
+
+@contextmanager
+def running_engine(model: LanguageModel, config: EngineConfig) -> Iterator[Engine]:
+    engine = Engine(model, config)
+    try:
+        yield engine
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+
+
+def drain(sink: OutputQueue, count: int) -> list[EngineOutput]:
+    """Outputs until `count` terminal outputs arrived."""
+    outputs, finished = [], 0
+    while finished < count:
+        output = sink.get(timeout=TIMEOUT)
+        outputs.append(output)
+        finished += output.finished
+    return outputs
+
+
+def generate_all(engine: Engine, requests: Sequence[EngineRequest]) -> list[list[EngineOutput]]:
+    """Submit one group and return each request's outputs, by index."""
+    sink = OutputQueue()
+    engine.submit(requests, sink)
+    outputs = drain(sink, len(requests))
+    return [[o for o in outputs if o.index == i] for i in range(len(requests))]
+
+
+def token_ids(outputs: Sequence[EngineOutput | GenerationChunk]) -> list[int]:
+    return [o.token_id for o in outputs if o.token_id is not None]
+
+
+def generate_alone(
+    model: LanguageModel,
+    prompt: Sequence[int],
+    *,
+    sampling: SamplingParams = GREEDY,
+    generation: GenerationConfig = GENERATION,
+) -> list[GenerationChunk]:
+    """The single-sequence reference path."""
+    sampler = Sampler(sampling)
+    return list(stream_generate(model, prompt, sampler, NullDetokenizer(), generation))
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the engine"
+        time.sleep(0.002)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_safetensors) -> LanguageModel:
+    return load_model(tiny_safetensors).model
+
+
+@pytest.fixture(scope="module")
+def greedy_references(model) -> list[list[int]]:
+    return [token_ids(generate_alone(model, prompt)) for prompt in make_prompts()]
+
+
+class RecordingModel:
+    """Passes calls through to a model and records each forward's (B, L)."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+        self.shapes: list[tuple[int, int]] = []
+
+    def make_cache(self) -> list[KVCache]:
+        return self.model.make_cache()
+
+    def __call__(self, tokens: mx.array, cache: Sequence[KVCache], *, last_only=False):
+        self.shapes.append(tuple(tokens.shape))
+        return self.model(tokens, cache, last_only=last_only)
+
+
+# Equal to the single-sequence path
+
+
+def test_batched_greedy_outputs_equal_single_sequence_outputs(model, greedy_references):
+    recording = RecordingModel(model)
+    with running_engine(recording, make_config()) as engine:
+        recording.shapes.clear()  # drop the profiling pass
+        outputs = generate_all(
+            engine, [make_request(p, index=i) for i, p in enumerate(make_prompts())]
+        )
+        stats = engine.stats
+    assert [token_ids(o) for o in outputs] == greedy_references
+    assert all(o[-1].finish_reason is FinishReason.LENGTH for o in outputs)
+    assert all(len(ids) == 10 for ids in greedy_references)
+    # Prompts were chunked (no pass over 8 tokens, the 21-token one took 3 passes), decode
+    # rows were batched up to the 4 running sequences, and the rest waited for a slot.
+    assert max(length for _, length in recording.shapes) == 8
+    assert max(batch for batch, _ in recording.shapes) == 4
+    assert sum(1 for _, length in recording.shapes if length > 1) >= 8
+    assert stats.num_preemptions == 0 and stats.num_kv_blocks_used == 0
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched(model):
+    seeded = SamplingParams(temperature=0.8, seed=1234)
+    unseeded = SamplingParams(temperature=0.8)
+    prompts = make_prompts()
+    with running_engine(model, make_config()) as engine:
+        (alone,) = generate_all(engine, [make_request(prompts[2], sampling=seeded)])
+        batched = generate_all(
+            engine,
+            [
+                make_request(prompts[0], index=0, sampling=unseeded),
+                make_request(prompts[2], index=1, sampling=seeded),
+                make_request(prompts[4], index=2, sampling=unseeded),
+                make_request(prompts[1], index=3, sampling=unseeded),
+            ],
+        )
+    assert token_ids(batched[1]) == token_ids(alone)
+    assert token_ids(alone) == token_ids(generate_alone(model, prompts[2], sampling=seeded))
+    assert batched[1][-1].seed == alone[-1].seed == 1234
+    assert len(set(token_ids(alone))) > 1  # really sampled, not one repeated argmax
+
+
+def test_preemption_keeps_outputs_equal_to_single_sequence_ones(model, greedy_references):
+    # 13 usable blocks: one full context (12 blocks) fits, four growing sequences do not.
+    with running_engine(model, make_config(num_kv_blocks=14)) as engine:
+        outputs = generate_all(
+            engine, [make_request(p, index=i) for i, p in enumerate(make_prompts())]
+        )
+        stats = engine.stats
+    assert stats.num_preemptions > 0
+    assert [token_ids(o) for o in outputs] == greedy_references
+    assert stats.num_kv_blocks_used == 0
+
+
+def test_seeded_requests_draw_the_same_tokens_across_preemption(model):
+    prompts = make_prompts()
+    requests = [
+        make_request(p, index=i, sampling=SamplingParams(temperature=0.8, seed=100 + i))
+        for i, p in enumerate(prompts)
+    ]
+    alone = [token_ids(generate_alone(model, r.prompt_ids, sampling=r.sampling)) for r in requests]
+    with running_engine(model, make_config(num_kv_blocks=14)) as engine:
+        outputs = generate_all(engine, requests)
+        assert engine.stats.num_preemptions > 0
+    assert [token_ids(o) for o in outputs] == alone
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache_and_gives_the_same_output(
+    model, greedy_references
+):
+    prompt = make_prompts()[2]  # 14 tokens: 3 full blocks can be reused, 2 tokens computed
+    with running_engine(model, make_config()) as engine:
+        (first,) = generate_all(engine, [make_request(prompt)])
+        (second,) = generate_all(engine, [make_request(prompt)])
+        stats = engine.stats
+    assert first[-1].stats.cached_tokens == 0
+    assert second[-1].stats.cached_tokens == 12
+    assert second[-1].stats.cached_tokens % BLOCK_SIZE == 0
+    assert token_ids(first) == token_ids(second) == greedy_references[2]
+    assert stats.prefix_cache_hit_tokens == 12
+
+
+def test_batched_outputs_on_sliding_window_layers_equal_single_sequence_outputs(tmp_path):
+    folder = write_sliding_window_model(tmp_path / "llama", TinyConfig(seed=5), window=5)
+    windowed = load_model(folder).model
+    prompts = make_prompts()
+    references = [token_ids(generate_alone(windowed, prompt)) for prompt in prompts]
+    with running_engine(windowed, make_config()) as engine:
+        outputs = generate_all(engine, [make_request(p, index=i) for i, p in enumerate(prompts)])
+        # The same prompt again reuses blocks whose keys fall partly outside the window.
+        (again,) = generate_all(engine, [make_request(prompts[4])])
+    assert [token_ids(o) for o in outputs] == references
+    assert token_ids(again) == references[4]
+    assert again[-1].stats.cached_tokens == 20
+
+
+def test_batched_logprobs_equal_single_sequence_logprobs(model):
+    generation = GenerationConfig(context_size=CONTEXT_SIZE, max_tokens=6, num_top_logprobs=2)
+    prompts = make_prompts()[:4]
+    with running_engine(model, make_config()) as engine:
+        outputs = generate_all(
+            engine,
+            [make_request(p, index=i, generation=generation) for i, p in enumerate(prompts)],
+        )
+    for prompt, batched in zip(prompts, outputs, strict=True):
+        alone = [c for c in generate_alone(model, prompt, generation=generation) if c.token_id]
+        got = [o for o in batched if o.token_id is not None]
+        assert [o.token_id for o in got] == [c.token_id for c in alone]
+        for engine_output, chunk in zip(got, alone, strict=True):
+            expected, actual = chunk.logprobs, engine_output.logprobs
+            assert actual is not None and expected is not None
+            assert actual.token_id == expected.token_id
+            assert actual.top_ids == expected.top_ids and len(actual.top_ids) == 2
+            assert actual.logprob == pytest.approx(expected.logprob, abs=1e-5)
+            assert actual.top_logprobs == pytest.approx(expected.top_logprobs, abs=1e-5)
+
+
+# Cancellation
+
+
+class GatedModel(RecordingModel):
+    """Once `gate` is set, each forward waits for one `gate.release()`."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        super().__init__(model)
+        self.gate: threading.Semaphore | None = None
+
+    def __call__(self, tokens: mx.array, cache: Sequence[KVCache], *, last_only=False):
+        if self.gate is not None and not self.gate.acquire(timeout=TIMEOUT):
+            raise TimeoutError("the test never opened the gate")
+        return super().__call__(tokens, cache, last_only=last_only)
+
+
+def test_cancellation_frees_the_requests_blocks(model):
+    gated = GatedModel(model)
+    engine = Engine(gated, make_config())
+    gate = threading.Semaphore(0)
+    gated.gate = gate
+    try:
+        sink = OutputQueue()
+        unlimited = GenerationConfig(context_size=CONTEXT_SIZE)
+        handle = engine.submit([make_request(make_prompts()[2], generation=unlimited)], sink)
+        gate.release(2)  # the 14-token prompt in chunks of 8 and 6
+        first = sink.get(timeout=TIMEOUT)
+        assert first.token_id is not None and not first.finished
+        wait_until(lambda: engine.stats.num_kv_blocks_used == 4)
+        handle.cancel()
+        gate.release(100)
+        rest = drain(sink, 1)
+        assert isinstance(rest[-1].error, RequestCancelledError)
+        assert len(rest) <= 2  # at most the step already in flight, then the terminal one
+        wait_until(lambda: engine.stats.num_running == 0)
+        assert engine.stats.num_kv_blocks_used == 0
+    finally:
+        gate.release(1000)
+        engine.shutdown(timeout=TIMEOUT)
+
+
+# Failures, on a fake model
+
+VOCAB = 32
+
+
+class PoisonModel:
+    """Predicts `last input token + 1`; raises on any input token in `poison`."""
+
+    def __init__(self) -> None:
+        self.poison: frozenset[int] = frozenset()
+
+    def make_cache(self) -> list[KVCache]:
+        return [DenseKVCache(step=8)]
+
+    def __call__(self, tokens: mx.array, cache: Sequence[KVCache], *, last_only=False):
+        B, L = tokens.shape
+        # The write comes first, so a failed step leaves a partial write behind.
+        cache[0].update_and_fetch(mx.zeros((B, 1, L, 1)), mx.zeros((B, 1, L, 1)))
+        if self.poison & set(tokens.reshape(-1).tolist()):
+            raise RuntimeError("poisoned token")
+        logits = 10.0 * mx.eye(VOCAB)[(tokens + 1) % VOCAB]
+        return logits[:, -1:] if last_only else logits
+
+
+def fake_request(first_token: int, *, index: int = 0, max_tokens: int = 3) -> EngineRequest:
+    generation = GenerationConfig(context_size=CONTEXT_SIZE, max_tokens=max_tokens)
+    return make_request((first_token,), index=index, generation=generation)
+
+
+def fake_config(**kwargs) -> EngineConfig:
+    return make_config(scheduler=SchedulerConfig(max_num_seqs=2), **kwargs)
+
+
+def test_a_failing_step_ends_only_its_requests():
+    model = PoisonModel()
+    with running_engine(model, fake_config()) as engine:
+        model.poison = frozenset({2})
+        # 0 and 10 run together and reach the poison on their third step; 20 waits for a slot.
+        outputs = generate_all(
+            engine, [fake_request(t, index=i) for i, t in enumerate((0, 10, 20))]
+        )
+        assert [token_ids(o) for o in outputs] == [[1, 2], [11, 12], [21, 22, 23]]
+        for failed in outputs[:2]:
+            assert isinstance(failed[-1].error, RuntimeError)
+            assert "poisoned" in str(failed[-1].error)
+        assert outputs[2][-1].finish_reason is FinishReason.LENGTH
+        (later,) = generate_all(engine, [fake_request(5)])
+        assert token_ids(later) == [6, 7, 8] and later[-1].finish_reason is FinishReason.LENGTH
+        assert engine.failure is None
+        assert engine.stats.num_kv_blocks_used == 0
+
+
+def test_failures_separated_by_a_success_do_not_stop_the_engine():
+    model = PoisonModel()
+    with running_engine(model, fake_config(max_consecutive_failures=2)) as engine:
+        model.poison = frozenset({2})
+        for _ in range(3):
+            (failed,) = generate_all(engine, [fake_request(1)])
+            assert isinstance(failed[-1].error, RuntimeError)
+            (ok,) = generate_all(engine, [fake_request(10)])
+            assert ok[-1].finish_reason is FinishReason.LENGTH
+        assert engine.failure is None
+
+
+def test_consecutive_failing_steps_stop_the_engine():
+    model = PoisonModel()
+    with running_engine(model, fake_config(max_consecutive_failures=2)) as engine:
+        model.poison = frozenset(range(VOCAB))
+        (first,) = generate_all(engine, [fake_request(3)])
+        assert isinstance(first[-1].error, RuntimeError)
+        assert engine.failure is None
+        (second,) = generate_all(engine, [fake_request(4)])
+        assert isinstance(second[-1].error, RuntimeError)
+        wait_until(lambda: engine.failure is not None)
+        assert isinstance(engine.failure, RuntimeError)
+        with pytest.raises(EngineClosedError):
+            submit_until_refused(engine)
+
+
+def submit_until_refused(engine: Engine) -> None:
+    """Submit until the engine refuses; it stops accepting just after setting `failure`."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        engine.submit([fake_request(5)], OutputQueue())
+        time.sleep(0.002)
+
+
+def test_a_cache_too_small_for_one_context_is_refused_at_start():
+    # 64 tokens of context in blocks of 4 need 16 blocks besides the null block.
+    with pytest.raises(InsufficientMemoryError, match="64 tokens"):
+        Engine(PoisonModel(), fake_config(context_size=64, num_kv_blocks=16))
+    with running_engine(PoisonModel(), fake_config(context_size=64, num_kv_blocks=17)) as engine:
+        (outputs,) = generate_all(engine, [fake_request(0)])
+        assert token_ids(outputs) == [1, 2, 3]
+
+
+def test_a_request_for_zero_tokens_finishes_at_once_and_the_engine_goes_on():
+    with running_engine(PoisonModel(), fake_config()) as engine:
+        sink = OutputQueue()
+        engine.submit([fake_request(1, max_tokens=0)], sink)
+        output = sink.get(timeout=2.0)
+        assert output.finish_reason is FinishReason.LENGTH and output.token_id is None
+        assert output.stats.generated_tokens == 0
+        (later,) = generate_all(engine, [fake_request(5)])
+        assert token_ids(later) == [6, 7, 8]
+
+
+def test_a_request_longer_than_the_engine_context_does_not_stop_the_engine():
+    fatal: list[BaseException] = []
+    config = fake_config(context_size=16, num_kv_blocks=5)
+    engine = Engine(PoisonModel(), config, on_fatal=fatal.append)
+    try:
+        long_context = GenerationConfig(context_size=48, max_tokens=30)
+        (outputs,) = generate_all(engine, [make_request((1,), generation=long_context)])
+        assert isinstance(outputs[-1].error, ValueError)
+        assert not isinstance(outputs[-1].error, EngineClosedError)
+        fitting = GenerationConfig(context_size=16, max_tokens=3)
+        (later,) = generate_all(engine, [make_request((5,), generation=fitting)])
+        assert token_ids(later) == [6, 7, 8]
+        assert fatal == [] and engine.failure is None
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
