@@ -245,6 +245,45 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_gives_the_same_output(
     assert stats.prefix_cache_hit_tokens == 12
 
 
+@pytest.mark.parametrize("prompt_length", [9, 11])
+def test_choices_of_one_prompt_fork_its_prompt_kv_and_sample_their_own_tokens(model, prompt_length):
+    """The later choices share the first one's prompt blocks and compute only the prompt's
+    last token each (for 11 tokens in blocks of 4, into the shared third block, copied on
+    write; for 9, into a fresh block), and each choice still samples
+    exactly what it samples alone."""
+    prompt = make_prompts([prompt_length])[0]
+    samplings = [SamplingParams(temperature=0.9, seed=seed) for seed in (1, 2, 3)]
+    expected = [token_ids(generate_alone(model, prompt, sampling=s)) for s in samplings]
+    recording = RecordingModel(model)
+    with running_engine(recording, make_config()) as engine:
+        recording.shapes.clear()
+        outputs = generate_all(
+            engine, [make_request(prompt, index=i, sampling=s) for i, s in enumerate(samplings)]
+        )
+        blocks_used = engine.stats.num_kv_blocks_used
+    assert [token_ids(o) for o in outputs] == expected
+    assert len(set(map(tuple, expected))) == 3
+    assert [o[-1].stats.cached_tokens for o in outputs] == [0, prompt_length - 1, prompt_length - 1]
+    # The prompt was computed once, plus its last token once per child, plus 9 decode
+    # tokens per choice (the 10th sampled token is never fed back).
+    computed = sum(batch * length for batch, length in recording.shapes)
+    assert computed == prompt_length + 2 + 3 * 9
+    assert blocks_used == 0
+
+
+def test_a_copy_on_write_fork_keeps_the_parents_later_tokens_apart(model):
+    """Prompt of 10 with blocks of 4: the shared third block holds positions 8-11, which
+    the parent and both children write, so copy-on-write must keep them apart."""
+    prompt = make_prompts([10])[0]
+    samplings = [SamplingParams(temperature=0.9, seed=seed) for seed in (7, 8, 9)]
+    expected = [token_ids(generate_alone(model, prompt, sampling=s)) for s in samplings]
+    with running_engine(model, make_config()) as engine:
+        outputs = generate_all(
+            engine, [make_request(prompt, index=i, sampling=s) for i, s in enumerate(samplings)]
+        )
+    assert [token_ids(o) for o in outputs] == expected
+
+
 def test_batched_outputs_on_sliding_window_layers_equal_single_sequence_outputs(tmp_path):
     folder = write_sliding_window_model(tmp_path / "llama", TinyConfig(seed=5), window=5)
     windowed = load_model(folder).model

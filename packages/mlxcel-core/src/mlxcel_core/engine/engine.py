@@ -283,14 +283,19 @@ class Engine:
                 if self._closing:
                     return
                 arrivals, self._inbox = self._inbox, []
+            # A group arrives whole, so each prompt's first choice is among the same arrivals.
+            firsts: dict[tuple[int, tuple[int, ...]], Sequence] = {}
             for submission in arrivals:
-                self._admit(submission)
+                self._admit(submission, firsts)
             self._end_cancelled()
             if self._scheduler.has_work:
                 self._step()
             self._publish_stats()
 
-    def _admit(self, submission: _Submission) -> None:
+    def _admit(
+        self, submission: _Submission, firsts: dict[tuple[int, tuple[int, ...]], Sequence]
+    ) -> None:
+        """Queue a new sequence; a later choice of a prompt forks from its first choice."""
         request = submission.request
         try:
             if request.generation.context_size > self._config.context_size:
@@ -311,6 +316,10 @@ class Engine:
             sequence.status = FINISHED_STATUS[text.finish_reason]
             self._emit_final(sequence, text.finish())
             return
+        group_prompt = (submission.handle.request_id, request.prompt_ids)
+        if len(request.prompt_ids) > 1:
+            sequence.fork_parent = firsts.get(group_prompt)
+            firsts.setdefault(group_prompt, sequence)
         self._scheduler.add(sequence)
 
     def _end_cancelled(self) -> None:

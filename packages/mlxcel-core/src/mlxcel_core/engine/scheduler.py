@@ -6,6 +6,10 @@ allow. When the cache cannot hold a running sequence's next tokens, the newest r
 sequence is preempted: its blocks are freed and it is recomputed later. This is the
 scheduling of vLLM's v1 engine (`vllm/v1/core/sched/scheduler.py`), without its phases:
 chunked prefill, prefix-cache hits and decode are one rule (see `Sequence`).
+
+The later choices of one prompt (`n` > 1) fork from the first: once it has computed all
+but the prompt's last token, they share its blocks (copy-on-write) and compute only that
+last token each, as vLLM's v0 engine did for parallel sampling.
 """
 
 from __future__ import annotations
@@ -117,8 +121,17 @@ class Scheduler:
         # Admitting while preempting would hand the freed blocks to a newer request.
         while not preempted and self.waiting and budget > 0 and self._free_slots:
             sequence = self.waiting[0]
+            parent = sequence.fork_parent
+            if parent is not None and parent.status is not SequenceStatus.RUNNING:
+                # The parent ended or was preempted: the prefix cache is the way to reuse.
+                sequence.fork_parent = parent = None
+            if parent is not None and parent.num_computed < sequence.num_prompt_tokens - 1:
+                break  # The parent's prefill is under way; its prompt KV is not there yet.
             wanted = min(budget, self.config.max_prefill_chunk)
-            num_cached = self.kv.admit(sequence.seq_id, sequence.token_ids, wanted)
+            if parent is not None:
+                num_cached = self._fork(parent, sequence)
+            else:
+                num_cached = self.kv.admit(sequence.seq_id, sequence.token_ids, wanted)
             if num_cached is None:
                 break
             self.waiting.popleft()
@@ -151,6 +164,16 @@ class Scheduler:
             self.waiting.remove(sequence)
         self.kv.free(sequence.seq_id)
         sequence.status = status
+
+    def _fork(self, parent: Sequence, child: Sequence) -> int | None:
+        """Share the parent's prompt KV but the last token; None if no block is free for it."""
+        num_shared = child.num_prompt_tokens - 1
+        self.kv.fork(parent.seq_id, child.seq_id, num_shared)
+        if not self.kv.allocate_slots(child.seq_id, num_shared, 1):
+            self.kv.free(child.seq_id)
+            return None
+        child.fork_parent = None
+        return num_shared
 
     def _start(self, sequence: Sequence, num_cached: int) -> None:
         if sequence.first_scheduled_time is None:

@@ -57,6 +57,9 @@ class Sequence:
         first_token_time: when its first token was sampled, or None.
         last_token_time: when its latest token was sampled, or None.
         num_preemptions: times its KV was dropped to make room for older requests.
+        fork_parent: for a later choice of a group's prompt, the group's first sequence of
+            that prompt: it starts by sharing the parent's prompt KV instead of computing
+            it (see `Scheduler`); None otherwise, and once started.
     """
 
     seq_id: int
@@ -75,6 +78,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    fork_parent: Sequence | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
