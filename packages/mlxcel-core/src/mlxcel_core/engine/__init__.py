@@ -5,7 +5,8 @@ settings, and read `EngineOutput`s from the sink they supplied. Inside, a contin
 loop schedules every request over a paged KV cache.
 """
 
-from mlxcel_core.engine.engine import Engine, EngineConfig, InsufficientMemoryError
+from mlxcel_core.engine.config import EngineConfig, InsufficientMemoryError
+from mlxcel_core.engine.engine import Engine
 from mlxcel_core.engine.output_queue import OutputQueue
 from mlxcel_core.engine.request import (
     EngineClosedError,

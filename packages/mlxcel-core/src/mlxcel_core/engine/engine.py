@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.memory import device_memory_bytes, plan_num_blocks, profile_model
+from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
+from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.request import (
     EngineClosedError,
     EngineOutput,
@@ -29,66 +29,16 @@ from mlxcel_core.engine.request import (
     RequestCancelledError,
     RequestHandle,
 )
+from mlxcel_core.engine.row_sampling import Draw, draw_next_token
 from mlxcel_core.engine.runner import ModelRunner, RowInput
-from mlxcel_core.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from mlxcel_core.engine.scheduler import Scheduler, SchedulerOutput
 from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatus
-from mlxcel_core.engine.stats import EngineStats, SlotState
+from mlxcel_core.engine.stats import EngineStats, make_engine_stats
 from mlxcel_core.generate import GenerationStats, LanguageModel, TextAssembler
-from mlxcel_core.logprobs import PendingLogprobs, make_logprobs
 from mlxcel_core.sampling import Sampler
-from mlxcel_core.sampling.constraint import apply_constraint
 from mlxcel_core.threads import thread_stream
 
 logger = logging.getLogger(__name__)
-
-
-class InsufficientMemoryError(ValueError):
-    """The KV cache budget cannot hold even one sequence of the context size."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Settings of the engine.
-
-    Attributes:
-        scheduler: step limits (sequences at once, tokens per step, prefill chunk).
-        context_size: the longest sequence (tokens) the KV cache must be able to hold.
-        block_size: tokens per KV block.
-        num_kv_blocks: KV blocks to use, null block included; None plans them from memory.
-        memory_utilization: the fraction of device memory weights, activations and the KV
-            cache may take together, in (0, 1].
-        device_memory: the device's memory (bytes); None asks MLX (RAM on the CPU).
-        enable_prefix_caching: reuse the KV of full blocks seen before.
-        max_waiting: most sequences waiting to run; a submission that would exceed it
-            raises `EngineOverloadedError`.
-        retry_after_seconds: the retry hint carried by `EngineOverloadedError`.
-        max_consecutive_failures: failing steps in a row after which the engine stops.
-
-    Raises:
-        ValueError: a setting is out of range.
-    """
-
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    context_size: int = 4096
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    memory_utilization: float = 0.9
-    device_memory: int | None = None
-    enable_prefix_caching: bool = True
-    max_waiting: int = 64
-    retry_after_seconds: int = 1
-    max_consecutive_failures: int = 3
-
-    def __post_init__(self) -> None:
-        for name in ("context_size", "block_size", "max_waiting", "max_consecutive_failures"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
-            raise ValueError(f"num_kv_blocks must be None or >= 2, got {self.num_kv_blocks}")
-        if not 0.0 < self.memory_utilization <= 1.0:
-            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
-        if self.retry_after_seconds < 0:
-            raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
 
 
 @dataclass(frozen=True)
@@ -97,15 +47,6 @@ class _Submission:
     request: EngineRequest
     sink: OutputSink
     handle: RequestHandle
-
-
-@dataclass(frozen=True)
-class _Draw:
-    """A row's sampled token and log probabilities, not yet evaluated."""
-
-    sequence: Sequence
-    token: mx.array
-    logprobs: PendingLogprobs | None
 
 
 def _log_fatal(error: BaseException) -> None:
@@ -249,23 +190,7 @@ class Engine:
     def _setup(self) -> None:
         config = self._config
         profile = profile_model(self._model, config.scheduler.max_prefill_chunk)
-        num_blocks = config.num_kv_blocks
-        block_bytes = config.block_size * sum(layer.bytes_per_token for layer in profile.layers)
-        if num_blocks is None:
-            memory = device_memory_bytes() if config.device_memory is None else config.device_memory
-            num_blocks = plan_num_blocks(
-                usable_bytes=int(memory * config.memory_utilization),
-                profile=profile,
-                bytes_per_block=block_bytes,
-            )
-        needed = math.ceil(config.context_size / config.block_size) + 1
-        if num_blocks < needed:
-            raise InsufficientMemoryError(
-                f"the KV cache has room for {max(num_blocks - 1, 0) * config.block_size} tokens "
-                f"but one sequence of the context size ({config.context_size} tokens) needs "
-                f"{(needed - 1) * config.block_size}; lower the context size or give the "
-                "cache more memory"
-            )
+        num_blocks = plan_kv_blocks(config, profile)
         self._kv = KVCacheManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -354,7 +279,7 @@ class Engine:
         for draw in draws:
             self._take_token(draw)
 
-    def _forward_and_sample(self, plan: SchedulerOutput) -> list[_Draw]:
+    def _forward_and_sample(self, plan: SchedulerOutput) -> list[Draw]:
         kv = self._kv
         self._storage.ensure_capacity(kv.num_materialized_blocks)
         self._storage.copy_blocks(kv.take_block_copies())
@@ -370,21 +295,12 @@ class Engine:
         ]
         logits = self._runner.execute(rows)
         return [
-            self._draw(item.sequence, row_logits)
+            draw_next_token(item.sequence, row_logits)
             for item, row_logits in zip(plan.scheduled, logits, strict=True)
             if item.sequence.num_computed + item.num_new_tokens == item.sequence.num_tokens
         ]
 
-    def _draw(self, sequence: Sequence, logits: mx.array) -> _Draw:
-        request = sequence.request
-        allowed = logits
-        if request.constraint is not None:
-            allowed = apply_constraint(logits, request.constraint.allowed_mask(logits.shape[-1]))
-        token = sequence.sampler(allowed, mx.array(sequence.token_ids, dtype=mx.int32))
-        k = request.generation.num_top_logprobs
-        return _Draw(sequence, token, None if k is None else make_logprobs(logits, token, k))
-
-    def _take_token(self, draw: _Draw) -> None:
+    def _take_token(self, draw: Draw) -> None:
         sequence = draw.sequence
         token_id = int(draw.token.item())
         now = time.perf_counter()
@@ -456,36 +372,11 @@ class Engine:
             arrivals, self._inbox = self._inbox, []
         for submission in arrivals:
             submission.sink.put(EngineOutput(submission.request.index, error=error))
-        scheduler = getattr(self, "_scheduler", None)
-        if scheduler is None:
-            return
+        scheduler = self._scheduler
         for sequence in [*scheduler.waiting, *scheduler.running]:
             scheduler.finish(sequence, SequenceStatus.FINISHED_ABORTED)
             sequence.sink.put(EngineOutput(sequence.request.index, error=error))
         self._publish_stats()
 
     def _publish_stats(self) -> None:
-        kv, scheduler = self._kv, self._scheduler
-        self._stats = EngineStats(
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            num_kv_blocks=kv.num_blocks - 1,
-            num_kv_blocks_used=kv.num_used_blocks,
-            num_kv_blocks_cached=kv.num_cached_blocks,
-            kv_cache_bytes=self._storage.nbytes,
-            prefix_cache_queried_tokens=kv.num_queried_tokens,
-            prefix_cache_hit_tokens=kv.num_hit_tokens,
-            num_preemptions=scheduler.num_preemptions,
-            slots=tuple(
-                SlotState(
-                    slot=sequence.slot,
-                    request_id=sequence.handle.request_id,
-                    index=sequence.request.index,
-                    num_prompt_tokens=sequence.num_prompt_tokens,
-                    num_cached_tokens=sequence.num_cached_tokens,
-                    num_generated=sequence.num_generated,
-                )
-                for sequence in scheduler.running
-                if sequence.slot is not None
-            ),
-        )
+        self._stats = make_engine_stats(self._scheduler, self._kv, self._storage)

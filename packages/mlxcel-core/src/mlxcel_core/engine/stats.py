@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxcel_core.cache.paged import KVCacheManager, PagedKVStorage
+from mlxcel_core.engine.scheduler import Scheduler
+
 
 @dataclass(frozen=True)
 class SlotState:
@@ -64,3 +67,32 @@ class EngineStats:
         if not self.prefix_cache_queried_tokens:
             return 0.0
         return self.prefix_cache_hit_tokens / self.prefix_cache_queried_tokens
+
+
+def make_engine_stats(
+    scheduler: Scheduler, kv: KVCacheManager, storage: PagedKVStorage
+) -> EngineStats:
+    """A snapshot of the engine's state between steps (on the engine thread)."""
+    return EngineStats(
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        num_kv_blocks=kv.num_blocks - 1,
+        num_kv_blocks_used=kv.num_used_blocks,
+        num_kv_blocks_cached=kv.num_cached_blocks,
+        kv_cache_bytes=storage.nbytes,
+        prefix_cache_queried_tokens=kv.num_queried_tokens,
+        prefix_cache_hit_tokens=kv.num_hit_tokens,
+        num_preemptions=scheduler.num_preemptions,
+        slots=tuple(
+            SlotState(
+                slot=sequence.slot,
+                request_id=sequence.handle.request_id,
+                index=sequence.request.index,
+                num_prompt_tokens=sequence.num_prompt_tokens,
+                num_cached_tokens=sequence.num_cached_tokens,
+                num_generated=sequence.num_generated,
+            )
+            for sequence in scheduler.running
+            if sequence.slot is not None
+        ),
+    )

@@ -1,0 +1,84 @@
+"""The engine's settings, and the KV cache size they and the device's memory allow."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
+from mlxcel_core.engine.scheduler import SchedulerConfig
+
+
+class InsufficientMemoryError(ValueError):
+    """The KV cache budget cannot hold even one sequence of the context size."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the engine.
+
+    Attributes:
+        scheduler: step limits (sequences at once, tokens per step, prefill chunk).
+        context_size: the longest sequence (tokens) the KV cache must be able to hold.
+        block_size: tokens per KV block.
+        num_kv_blocks: KV blocks to use, null block included; None plans them from memory.
+        memory_utilization: the fraction of device memory weights, activations and the KV
+            cache may take together, in (0, 1].
+        device_memory: the device's memory (bytes); None asks MLX (RAM on the CPU).
+        enable_prefix_caching: reuse the KV of full blocks seen before.
+        max_waiting: most sequences waiting to run; a submission that would exceed it
+            raises `EngineOverloadedError`.
+        retry_after_seconds: the retry hint carried by `EngineOverloadedError`.
+        max_consecutive_failures: failing steps in a row after which the engine stops.
+
+    Raises:
+        ValueError: a setting is out of range.
+    """
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    context_size: int = 4096
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    memory_utilization: float = 0.9
+    device_memory: int | None = None
+    enable_prefix_caching: bool = True
+    max_waiting: int = 64
+    retry_after_seconds: int = 1
+    max_consecutive_failures: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("context_size", "block_size", "max_waiting", "max_consecutive_failures"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be None or >= 2, got {self.num_kv_blocks}")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        if self.retry_after_seconds < 0:
+            raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
+
+
+def plan_kv_blocks(config: EngineConfig, profile: ModelProfile) -> int:
+    """KV blocks (null block included): `config.num_kv_blocks`, else what memory allows.
+
+    Raises:
+        InsufficientMemoryError: they cannot hold one sequence of `config.context_size`.
+    """
+    num_blocks = config.num_kv_blocks
+    if num_blocks is None:
+        memory = device_memory_bytes() if config.device_memory is None else config.device_memory
+        block_bytes = config.block_size * sum(layer.bytes_per_token for layer in profile.layers)
+        num_blocks = plan_num_blocks(
+            usable_bytes=int(memory * config.memory_utilization),
+            profile=profile,
+            bytes_per_block=block_bytes,
+        )
+    needed = math.ceil(config.context_size / config.block_size) + 1
+    if num_blocks < needed:
+        raise InsufficientMemoryError(
+            f"the KV cache has room for {max(num_blocks - 1, 0) * config.block_size} tokens "
+            f"but one sequence of the context size ({config.context_size} tokens) needs "
+            f"{(needed - 1) * config.block_size}; lower the context size or give the "
+            "cache more memory"
+        )
+    return num_blocks
