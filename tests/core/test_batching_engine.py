@@ -482,3 +482,30 @@ def test_a_request_longer_than_the_engine_context_does_not_stop_the_engine():
         assert fatal == [] and engine.failure is None
     finally:
         engine.shutdown(timeout=TIMEOUT)
+
+
+class BrokenDetokenizer(NullDetokenizer):
+    def add_token(self, token_id: int) -> str:
+        raise RuntimeError("detokenizer bug")
+
+
+def test_a_failure_outside_the_model_step_stops_the_engine_through_on_fatal():
+    fatal: list[BaseException] = []
+    engine = Engine(PoisonModel(), fake_config(), on_fatal=fatal.append)
+    try:
+        sink = OutputQueue()
+        broken = EngineRequest(
+            prompt_ids=(1,),
+            sampling=GREEDY,
+            generation=GENERATION,
+            detokenizer=BrokenDetokenizer(),
+        )
+        engine.submit([broken, fake_request(5, index=1)], sink)
+        outputs = drain(sink, 2)
+        assert all(isinstance(o.error, EngineClosedError) for o in outputs if o.finished)
+        assert [str(error) for error in fatal] == ["detokenizer bug"]
+        assert engine.failure is fatal[0]
+        with pytest.raises(EngineClosedError):
+            engine.submit([fake_request(1)], OutputQueue())
+    finally:
+        engine.shutdown(timeout=TIMEOUT)

@@ -144,7 +144,7 @@ def serving_model(loaded: LoadedModel, settings: ServerSettings) -> ServingModel
 def _exit_process(error: BaseException) -> None:
     # A broken engine invariant leaves a server that cannot generate; a supervisor restarts
     # a process that exits, so exit rather than linger.
-    logger.critical("mlxcel: the engine stopped on a broken invariant (%s); exiting", error)
+    logger.critical("mlxcel: the engine stopped on an internal error (%s); exiting", error)
     os._exit(70)
 
 

@@ -50,7 +50,7 @@ class _Submission:
 
 
 def _log_fatal(error: BaseException) -> None:
-    logger.critical("the engine stopped on a broken invariant: %s", error, exc_info=error)
+    logger.critical("the engine stopped: %s", error, exc_info=error)
 
 
 class Engine:
@@ -63,8 +63,9 @@ class Engine:
     Args:
         model: the language model; its weights must already be evaluated.
         config: limits and cache settings.
-        on_fatal: called on the engine thread when an internal invariant breaks (after the
-            engine has ended every request); the server exits the process there.
+        on_fatal: called on the engine thread when an internal invariant breaks or the
+            step loop itself fails (after the engine has ended every request); the server
+            exits the process there.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
@@ -181,7 +182,10 @@ class Engine:
             self._started.set()
             try:
                 self._loop()
-            except InvariantError as error:
+            # Step failures are handled inside the loop; anything reaching here (a broken
+            # invariant, a bug in the bookkeeping) leaves an engine that cannot go on.
+            except Exception as error:
+                self._failure = error
                 self._close_all(EngineClosedError("the engine stopped on an internal error"))
                 self._on_fatal(error)
             finally:
