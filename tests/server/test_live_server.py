@@ -1,13 +1,8 @@
-"""A real `mlxcel serve` process on a free loopback port, driven by the `openai` client and
-raw HTTP. All traffic goes to 127.0.0.1; every wait is bounded."""
+"""A real `mlxcel serve` process (`live_server.LiveServer`) on a free loopback port, driven by
+the `openai` client and raw HTTP. All traffic goes to 127.0.0.1; every wait is bounded."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -15,51 +10,9 @@ import openai
 import pytest
 
 from factories import HERMES_TEMPLATE, write_gguf_model
+from live_server import LiveServer
 
-STARTUP_SECONDS = 120.0
 TIMEOUT = httpx.Timeout(60.0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LiveServer:
-    def __init__(self, *flags: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mlxcel", "serve", "--port", str(self.port), *flags],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env={k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")},
-        )
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.stderr.read().decode()
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError("the server did not become healthy in time")
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=30)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +93,7 @@ def test_a_disconnect_cancels_its_request(tiny_server):
 
 def test_sigterm_shuts_down_cleanly(tiny_gguf):
     server = LiveServer("-m", str(tiny_gguf))
-    assert server.stop() == 0
+    assert server.stop() == 0, server.stderr()
 
 
 @pytest.mark.slow
@@ -174,7 +127,7 @@ def test_smollm2_answers_paris_and_streams_whole_characters(smollm2_path):
         assert sum(delta.count("\ufffd") for delta in deltas) == reply.count("\ufffd"), reply
         assert "🦙" in reply, reply
     finally:
-        assert server.stop() == 0
+        assert server.stop() == 0, server.stderr()
 
 
 def test_openai_client_responses_streaming_and_store(tiny_server):
@@ -249,4 +202,4 @@ def test_openai_client_sends_tools_and_tool_results(tmp_path):
                 model="hermes.gguf", messages=question, tools=[WEATHER_TOOL], tool_choice="required"
             )
     finally:
-        assert server.stop() == 0
+        assert server.stop() == 0, server.stderr()

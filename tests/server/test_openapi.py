@@ -6,7 +6,8 @@ from __future__ import annotations
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
-from test_live_server import LiveServer
+
+from live_server import LiveServer
 
 
 def _documented_path(rule: str) -> str:
