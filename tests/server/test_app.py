@@ -2,6 +2,8 @@
 
 import pytest
 
+from mlxcel_core.engine import Engine, EngineConfig
+
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -233,3 +235,12 @@ def test_models_tokenize_detokenize(client):
     tokens = client.post("/tokenize", {"content": "hello"}).json()["tokens"]
     assert client.post("/detokenize", {"tokens": tokens}).json() == {"content": "hello"}
     assert_error(client.post("/detokenize", {"tokens": [10**6]}), 400, "tokens")
+
+
+def test_more_choices_than_the_queue_holds_is_a_400_not_a_retry(make_client, tiny_loaded):
+    engine = Engine(tiny_loaded.model, EngineConfig(max_waiting=2))
+    client = make_client(engine=engine)
+    reply = client.post("/v1/completions", {"prompt": "hi", "n": 3, "max_tokens": 2})
+    assert reply.status == 400 and "Retry-After" not in reply.headers
+    assert reply.json()["error"]["param"] == "n"
+    assert client.post("/v1/completions", {"prompt": "hi", "n": 2, "max_tokens": 2}).status == 200

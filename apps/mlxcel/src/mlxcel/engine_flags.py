@@ -31,8 +31,10 @@ def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineC
     Raises:
         UsageError: a value is out of range.
     """
-    if args.kv_cache_blocks < 0:
-        raise UsageError(f"--kv-cache-blocks must be >= 0, got {args.kv_cache_blocks}")
+    if args.kv_cache_blocks < 0 or args.kv_cache_blocks == 1:
+        raise UsageError(
+            f"--kv-cache-blocks must be 0 (as memory allows) or >= 2, got {args.kv_cache_blocks}"
+        )
     try:
         return EngineConfig(
             scheduler=SchedulerConfig(

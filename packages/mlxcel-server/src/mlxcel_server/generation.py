@@ -163,6 +163,9 @@ def _submit(model: ServingModel, prepared: Prepared) -> tuple[RequestHandle, Asy
     sink = AsyncOutputQueue(asyncio.get_running_loop())
     try:
         handle = model.engine.submit(prepared.requests, sink)
+    except ValueError as error:
+        # Only a group larger than the queue bound gets here (the requests are validated).
+        raise invalid(f"n: {error}; ask for fewer choices", "n") from error
     except EngineOverloadedError as error:
         raise ApiError(
             503, str(error), headers={"Retry-After": str(error.retry_after_seconds)}

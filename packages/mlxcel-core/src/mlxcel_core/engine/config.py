@@ -77,6 +77,7 @@ def plan_kv_blocks(config: EngineConfig, profile: ModelProfile) -> int:
     if num_blocks < needed:
         raise InsufficientMemoryError(
             f"the KV cache has room for {max(num_blocks - 1, 0) * config.block_size} tokens "
+            f"({num_blocks} blocks of {config.block_size}, one reserved) "
             f"but one sequence of the context size ({config.context_size} tokens) needs "
             f"{(needed - 1) * config.block_size}; lower the context size or give the "
             "cache more memory"

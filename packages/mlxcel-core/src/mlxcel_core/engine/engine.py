@@ -130,12 +130,17 @@ class Engine:
         one terminal output.
 
         Raises:
-            ValueError: `requests` is empty.
-            EngineOverloadedError: the waiting queue has no room for the whole group.
+            ValueError: `requests` is empty or larger than the waiting queue's bound.
+            EngineOverloadedError: the waiting queue has no room for the whole group now.
             EngineClosedError: the engine is shutting down or has failed.
         """
         if not requests:
             raise ValueError("requests must hold at least one request")
+        if len(requests) > self._config.max_waiting:
+            raise ValueError(
+                f"a group of {len(requests)} sequences can never fit the waiting queue "
+                f"(at most {self._config.max_waiting})"
+            )
         handle = RequestHandle(next(self._handle_ids))
         with self._condition:
             if self._closing:
