@@ -84,6 +84,9 @@ class Engine:
         self._on_fatal = on_fatal
         self._condition = threading.Condition()
         self._inbox: list[_Submission] = []
+        # Sequences the engine thread holds as waiting; updated under the lock when arrivals
+        # are taken, so no submission sees a moment where a waiting sequence is uncounted.
+        self._num_held_waiting = 0
         self._closing = False
         self._failure: BaseException | None = None
         self._seq_ids = itertools.count()
@@ -111,7 +114,7 @@ class Engine:
     def num_waiting(self) -> int:
         """Sequences submitted and not running."""
         with self._condition:
-            return len(self._inbox) + self._stats.num_waiting
+            return len(self._inbox) + self._num_held_waiting
 
     @property
     def num_running(self) -> int:
@@ -145,7 +148,7 @@ class Engine:
         with self._condition:
             if self._closing:
                 raise EngineClosedError("the engine is shutting down")
-            waiting = len(self._inbox) + self._stats.num_waiting
+            waiting = len(self._inbox) + self._num_held_waiting
             if waiting + len(requests) > self._config.max_waiting:
                 raise EngineOverloadedError(
                     f"the server is busy: {waiting} requests are waiting "
@@ -217,6 +220,7 @@ class Engine:
                 if self._closing:
                     return
                 arrivals, self._inbox = self._inbox, []
+                self._num_held_waiting += len(arrivals)
             # A group arrives whole, so each prompt's first choice is among the same arrivals.
             firsts: dict[tuple[int, tuple[int, ...]], Sequence] = {}
             for submission in arrivals:
@@ -388,4 +392,7 @@ class Engine:
         self._publish_stats()
 
     def _publish_stats(self) -> None:
-        self._stats = make_engine_stats(self._scheduler, self._kv, self._storage)
+        stats = make_engine_stats(self._scheduler, self._kv, self._storage)
+        with self._condition:
+            self._stats = stats
+            self._num_held_waiting = stats.num_waiting
