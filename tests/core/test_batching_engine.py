@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 import pytest
+from test_engine import drain
 from test_paged_attention import write_sliding_window_model
 
 from mlxcel_core.cache import DenseKVCache, KVCache
@@ -94,16 +95,6 @@ def running_engine(model: LanguageModel, config: EngineConfig) -> Iterator[Engin
         yield engine
     finally:
         engine.shutdown(timeout=TIMEOUT)
-
-
-def drain(sink: OutputQueue, count: int) -> list[EngineOutput]:
-    """Outputs until `count` terminal outputs arrived."""
-    outputs, finished = [], 0
-    while finished < count:
-        output = sink.get(timeout=TIMEOUT)
-        outputs.append(output)
-        finished += output.finished
-    return outputs
 
 
 def generate_all(engine: Engine, requests: Sequence[EngineRequest]) -> list[list[EngineOutput]]:
