@@ -9,18 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from typing import TextIO
 
-from mlxcel.engine_flags import engine_config_from
+from mlxcel.engine_flags import open_engine
 from mlxcel.flags import InputError, RunError
-from mlxcel_core.engine import (
-    Engine,
-    EngineOutput,
-    EngineRequest,
-    InsufficientMemoryError,
-    OutputQueue,
-)
+from mlxcel_core.engine import EngineOutput, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
@@ -55,6 +48,7 @@ def run_batch(
     Raises:
         InputError: a prompt does not fit the context.
         RunError: the KV cache cannot hold one sequence of the context size.
+        UsageError: an engine flag is out of range.
     """
     tokenizer = loaded.tokenizer
     context_size = args.ctx_size or loaded.config.context_length
@@ -68,15 +62,9 @@ def run_batch(
         max_tokens=args.n_predict,
         stop_token_ids=tokenizer.eos_token_ids,
     )
-    engine_config = replace(
-        engine_config_from(args, max_waiting=len(prompts)), context_size=context_size
-    )
     breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
     start = time.perf_counter()
-    try:
-        engine = Engine(loaded.model, engine_config)
-    except InsufficientMemoryError as error:
-        raise RunError(str(error)) from error
+    engine = open_engine(args, loaded, context_size=context_size, max_waiting=len(prompts))
     try:
         sink = OutputQueue()
         engine.submit(

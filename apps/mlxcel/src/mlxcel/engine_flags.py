@@ -1,14 +1,18 @@
 """The continuous-batching engine's flags, shared by `serve` and batch `generate`.
 
-`-np` and `-ub` are llama-server's; `--block-size` and `--gpu-memory-utilization` are vLLM's.
+`-np` and `-ub` are llama-server's; `--block-size` and `--gpu-memory-utilization` are vLLM's;
+the speculative decoding flags are in `speculative_flags`.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from mlxcel.flags import Flag, UsageError
-from mlxcel_core.engine import EngineConfig, SchedulerConfig
+from mlxcel.flags import Flag, RunError, UsageError, flag_error
+from mlxcel.speculative_flags import SPECULATIVE_FLAGS, load_draft_model, speculative_config_from
+from mlxcel_core.engine import Engine, EngineConfig, InsufficientMemoryError, SchedulerConfig
+from mlxcel_models.loaded import LoadedModel
 
 ENGINE_FLAGS = (
     Flag(("-np", "--parallel"), "parallel", int, 4,
@@ -22,14 +26,40 @@ ENGINE_FLAGS = (
          "KV cache blocks to use; 0 = as many as --gpu-memory-utilization allows"),
     Flag(("--gpu-memory-utilization",), "memory_utilization", float, 0.9,
          "fraction of device memory (RAM on a CPU) for weights, activations and KV cache"),
+    *SPECULATIVE_FLAGS,
 )  # fmt: skip
+
+
+def open_engine(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    *,
+    context_size: int,
+    max_waiting: int,
+) -> Engine:
+    """Start an engine on `loaded` as the flags say, loading the draft model `-md` names.
+
+    Raises:
+        UsageError: a flag is out of range, or the draft model's vocabulary differs.
+        ModelLoadError: the draft model cannot be loaded.
+        RunError: the KV cache cannot hold one sequence of the context size.
+    """
+    config = replace(engine_config_from(args, max_waiting=max_waiting), context_size=context_size)
+    draft = load_draft_model(args, loaded)
+    draft_model = None if draft is None else draft.model
+    try:
+        return Engine(loaded.model, config, draft_model=draft_model)
+    except InsufficientMemoryError as error:
+        raise RunError(str(error)) from error
+    except ValueError as error:
+        raise UsageError(str(error)) from error
 
 
 def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineConfig:
     """The engine's limits from resolved flags (the context size is set once the model loads).
 
     Raises:
-        UsageError: a value is out of range.
+        UsageError: a value is out of range, or the speculative decoding flags conflict.
     """
     if args.kv_cache_blocks < 0 or args.kv_cache_blocks == 1:
         raise UsageError(
@@ -46,9 +76,10 @@ def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineC
             num_kv_blocks=args.kv_cache_blocks or None,
             memory_utilization=args.memory_utilization,
             max_waiting=max_waiting,
+            speculative=speculative_config_from(args),
         )
     except ValueError as error:
-        raise UsageError(_flag_message(str(error))) from error
+        raise flag_error(str(error), _FLAG_NAMES) from error
 
 
 _FLAG_NAMES = {
@@ -60,9 +91,3 @@ _FLAG_NAMES = {
     "memory_utilization": "--gpu-memory-utilization",
     "max_waiting": "--max-queue",
 }
-
-
-def _flag_message(message: str) -> str:
-    """An engine setting's error, naming the flag instead of the field."""
-    field, _, rest = message.partition(" ")
-    return f"{_FLAG_NAMES[field]} {rest}" if field in _FLAG_NAMES else message

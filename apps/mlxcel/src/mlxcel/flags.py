@@ -61,6 +61,13 @@ class Flag:
         return "LLAMA_ARG_" + self.names[-1].lstrip("-").replace("-", "_").upper()
 
 
+def flag_error(message: str, flag_names: Mapping[str, str]) -> UsageError:
+    """A config's `ValueError` message as a usage error naming the flag, not the field
+    (`"max_num_seqs must be >= 1"` -> `"-np/--parallel must be >= 1"`)."""
+    field, _, rest = message.partition(" ")
+    return UsageError(f"{flag_names[field]} {rest}" if field in flag_names else message)
+
+
 def _switch_value(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on", "enabled"):

@@ -1,7 +1,8 @@
 """`mlxcel generate`: one prompt in, streamed text out, timings on stderr.
 
-With `--prompts-file`, many prompts run together on the continuous-batching engine
-(see `batch_generate`).
+Generation runs on the continuous-batching engine, so the KV cache, speculative decoding
+and engine flags work as they do in `serve`. With `--prompts-file`, many prompts run
+together (see `batch_generate`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from mlxcel.batch_generate import read_prompts, run_batch
-from mlxcel.engine_flags import ENGINE_FLAGS
+from mlxcel.batch_generate import OUTPUT_TIMEOUT_SECONDS, read_prompts, run_batch
+from mlxcel.engine_flags import ENGINE_FLAGS, open_engine
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
     CTX_SIZE_FLAG,
@@ -20,6 +21,7 @@ from mlxcel.flags import (
     SAMPLING_FLAGS,
     Flag,
     InputError,
+    RunError,
     UsageError,
     add_command,
     pick_one,
@@ -27,8 +29,9 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
-from mlxcel_core.generate import GenerationConfig, GenerationStats, stream_generate
-from mlxcel_core.sampling import Sampler
+from mlxcel_core.engine import EngineRequest, OutputQueue
+from mlxcel_core.generate import GenerationConfig, GenerationStats
+from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.tokenizer import resolve_chat_template
 
@@ -129,13 +132,22 @@ def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) ->
 
 
 def format_stats(stats: GenerationStats, load_seconds: float) -> str:
-    return (
+    lines = [
         f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s"
-        f" ({stats.prompt_seconds:.2f} s)\n"
+        f" ({stats.prompt_seconds:.2f} s)",
         f"generated: {stats.generated_tokens} tokens, "
-        f"{stats.decode_tokens_per_second:.1f} tokens/s ({stats.decode_seconds:.2f} s)\n"
+        f"{stats.decode_tokens_per_second:.1f} tokens/s ({stats.decode_seconds:.2f} s)",
+    ]
+    if stats.draft_tokens:
+        rate = stats.accepted_draft_tokens / stats.draft_tokens
+        lines.append(
+            f"draft: {stats.draft_tokens} tokens verified, {stats.accepted_draft_tokens} "
+            f"accepted ({rate:.1%})"
+        )
+    lines.append(
         f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s"
     )
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -157,22 +169,55 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     if args.prompts_file is not None:
         return run_batch(args, loaded, prompts, token_ids, params, out, err)
     (tokens,) = token_ids
+    return _generate_one(args, loaded, tokens, params, out, err)
+
+
+def _generate_one(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    tokens: list[int],
+    params: SamplingParams,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Stream one reply from the engine to `out`; timings to `err`.
+
+    Raises:
+        InputError: the prompt does not fit the context.
+        RunError: generation failed.
+    """
     tokenizer = loaded.tokenizer
-    config = GenerationConfig(
-        context_size=args.ctx_size or loaded.config.context_length,
-        max_tokens=args.n_predict,
-        prefill_step_size=args.batch_size,
-        stop_token_ids=tokenizer.eos_token_ids,
+    context_size = args.ctx_size or loaded.config.context_length
+    if len(tokens) >= context_size:
+        raise InputError(
+            f"the prompt has {len(tokens)} tokens but the context size is {context_size}; "
+            "shorten the prompt or raise -c/--ctx-size"
+        )
+    request = EngineRequest(
+        prompt_ids=tuple(tokens),
+        sampling=params,
+        generation=GenerationConfig(
+            context_size=context_size,
+            max_tokens=args.n_predict,
+            stop_token_ids=tokenizer.eos_token_ids,
+        ),
+        detokenizer=tokenizer.make_detokenizer(),
+        dry_breaker_ids=tokenizer.token_ids_containing(params.dry_sequence_breakers),
     )
-    breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
-    sampler = Sampler(params, dry_breaker_ids=breakers)
-    for chunk in stream_generate(
-        loaded.model, tokens, sampler, tokenizer.make_detokenizer(), config
-    ):
-        out.write(chunk.text)
-        out.flush()
-        if chunk.stats is not None:
-            out.write("\n")
+    engine = open_engine(args, loaded, context_size=context_size, max_waiting=1)
+    try:
+        sink = OutputQueue()
+        engine.submit([request], sink)
+        while True:
+            output = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
+            if output.error is not None:
+                raise RunError(f"generation failed: {output.error}")
+            out.write(output.text)
             out.flush()
-            print(format_stats(chunk.stats, loaded.load_seconds), file=err)
-    return 0
+            if output.stats is not None:
+                out.write("\n")
+                out.flush()
+                print(format_stats(output.stats, loaded.load_seconds), file=err)
+                return 0
+    finally:
+        engine.shutdown()

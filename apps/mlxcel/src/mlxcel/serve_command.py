@@ -37,6 +37,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
+from mlxcel.speculative_flags import load_draft_model
 from mlxcel_core.engine import Engine, InsufficientMemoryError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
@@ -128,16 +129,20 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         raise UsageError(str(error)) from error
 
 
-def serving_model(loaded: LoadedModel, settings: ServerSettings) -> ServingModel:
-    """Start an engine on `loaded` and name it as the API will.
+def serving_model(
+    loaded: LoadedModel, settings: ServerSettings, draft: LoadedModel | None = None
+) -> ServingModel:
+    """Start an engine on `loaded` (with its draft model, if any) and name it as the API will.
 
     Raises:
         InsufficientMemoryError: the KV cache cannot hold one sequence of the context size.
+        ValueError: the draft model does not fit the model (see `Engine`).
     """
     model_id = settings.model_alias or Path(loaded.source.path).name
     context_size = settings.context_size or loaded.config.context_length
     config = replace(settings.engine, context_size=context_size)
-    engine = Engine(loaded.model, config, on_fatal=_exit_process)
+    draft_model = None if draft is None else draft.model
+    engine = Engine(loaded.model, config, draft_model=draft_model, on_fatal=_exit_process)
     return ServingModel(loaded, engine, model_id, context_size)
 
 
@@ -148,34 +153,39 @@ def _exit_process(error: BaseException) -> None:
     os._exit(70)
 
 
-def _load(model: str | None) -> LoadedModel:
+def _load_and_start(args: argparse.Namespace, settings: ServerSettings) -> ServingModel:
     with thread_stream():
-        return load_for_command(model)
+        loaded = load_for_command(args.model)
+        return serving_model(loaded, settings, load_draft_model(args, loaded))
 
 
 async def serve_until_stopped(
-    app, config: Config, state: ServerState, settings: ServerSettings, model: str | None
+    app, config: Config, state: ServerState, settings: ServerSettings, args: argparse.Namespace
 ) -> None:
-    """Serve `app` while the model loads; stop on SIGINT/SIGTERM.
+    """Serve `app` while the model (and draft model) loads; stop on SIGINT/SIGTERM.
 
     Raises:
-        ModelLoadError: the model cannot be loaded (the server stops).
+        ModelLoadError: a model cannot be loaded (the server stops).
+        UsageError: the draft model does not fit the model.
         RunError: the KV cache cannot hold one sequence of the context size.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    failures: list[ModelLoadError | RunError] = []
+    failures: list[ModelLoadError | RunError | UsageError] = []
 
     def load() -> None:
         try:
-            state.set_ready(serving_model(_load(model), settings))
-        except ModelLoadError as error:
+            state.set_ready(_load_and_start(args, settings))
+        except (ModelLoadError, UsageError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
         except InsufficientMemoryError as error:
             failures.append(RunError(str(error)))
+            loop.call_soon_threadsafe(stop.set)
+        except ValueError as error:  # the draft model does not fit the model
+            failures.append(UsageError(str(error)))
             loop.call_soon_threadsafe(stop.set)
 
     async def end_requests_after_grace() -> None:
@@ -211,7 +221,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     _check_can_listen(args.host, args.port)
     print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
     try:
-        asyncio.run(serve_until_stopped(app, config, state, settings, args.model))
+        asyncio.run(serve_until_stopped(app, config, state, settings, args))
     except OSError as error:
         message = f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
         raise RunError(message) from error

@@ -113,6 +113,8 @@ class GenerationStats:
         decode_seconds: time from the first sampled token to the last.
         peak_memory_bytes: MLX's peak memory during the run.
         cached_tokens: prompt tokens whose KV came from the prefix cache, not computed.
+        draft_tokens: draft tokens verified (speculative decoding).
+        accepted_draft_tokens: of those, tokens accepted.
     """
 
     prompt_tokens: int
@@ -121,6 +123,8 @@ class GenerationStats:
     decode_seconds: float
     peak_memory_bytes: int
     cached_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def prompt_tokens_per_second(self) -> float:

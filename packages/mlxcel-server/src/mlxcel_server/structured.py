@@ -50,6 +50,11 @@ class GrammarConstraint:
         if not self._matcher.consume_token(token_id):
             raise ValueError(f"token {token_id} breaks the grammar: {self._matcher.get_error()}")
 
+    def rollback(self, num_tokens: int) -> None:
+        """Raises: ValueError: fewer than `num_tokens` tokens can be undone."""
+        if num_tokens and not self._matcher.rollback(num_tokens):
+            raise ValueError(f"cannot undo {num_tokens} tokens: {self._matcher.get_error()}")
+
 
 @functools.lru_cache(maxsize=4)
 def _grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:

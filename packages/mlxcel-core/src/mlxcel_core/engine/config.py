@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
 from mlxcel_core.engine.scheduler import SchedulerConfig
+from mlxcel_core.speculative import SpeculativeConfig
 
 
 class InsufficientMemoryError(ValueError):
@@ -30,6 +31,7 @@ class EngineConfig:
             raises `EngineOverloadedError`.
         retry_after_seconds: the retry hint carried by `EngineOverloadedError`.
         max_consecutive_failures: failing steps in a row after which the engine stops.
+        speculative: speculative decoding settings, or None to decode one token per step.
 
     Raises:
         ValueError: a setting is out of range.
@@ -45,6 +47,7 @@ class EngineConfig:
     max_waiting: int = 64
     retry_after_seconds: int = 1
     max_consecutive_failures: int = 3
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("context_size", "block_size", "max_waiting", "max_consecutive_failures"):

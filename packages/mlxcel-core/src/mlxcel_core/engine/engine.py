@@ -1,8 +1,9 @@
 """The continuous-batching engine: one inference thread stepping every request together.
 
-Each step: schedule (which sequences compute how many tokens) → one batched forward pass
-over the paged KV cache → sample each finished row with its own sampler → update and emit.
-Requests join and leave between steps; chunked prefill shares steps with decode.
+Each step: schedule (which sequences compute how many tokens) → draft (with speculative
+decoding) → one batched forward pass over the paged KV cache → sample each finished row
+with its own sampler, verifying its drafts → update and emit. Requests join and leave
+between steps; chunked prefill shares steps with decode.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import mlx.core as mx
 
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
+from mlxcel_core.engine.draft_model import DraftModelDrafter
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.request import (
     EngineClosedError,
@@ -29,13 +31,22 @@ from mlxcel_core.engine.request import (
     RequestCancelledError,
     RequestHandle,
 )
-from mlxcel_core.engine.row_sampling import Draw, draw_next_token
+from mlxcel_core.engine.row_sampling import Draw, draw_tokens
 from mlxcel_core.engine.runner import ModelRunner, RowInput
 from mlxcel_core.engine.scheduler import Scheduler, SchedulerOutput
 from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatus
 from mlxcel_core.engine.stats import EngineStats, make_engine_stats
 from mlxcel_core.generate import GenerationStats, LanguageModel, TextAssembler
+from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_core.sampling import Sampler
+from mlxcel_core.speculative import (
+    AcceptanceRule,
+    Drafter,
+    DraftProposal,
+    DraftRequest,
+    PromptLookupDrafter,
+    SpeculativeMethod,
+)
 from mlxcel_core.threads import thread_stream
 
 logger = logging.getLogger(__name__)
@@ -63,13 +74,16 @@ class Engine:
     Args:
         model: the language model; its weights must already be evaluated.
         config: limits and cache settings.
+        draft_model: the draft model when `config.speculative` asks for one; it must share
+            the target's vocabulary, and its weights must be evaluated.
         on_fatal: called on the engine thread when an internal invariant breaks or the
             step loop itself fails (after the engine has ended every request); the server
-            exits the process there.
+            exits the process there. None logs the error.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
-        ValueError: the model stores no keys and values.
+        ValueError: the model stores no keys and values; a draft model is missing, given
+            without being asked for, or has another vocabulary size.
     """
 
     def __init__(
@@ -77,11 +91,21 @@ class Engine:
         model: LanguageModel,
         config: EngineConfig | None = None,
         *,
-        on_fatal: Callable[[BaseException], None] = _log_fatal,
+        draft_model: LanguageModel | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._model = model
         self._config = EngineConfig() if config is None else config
-        self._on_fatal = on_fatal
+        wants_draft = (
+            self._config.speculative is not None
+            and self._config.speculative.method is SpeculativeMethod.DRAFT_MODEL
+        )
+        if wants_draft != (draft_model is not None):
+            raise ValueError(
+                "draft_model must be given exactly when config.speculative uses a draft model"
+            )
+        self._draft_model = draft_model
+        self._on_fatal = _log_fatal if on_fatal is None else on_fatal
         self._condition = threading.Condition()
         self._inbox: list[_Submission] = []
         # Sequences the engine thread holds as waiting; updated under the lock when arrivals
@@ -201,13 +225,41 @@ class Engine:
 
     def _setup(self) -> None:
         config = self._config
-        profile = profile_model(self._model, config.scheduler.max_prefill_chunk)
-        num_blocks = plan_kv_blocks(config, profile)
+        chunk = config.scheduler.max_prefill_chunk
+        profile = profile_model(self._model, chunk)
+        draft_profile = None
+        if self._draft_model is not None:
+            draft_profile = profile_model(self._draft_model, chunk)
+            if draft_profile.vocab_size != profile.vocab_size:
+                raise ValueError(
+                    f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
+                    f"the model's ({profile.vocab_size}); a draft model must share it"
+                )
+            num_blocks = plan_kv_blocks(config, profile.with_draft(draft_profile))
+        else:
+            num_blocks = plan_kv_blocks(config, profile)
         self._kv = KVCacheManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         self._storage = PagedKVStorage(profile.layers, config.block_size, num_blocks)
-        self._scheduler = Scheduler(config.scheduler, self._kv)
+        self._storages = [self._storage]
+        spec = config.speculative
+        self._drafter: Drafter | None = None
+        if spec is not None and self._draft_model is not None and draft_profile is not None:
+            draft_storage = PagedKVStorage(draft_profile.layers, config.block_size, num_blocks)
+            self._storages.append(draft_storage)
+            self._drafter = DraftModelDrafter(
+                self._draft_model, draft_storage, p_min=spec.draft_p_min
+            )
+        elif spec is not None:
+            self._drafter = PromptLookupDrafter(
+                min_ngram=spec.prompt_lookup_min, max_ngram=spec.prompt_lookup_max
+            )
+        self._scheduler = Scheduler(
+            config.scheduler,
+            self._kv,
+            num_lookahead_tokens=0 if spec is None else spec.num_draft_tokens,
+        )
         self._runner = ModelRunner(self._model, self._storage)
         self._consecutive_failures = 0
         self._publish_stats()
@@ -277,10 +329,10 @@ class Engine:
         try:
             draws = self._forward_and_sample(plan)
             mx.eval(
-                [draw.token for draw in draws],
-                [a for draw in draws if draw.logprobs is not None for a in draw.logprobs.arrays()],
-                self._storage.arrays(),
+                [a for draw in draws for a in draw.arrays()],
+                [a for storage in self._storages for a in storage.arrays()],
             )
+            emitted = [draw.emitted() for draw in draws]
         except InvariantError:
             raise
         # An MLX or model error fails this step's requests, not the engine.
@@ -288,43 +340,89 @@ class Engine:
             self._fail_step(plan, error)
             return
         self._consecutive_failures = 0
-        self._scheduler.complete_step(plan)
-        for draw in draws:
-            self._take_token(draw)
+        num_accepted = {}
+        for draw, tokens in zip(draws, emitted, strict=True):
+            sequence = draw.sequence
+            sequence.token_ids.extend(token for token, _ in tokens)
+            num_accepted[sequence.seq_id] = len(tokens) - 1
+            sequence.num_draft_tokens += len(draw.draft_token_ids)
+            sequence.num_accepted_draft_tokens += len(tokens) - 1
+        self._scheduler.complete_step(plan, num_accepted)
+        for draw, tokens in zip(draws, emitted, strict=True):
+            for token_id, logprobs in tokens:
+                self._take_token(draw.sequence, token_id, logprobs)
+                if draw.sequence.status.finished:
+                    break
 
     def _forward_and_sample(self, plan: SchedulerOutput) -> list[Draw]:
         kv = self._kv
-        self._storage.ensure_capacity(kv.num_materialized_blocks)
-        self._storage.copy_blocks(kv.take_block_copies())
-        rows = [
-            RowInput(
-                item.sequence.token_ids[
-                    item.sequence.num_computed : item.sequence.num_computed + item.num_new_tokens
-                ],
-                kv.block_table(item.sequence.seq_id),
-                item.sequence.num_computed,
-            )
-            for item in plan.scheduled
-        ]
+        copies = kv.take_block_copies()
+        for storage in self._storages:
+            storage.ensure_capacity(kv.num_materialized_blocks)
+            storage.copy_blocks(copies)
+        proposals = self._propose(plan)
+        rows = []
+        for item, proposal in zip(plan.scheduled, proposals, strict=True):
+            sequence = item.sequence
+            start = sequence.num_computed
+            tokens = [*sequence.token_ids[start : start + item.num_new_tokens], *proposal.token_ids]
+            num_logits = len(tokens) if proposal.token_ids else 1
+            rows.append(RowInput(tokens, kv.block_table(sequence.seq_id), start, num_logits))
         logits = self._runner.execute(rows)
+        rule = (
+            AcceptanceRule.EXACT
+            if self._config.speculative is None
+            else (self._config.speculative.acceptance)
+        )
         return [
-            draw_next_token(item.sequence, row_logits)
-            for item, row_logits in zip(plan.scheduled, logits, strict=True)
+            draw_tokens(item.sequence, row_logits, proposal.token_ids, proposal.probs, rule)
+            for item, proposal, row_logits in zip(plan.scheduled, proposals, logits, strict=True)
             if item.sequence.num_computed + item.num_new_tokens == item.sequence.num_tokens
         ]
 
-    def _take_token(self, draw: Draw) -> None:
-        sequence = draw.sequence
-        token_id = int(draw.token.item())
+    def _propose(self, plan: SchedulerOutput) -> list[DraftProposal]:
+        """Each scheduled sequence's drafts (none without speculative decoding)."""
+        if self._drafter is None:
+            return [DraftProposal((), None, 0) for _ in plan.scheduled]
+        requests = []
+        for item in plan.scheduled:
+            sequence = item.sequence
+            computed = sequence.num_computed
+            draft_computed = sequence.num_draft_computed
+            requests.append(
+                DraftRequest(
+                    token_ids=sequence.token_ids,
+                    block_table=self._kv.block_table(sequence.seq_id),
+                    num_target_computed=computed + item.num_new_tokens,
+                    num_draft_computed=computed
+                    if draft_computed is None
+                    else min(draft_computed, computed),
+                    num_draft_tokens=item.num_lookahead_tokens,
+                    sampler=sequence.sampler,
+                )
+            )
+        proposals = self._drafter.propose(requests)
+        min_drafts = self._config.speculative.min_draft_tokens if self._config.speculative else 0
+        for item, proposal in zip(plan.scheduled, proposals, strict=True):
+            item.sequence.num_draft_computed = proposal.num_draft_computed
+        return [
+            proposal
+            if len(proposal.token_ids) >= min_drafts
+            else DraftProposal((), None, proposal.num_draft_computed)
+            for proposal in proposals
+        ]
+
+    def _take_token(
+        self, sequence: Sequence, token_id: int, logprobs: TokenLogprobs | None
+    ) -> None:
+        """Emit a token already appended to the sequence's tokens; end it if it stops."""
         now = time.perf_counter()
         if sequence.first_token_time is None:
             sequence.first_token_time = now
         sequence.last_token_time = now
         if sequence.request.constraint is not None:
             sequence.request.constraint.advance(token_id)
-        sequence.token_ids.append(token_id)
         text = sequence.text.add(token_id)
-        logprobs = None if draw.logprobs is None else draw.logprobs.read(token_id)
         if token_id not in sequence.request.generation.stop_token_ids:
             sequence.sink.put(
                 EngineOutput(
@@ -351,6 +449,8 @@ class Engine:
             decode_seconds=(sequence.last_token_time or first) - first,
             peak_memory_bytes=mx.get_peak_memory(),
             cached_tokens=sequence.num_cached_tokens,
+            draft_tokens=sequence.num_draft_tokens,
+            accepted_draft_tokens=sequence.num_accepted_draft_tokens,
         )
         sequence.sink.put(
             EngineOutput(

@@ -59,11 +59,24 @@ class ModelProfile:
         layers: each attention layer's key/value geometry.
         resident_bytes: memory MLX held before the pass (the weights, mostly).
         transient_bytes: the pass's peak above that (activations of one prefill chunk).
+        vocab_size: the width of the model's logits.
     """
 
     layers: tuple[LayerGeometry, ...]
     resident_bytes: int
     transient_bytes: int
+    vocab_size: int
+
+    def with_draft(self, draft: ModelProfile) -> ModelProfile:
+        """The profile of this model and a draft model run beside it: both models' KV
+        layers; the memory both hold (each profile measured everything loaded, so the
+        larger); the larger transient peak, as their passes do not overlap."""
+        return ModelProfile(
+            self.layers + draft.layers,
+            max(self.resident_bytes, draft.resident_bytes),
+            max(self.transient_bytes, draft.transient_bytes),
+            self.vocab_size,
+        )
 
 
 def profile_model(model: LanguageModel, num_tokens: int) -> ModelProfile:
@@ -78,12 +91,13 @@ def profile_model(model: LanguageModel, num_tokens: int) -> ModelProfile:
     mx.synchronize()
     resident = mx.get_active_memory()
     mx.reset_peak_memory()
-    mx.eval(model(mx.zeros((1, num_tokens), dtype=mx.int32), caches, last_only=True))
+    logits = model(mx.zeros((1, num_tokens), dtype=mx.int32), caches, last_only=True)
+    mx.eval(logits)
     transient = max(mx.get_peak_memory() - resident, 0)
     layers = tuple(cache.geometry for cache in caches if cache.geometry is not None)
     if len(layers) != len(caches):
         raise ValueError("the model stored no keys and values in some of its layers")
-    return ModelProfile(layers, resident, transient)
+    return ModelProfile(layers, resident, transient, logits.shape[-1])
 
 
 def plan_num_blocks(*, usable_bytes: int, profile: ModelProfile, bytes_per_block: int) -> int:

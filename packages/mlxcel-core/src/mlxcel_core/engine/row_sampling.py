@@ -1,4 +1,5 @@
-"""Sampling one row of a batched step with its own request's chain, constraint and stream."""
+"""Sampling one row of a batched step with its own request's chain, constraint and stream,
+verifying the row's draft tokens when it has some (speculative decoding)."""
 
 from __future__ import annotations
 
@@ -7,35 +8,112 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.engine.sequence import Sequence
-from mlxcel_core.logprobs import PendingLogprobs, make_logprobs
-from mlxcel_core.sampling.constraint import apply_constraint
+from mlxcel_core.logprobs import PendingLogprobs, TokenLogprobs, make_logprobs
+from mlxcel_core.sampling.constraint import TokenConstraint, apply_constraint
+from mlxcel_core.speculative import (
+    AcceptanceRule,
+    Verdict,
+    exact_match,
+    num_leading_accepted,
+    rejection_sample,
+)
 
 
 @dataclass(frozen=True)
 class Draw:
-    """A row's sampled token and log probabilities, not yet evaluated.
+    """A row's verified tokens and log probabilities, not yet evaluated.
 
     Attributes:
         sequence: the row's sequence.
-        token: () int32 token id.
-        logprobs: its log probabilities when the request asked for them, else None.
+        draft_token_ids: the drafts the row verified (none without speculation).
+        verdict: which drafts pass and the token to emit where the chain stops.
+        logprobs: per position 0..k, the log probabilities of the token emitted there when
+            the request asked for them, else None.
     """
 
     sequence: Sequence
-    token: mx.array
-    logprobs: PendingLogprobs | None
+    draft_token_ids: tuple[int, ...]
+    verdict: Verdict
+    logprobs: tuple[PendingLogprobs, ...] | None
+
+    def arrays(self) -> list[mx.array]:
+        """Everything to evaluate with the step."""
+        pending = () if self.logprobs is None else self.logprobs
+        return [*self.verdict.arrays(), *(a for p in pending for a in p.arrays())]
+
+    def emitted(self) -> list[tuple[int, TokenLogprobs | None]]:
+        """The tokens to emit, in order: the accepted drafts, then one more (evaluated)."""
+        num_accepted = num_leading_accepted(self.verdict.accepted.tolist())
+        tokens = [*self.draft_token_ids[:num_accepted], int(self.verdict.tokens[num_accepted])]
+        if self.logprobs is None:
+            return [(token, None) for token in tokens]
+        return [(t, p.read(t)) for t, p in zip(tokens, self.logprobs, strict=False)]
 
 
-def draw_next_token(sequence: Sequence, logits: mx.array) -> Draw:
-    """Sample `sequence`'s next token from its row's (V,) logits, lazily.
+def _constrain(
+    constraint: TokenConstraint | None, logits: mx.array, drafts: tuple[int, ...]
+) -> tuple[list[mx.array], tuple[int, ...]]:
+    """Each position's logits under the constraint, the state after the drafts before it.
 
-    The request's constraint masks the logits first; log probabilities are those of the raw
-    logits. The penalties see the sequence's whole history (prompt and generated).
+    Drafts from the first one the constraint forbids on are dropped (they cannot pass). The
+    constraint is left as it was found.
+    """
+    if constraint is None:
+        return [logits[j] for j in range(len(drafts) + 1)], drafts
+    rows = []
+    for j in range(len(drafts) + 1):
+        allowed = constraint.allowed_mask(logits.shape[-1])
+        rows.append(apply_constraint(logits[j], allowed))
+        if j == len(drafts) or not allowed[drafts[j]].item():
+            break
+        constraint.advance(drafts[j])
+    constraint.rollback(len(rows) - 1)
+    return rows, drafts[: len(rows) - 1]
+
+
+def draw_tokens(
+    sequence: Sequence,
+    logits: mx.array,
+    drafts: tuple[int, ...],
+    draft_probs: mx.array | None,
+    rule: AcceptanceRule,
+) -> Draw:
+    """Verify `sequence`'s drafts and sample what follows the accepted ones, lazily.
+
+    Each position's logits go through the request's whole chain (constraint, logit bias,
+    penalties over the history including the drafts before it, the sampler stages): the
+    target distribution is the one plain decoding samples from. Greedy requests and rows
+    without drafts use the `EXACT` rule, which then is plain sampling; log probabilities
+    are those of the raw logits.
+
+    Args:
+        logits: (k + 1, V) logits after the sequence's last token and after each draft.
+        drafts: the k draft tokens.
+        draft_probs: (k, V) float32 distributions the drafts were drawn from, or None
+            for deterministic drafts.
+        rule: the acceptance rule for sampled (temperature > 0) requests.
     """
     request = sequence.request
-    allowed = logits
-    if request.constraint is not None:
-        allowed = apply_constraint(logits, request.constraint.allowed_mask(logits.shape[-1]))
-    token = sequence.sampler(allowed, mx.array(sequence.token_ids, dtype=mx.int32))
-    k = request.generation.num_top_logprobs
-    return Draw(sequence, token, None if k is None else make_logprobs(logits, token, k))
+    sampler = sequence.sampler
+    rows, drafts = _constrain(request.constraint, logits, drafts)
+    k = len(drafts)
+    draft_array = mx.array(drafts, dtype=mx.int32)
+    history = mx.array(sequence.token_ids, dtype=mx.int32)
+    histories = [history] + [mx.concatenate([history, draft_array[:j]]) for j in range(1, k + 1)]
+    if k == 0 or rule is AcceptanceRule.EXACT or sampler.params.temperature <= 0.0:
+        target = mx.stack([sampler(rows[j], histories[j]) for j in range(k + 1)])
+        verdict = exact_match(target, draft_array)
+    else:
+        probs = mx.stack(
+            [mx.softmax(sampler.apply_chain(rows[j], histories[j])) for j in range(k + 1)]
+        )
+        q = None if draft_probs is None else draft_probs[:k]
+        verdict = rejection_sample(probs, draft_array, q, sampler.next_key())
+    num_top = request.generation.num_top_logprobs
+    logprobs = None
+    if num_top is not None:
+        candidates = mx.concatenate(
+            [mx.where(verdict.accepted, draft_array, verdict.tokens[:k]), verdict.tokens[k:]]
+        )
+        logprobs = tuple(make_logprobs(logits[j], candidates[j], num_top) for j in range(k + 1))
+    return Draw(sequence, drafts, verdict, logprobs)

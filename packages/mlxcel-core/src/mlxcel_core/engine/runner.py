@@ -23,18 +23,34 @@ class RowInput:
         token_ids: the tokens to compute, at positions `offset` on (at least one).
         block_table: the sequence's blocks, covering `offset + len(token_ids)` positions.
         offset: positions already in the cache.
+        num_logits: 1 for the logits after the last token only, or `len(token_ids)` for
+            the logits after every token (verifying draft tokens).
+
+    Raises:
+        ValueError: `token_ids` is empty, or `num_logits` is neither of those.
     """
 
     token_ids: Sequence[int]
     block_table: Sequence[int]
     offset: int
+    num_logits: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("token_ids must hold at least one token")
+        if self.num_logits not in (1, len(self.token_ids)):
+            raise ValueError(
+                f"num_logits must be 1 or len(token_ids) ({len(self.token_ids)}), "
+                f"got {self.num_logits}"
+            )
 
 
 class ModelRunner:
     """Runs a language model over paged KV.
 
-    Single-token rows (decode, and recompute tails) run as one batched forward pass; each
-    longer row (a prefill chunk) runs alone, so no row is padded to another's length.
+    Rows of the same length and logits count run as one batched forward pass, so no row
+    is padded to another's length: decode rows batch together, verify rows of k + 1 tokens
+    together, and each prefill chunk usually alone.
 
     Args:
         model: the language model; its attention layers call the cache protocol.
@@ -49,27 +65,25 @@ class ModelRunner:
         """Compute every row's tokens, storing their KV.
 
         Returns:
-            Per row, in order, the (V,) logits after its last token; lazy, like the pools'
-            writes, until the caller evaluates them with `storage.arrays()`.
+            Per row, in order, its (num_logits, V) logits; lazy, like the pools' writes,
+            until the caller evaluates them with `storage.arrays()`.
         """
-        logits: list[mx.array | None] = [None] * len(rows)
-        single = [i for i, row in enumerate(rows) if len(row.token_ids) == 1]
-        if single:
-            tokens = mx.array([[rows[i].token_ids[0]] for i in single], dtype=mx.int32)
-            out = self._forward(tokens, [rows[i] for i in single])
-            for position, i in enumerate(single):
-                logits[i] = out[position]
+        groups: dict[tuple[int, int], list[int]] = {}
         for i, row in enumerate(rows):
-            if logits[i] is None:
-                tokens = mx.array([list(row.token_ids)], dtype=mx.int32)
-                logits[i] = self._forward(tokens, [row])[0]
-        return [row_logits for row_logits in logits if row_logits is not None]
+            groups.setdefault((len(row.token_ids), row.num_logits), []).append(i)
+        logits: list[mx.array] = [mx.array(0)] * len(rows)
+        for (_, num_logits), members in groups.items():
+            tokens = mx.array([list(rows[i].token_ids) for i in members], dtype=mx.int32)
+            out = self._forward(tokens, [rows[i] for i in members], num_logits)
+            for position, i in enumerate(members):
+                logits[i] = out[position]
+        return logits
 
-    def _forward(self, tokens: mx.array, rows: Sequence[RowInput]) -> mx.array:
-        """(B, L) tokens → (B, V) logits of each row's last position."""
+    def _forward(self, tokens: mx.array, rows: Sequence[RowInput], num_logits: int) -> mx.array:
+        """(B, L) tokens → (B, num_logits, V) logits of each row's last positions."""
         batch = PagedBatch(
             [BatchRow(row.block_table, row.offset, len(row.token_ids)) for row in rows],
             self.storage.block_size,
         )
         caches = make_layer_caches(self.storage, batch)
-        return self.model(tokens, caches, last_only=True)[:, -1]
+        return self.model(tokens, caches, last_only=num_logits == 1)

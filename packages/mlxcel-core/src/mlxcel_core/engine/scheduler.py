@@ -7,6 +7,10 @@ sequence is preempted: its blocks are freed and it is recomputed later. This is 
 scheduling of vLLM's v1 engine (`vllm/v1/core/sched/scheduler.py`), without its phases:
 chunked prefill, prefix-cache hits and decode are one rule (see `Sequence`).
 
+With speculative decoding, a decoding sequence also gets slots for up to
+`num_lookahead_tokens` draft tokens when the budget and the cache have room; drafts never
+preempt anything. Accepted drafts count as computed when the step completes.
+
 The later choices of one prompt (`n` > 1) fork from the first: once it has computed all
 but the prompt's last token, they share its blocks (copy-on-write) and compute only that
 last token each, as vLLM's v0 engine did for parallel sampling.
@@ -18,6 +22,7 @@ import bisect
 import heapq
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mlxcel_core.cache.paged import KVCacheManager
@@ -52,10 +57,18 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ScheduledSequence:
-    """A sequence and the tokens it computes this step (from `num_computed` on)."""
+    """A sequence and the tokens it computes this step (from `num_computed` on).
+
+    Attributes:
+        sequence: the sequence.
+        num_new_tokens: its tokens computed this step.
+        num_lookahead_tokens: KV slots held beyond `num_new_tokens`, for the draft tokens
+            it may verify (speculative decoding).
+    """
 
     sequence: Sequence
     num_new_tokens: int
+    num_lookahead_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,11 +94,16 @@ class Scheduler:
     Args:
         config: the step limits.
         kv: the KV cache manager; the scheduler admits, grows and frees sequences there.
+        num_lookahead_tokens: most draft tokens a decoding sequence verifies per step
+            (0 without speculative decoding).
     """
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, *, num_lookahead_tokens: int = 0
+    ) -> None:
         self.config = config
         self.kv = kv
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -108,15 +126,21 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             sequence = self.running[index]
             num_new = min(sequence.num_uncomputed, budget, self.config.max_prefill_chunk)
-            while not self.kv.allocate_slots(sequence.seq_id, sequence.num_computed, num_new):
+            lookahead = self._lookahead(sequence, budget)
+            while not self.kv.allocate_slots(
+                sequence.seq_id, sequence.num_computed, num_new + lookahead
+            ):
+                if lookahead:
+                    lookahead = 0
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is sequence:
                     break
             else:
-                scheduled.append(ScheduledSequence(sequence, num_new))
-                budget -= num_new
+                scheduled.append(ScheduledSequence(sequence, num_new, lookahead))
+                budget -= num_new + lookahead
                 index += 1
         # Admitting while preempting would hand the freed blocks to a newer request.
         while not preempted and self.waiting and budget > 0 and self._free_slots:
@@ -141,12 +165,21 @@ class Scheduler:
             budget -= num_new
         return SchedulerOutput(tuple(scheduled), tuple(preempted))
 
-    def complete_step(self, output: SchedulerOutput) -> None:
-        """Record that the step's tokens were computed; full blocks join the prefix cache."""
+    def complete_step(
+        self, output: SchedulerOutput, num_accepted: Mapping[int, int] | None = None
+    ) -> None:
+        """Record that the step's tokens were computed; full blocks join the prefix cache.
+
+        Args:
+            output: the step's plan.
+            num_accepted: draft tokens accepted per `seq_id`, already appended to the
+                sequence's tokens; their KV was computed while verifying them.
+        """
+        accepted = {} if num_accepted is None else num_accepted
         for item in output.scheduled:
             sequence = item.sequence
             if sequence.status is SequenceStatus.RUNNING:
-                sequence.num_computed += item.num_new_tokens
+                sequence.num_computed += item.num_new_tokens + accepted.get(sequence.seq_id, 0)
                 self.kv.commit(sequence.seq_id, sequence.token_ids, sequence.num_computed)
 
     def finish(self, sequence: Sequence, status: SequenceStatus) -> None:
@@ -164,6 +197,13 @@ class Scheduler:
             self.waiting.remove(sequence)
         self.kv.free(sequence.seq_id)
         sequence.status = status
+
+    def _lookahead(self, sequence: Sequence, budget: int) -> int:
+        """Draft slots for a decoding sequence: never more than it may still generate
+        after this step's token, nor than the step's budget leaves."""
+        if sequence.num_uncomputed != 1:
+            return 0
+        return max(0, min(self.num_lookahead_tokens, sequence.num_tokens_left - 1, budget - 1))
 
     def _fork(self, parent: Sequence, child: Sequence) -> int | None:
         """Share the parent's prompt KV but the last token; None if no block is free for it."""
@@ -189,6 +229,7 @@ class Scheduler:
         self._release_slot(sequence)
         self.kv.free(sequence.seq_id)
         sequence.num_computed = 0
+        sequence.num_draft_computed = None
         sequence.num_preemptions += 1
         sequence.status = SequenceStatus.WAITING
         self.waiting.appendleft(sequence)

@@ -57,6 +57,11 @@ class Sequence:
         first_token_time: when its first token was sampled, or None.
         last_token_time: when its latest token was sampled, or None.
         num_preemptions: times its KV was dropped to make room for older requests.
+        num_draft_computed: leading tokens whose draft-model KV is in the cache (speculative
+            decoding), or None until the draft model has run for it since its (re)start:
+            its prefix-cached blocks are then taken to hold draft KV too.
+        num_draft_tokens: draft tokens verified for it so far.
+        num_accepted_draft_tokens: of those, tokens accepted.
         fork_parent: for a later choice of a group's prompt, the group's first sequence of
             that prompt: it starts by sharing the parent's prompt KV instead of computing
             it (see `Scheduler`); None otherwise, and once started.
@@ -78,6 +83,9 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    num_draft_computed: int | None = None
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
     fork_parent: Sequence | None = None
 
     def __post_init__(self) -> None:
@@ -95,6 +103,11 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_tokens_left(self) -> int:
+        """Tokens it may still generate (its token budget less those generated)."""
+        return self.text.budget - self.text.num_generated
 
     @property
     def num_uncomputed(self) -> int:

@@ -38,6 +38,15 @@ class TokenConstraint(Protocol):
         """
         ...
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the latest `num_tokens` advances (speculative decoding verifies draft
+        tokens by advancing through them, then returns to where it was).
+
+        Raises:
+            ValueError: fewer than `num_tokens` advances can be undone.
+        """
+        ...
+
 
 def apply_constraint(logits: mx.array, allowed: mx.array) -> mx.array:
     """Ban the tokens a constraint does not allow.

@@ -74,7 +74,9 @@ class Sampler:
             stage for stage in params.samplers if stage not in _ARGMAX_PRESERVING_STAGES
         )
 
-    def _next_key(self) -> mx.array:
+    def next_key(self) -> mx.array:
+        """Split a key off the request's random stream (for draws made outside the chain,
+        such as speculative decoding's acceptance tests)."""
         self._key, key = mx.random.split(self._key)
         return key
 
@@ -139,7 +141,7 @@ class Sampler:
     def _run_stages(
         self, logits: mx.array, history: mx.array, stages: tuple[SamplerStage, ...]
     ) -> mx.array:
-        xtc_draw = mx.random.uniform(key=self._next_key())
+        xtc_draw = mx.random.uniform(key=self.next_key())
         logits = apply_logit_bias(_as_vector(logits), self.params.logit_bias)
         for stage in stages:
             logits = self._apply_stage(stage, logits, history, xtc_draw)
@@ -160,7 +162,7 @@ class Sampler:
         """
         if self.params.temperature <= 0.0:
             processed = self._run_stages(logits, history, self._greedy_stages)
-            self._next_key()
+            self.next_key()
             return mx.argmax(processed).astype(mx.int32)
         processed = self.apply_chain(logits, history)
-        return mx.random.categorical(processed, key=self._next_key()).astype(mx.int32)
+        return mx.random.categorical(processed, key=self.next_key()).astype(mx.int32)
