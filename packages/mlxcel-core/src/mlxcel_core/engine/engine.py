@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
@@ -66,6 +67,8 @@ class Engine:
         on_fatal: called on the engine thread when an internal invariant breaks or the
             step loop itself fails (after the engine has ended every request); the server
             exits the process there.
+        adapters: the model's unfused LoRA adapters, or None: each request's scales are
+            resolved on arrival and set per row before every forward pass.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
@@ -78,8 +81,10 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         on_fatal: Callable[[BaseException], None] = _log_fatal,
+        adapters: RowAdapterScales | None = None,
     ) -> None:
         self._model = model
+        self._adapters = adapters
         self._config = EngineConfig() if config is None else config
         self._on_fatal = on_fatal
         self._condition = threading.Condition()
@@ -208,7 +213,7 @@ class Engine:
         )
         self._storage = PagedKVStorage(profile.layers, config.block_size, num_blocks)
         self._scheduler = Scheduler(config.scheduler, self._kv)
-        self._runner = ModelRunner(self._model, self._storage)
+        self._runner = ModelRunner(self._model, self._storage, adapters=self._adapters)
         self._consecutive_failures = 0
         self._publish_stats()
 
@@ -249,6 +254,8 @@ class Engine:
         sequence = Sequence(
             submission.seq_id, request, submission.sink, submission.handle, sampler, text
         )
+        if self._adapters is not None:
+            sequence.adapter_scales = self._adapters.resolve_scales(request.adapter_scales)
         if text.finish_reason is not None:
             # Nothing to generate (a zero token budget): it ends without ever being queued.
             sequence.status = FINISHED_STATUS[text.finish_reason]
@@ -303,6 +310,7 @@ class Engine:
                 ],
                 kv.block_table(item.sequence.seq_id),
                 item.sequence.num_computed,
+                item.sequence.adapter_scales,
             )
             for item in plan.scheduled
         ]

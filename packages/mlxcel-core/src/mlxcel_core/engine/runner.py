@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel_core.adapters import AdapterScales, RowAdapterScales
 from mlxcel_core.cache.paged import BatchRow, PagedBatch, PagedKVStorage, make_layer_caches
 from mlxcel_core.generate import LanguageModel
 
@@ -23,11 +24,13 @@ class RowInput:
         token_ids: the tokens to compute, at positions `offset` on (at least one).
         block_table: the sequence's blocks, covering `offset + len(token_ids)` positions.
         offset: positions already in the cache.
+        adapter_scales: the sequence's LoRA adapter scales; None without unfused adapters.
     """
 
     token_ids: Sequence[int]
     block_table: Sequence[int]
     offset: int
+    adapter_scales: AdapterScales | None = None
 
 
 class ModelRunner:
@@ -39,11 +42,19 @@ class ModelRunner:
     Args:
         model: the language model; its attention layers call the cache protocol.
         storage: the key/value pools the model reads and writes.
+        adapters: the model's unfused LoRA adapters, told each forward pass's row scales.
     """
 
-    def __init__(self, model: LanguageModel, storage: PagedKVStorage) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        storage: PagedKVStorage,
+        *,
+        adapters: RowAdapterScales | None = None,
+    ) -> None:
         self.model = model
         self.storage = storage
+        self.adapters = adapters
 
     def execute(self, rows: Sequence[RowInput]) -> list[mx.array]:
         """Compute every row's tokens, storing their KV.
@@ -72,4 +83,6 @@ class ModelRunner:
             self.storage.block_size,
         )
         caches = make_layer_caches(self.storage, batch)
+        if self.adapters is not None:
+            self.adapters.set_row_scales([row.adapter_scales or () for row in rows])
         return self.model(tokens, caches, last_only=True)[:, -1]

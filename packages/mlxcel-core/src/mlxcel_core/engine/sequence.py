@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from mlxcel_core.adapters import AdapterScales, adapter_cache_salt
 from mlxcel_core.engine.request import EngineRequest, OutputSink, RequestHandle
 from mlxcel_core.generate import FinishReason, TextAssembler
 from mlxcel_core.sampling import Sampler
@@ -60,6 +61,8 @@ class Sequence:
         fork_parent: for a later choice of a group's prompt, the group's first sequence of
             that prompt: it starts by sharing the parent's prompt KV instead of computing
             it (see `Scheduler`); None otherwise, and once started.
+        adapter_scales: the LoRA adapter scales it runs with, resolved on arrival; None
+            when the model has no unfused adapters.
     """
 
     seq_id: int
@@ -79,6 +82,7 @@ class Sequence:
     last_token_time: float | None = None
     num_preemptions: int = 0
     fork_parent: Sequence | None = None
+    adapter_scales: AdapterScales | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -95,6 +99,11 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def cache_salt(self) -> tuple[str, ...]:
+        """The extra key of its prefix-cache block hashes (its adapter scales)."""
+        return adapter_cache_salt(self.adapter_scales)
 
     @property
     def num_uncomputed(self) -> int:
