@@ -50,6 +50,10 @@ class _Submission:
     handle: RequestHandle
 
 
+# A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt.
+_GroupPrompt = tuple[int, tuple[int, ...], tuple[str, ...]]
+
+
 def _log_fatal(error: BaseException) -> None:
     logger.critical("the engine stopped: %s", error, exc_info=error)
 
@@ -227,7 +231,7 @@ class Engine:
                 arrivals, self._inbox = self._inbox, []
                 self._num_held_waiting += len(arrivals)
             # A group arrives whole, so each prompt's first choice is among the same arrivals.
-            firsts: dict[tuple[int, tuple[int, ...]], Sequence] = {}
+            firsts: dict[_GroupPrompt, Sequence] = {}
             for submission in arrivals:
                 self._admit(submission, firsts)
             self._end_cancelled()
@@ -235,10 +239,9 @@ class Engine:
                 self._step()
             self._publish_stats()
 
-    def _admit(
-        self, submission: _Submission, firsts: dict[tuple[int, tuple[int, ...]], Sequence]
-    ) -> None:
-        """Queue a new sequence; a later choice of a prompt forks from its first choice."""
+    def _admit(self, submission: _Submission, firsts: dict[_GroupPrompt, Sequence]) -> None:
+        """Queue a new sequence; a later choice of a prompt forks from its first choice
+        (of the same adapter scales, whose KV it can share)."""
         request = submission.request
         try:
             if request.generation.context_size > self._config.context_size:
@@ -261,7 +264,7 @@ class Engine:
             sequence.status = FINISHED_STATUS[text.finish_reason]
             self._emit_final(sequence, text.finish())
             return
-        group_prompt = (submission.handle.request_id, request.prompt_ids)
+        group_prompt = (submission.handle.request_id, request.prompt_ids, sequence.cache_salt)
         if len(request.prompt_ids) > 1:
             sequence.fork_parent = firsts.get(group_prompt)
             firsts.setdefault(group_prompt, sequence)
