@@ -74,7 +74,7 @@ def run_batch(
     breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
     start = time.perf_counter()
     try:
-        engine = Engine(loaded.model, engine_config)
+        engine = Engine(loaded.model, engine_config, adapters=loaded.row_adapters)
     except InsufficientMemoryError as error:
         raise RunError(str(error)) from error
     try:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.batch_generate import read_prompts, run_batch
 from mlxcel.engine_flags import ENGINE_FLAGS
 from mlxcel.flags import (
@@ -50,7 +51,15 @@ PROMPT_FLAGS = (
          "raw completion: send the prompt as it is, without the chat template",
          is_switch=True),
 )  # fmt: skip
-FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *PROMPT_FLAGS, *ENGINE_FLAGS, *SAMPLING_FLAGS)
+FLAGS = (
+    MODEL_FLAG,
+    CTX_SIZE_FLAG,
+    BATCH_SIZE_FLAG,
+    *PROMPT_FLAGS,
+    *ENGINE_FLAGS,
+    *ADAPTER_FLAGS,
+    *SAMPLING_FLAGS,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -148,7 +157,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         raise UsageError(f"-c/--ctx-size must be >= 0, got {args.ctx_size}")
     if args.batch_size < 1:
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
-    loaded = load_for_command(args.model)
+    adapters = adapter_specs_from(args)
+    loaded = load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):
         if not tokens:
@@ -167,7 +177,12 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
     sampler = Sampler(params, dry_breaker_ids=breakers)
     for chunk in stream_generate(
-        loaded.model, tokens, sampler, tokenizer.make_detokenizer(), config
+        loaded.model,
+        tokens,
+        sampler,
+        tokenizer.make_detokenizer(),
+        config,
+        adapters=loaded.row_adapters,
     ):
         out.write(chunk.text)
         out.flush()

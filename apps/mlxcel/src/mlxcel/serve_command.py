@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -22,6 +22,7 @@ from typing import TextIO
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
@@ -75,7 +76,15 @@ SERVER_FLAGS = (
          "llama-server's switch for POST /props; mlxcel refuses property changes either way",
          env="LLAMA_ARG_ENDPOINT_PROPS", is_switch=True),
 )  # fmt: skip
-FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *ENGINE_FLAGS, *SERVER_FLAGS, *SAMPLING_FLAGS)
+FLAGS = (
+    MODEL_FLAG,
+    CTX_SIZE_FLAG,
+    BATCH_SIZE_FLAG,
+    *ENGINE_FLAGS,
+    *ADAPTER_FLAGS,
+    *SERVER_FLAGS,
+    *SAMPLING_FLAGS,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -137,7 +146,7 @@ def serving_model(loaded: LoadedModel, settings: ServerSettings) -> ServingModel
     model_id = settings.model_alias or Path(loaded.source.path).name
     context_size = settings.context_size or loaded.config.context_length
     config = replace(settings.engine, context_size=context_size)
-    engine = Engine(loaded.model, config, on_fatal=_exit_process)
+    engine = Engine(loaded.model, config, on_fatal=_exit_process, adapters=loaded.row_adapters)
     return ServingModel(loaded, engine, model_id, context_size)
 
 
@@ -148,18 +157,33 @@ def _exit_process(error: BaseException) -> None:
     os._exit(70)
 
 
-def _load(model: str | None) -> LoadedModel:
-    with thread_stream():
-        return load_for_command(model)
+def _loader(args: argparse.Namespace) -> Callable[[], LoadedModel]:
+    """Loads the model and adapters the flags name, on the calling thread's stream.
+
+    Raises:
+        UsageError: the adapter flags conflict.
+        InputError: an adapter folder does not exist.
+    """
+    adapters = adapter_specs_from(args)
+
+    def load() -> LoadedModel:
+        with thread_stream():
+            return load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
+
+    return load
 
 
 async def serve_until_stopped(
-    app, config: Config, state: ServerState, settings: ServerSettings, model: str | None
+    app,
+    config: Config,
+    state: ServerState,
+    settings: ServerSettings,
+    load_model: Callable[[], LoadedModel],
 ) -> None:
-    """Serve `app` while the model loads; stop on SIGINT/SIGTERM.
+    """Serve `app` while `load_model` runs on a thread; stop on SIGINT/SIGTERM.
 
     Raises:
-        ModelLoadError: the model cannot be loaded (the server stops).
+        ModelLoadError: the model or an adapter cannot be loaded (the server stops).
         RunError: the KV cache cannot hold one sequence of the context size.
     """
     loop = asyncio.get_running_loop()
@@ -170,7 +194,7 @@ async def serve_until_stopped(
 
     def load() -> None:
         try:
-            state.set_ready(serving_model(_load(model), settings))
+            state.set_ready(serving_model(load_model(), settings))
         except ModelLoadError as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
@@ -201,6 +225,7 @@ async def serve_until_stopped(
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
     settings = settings_from(args)
+    load_model = _loader(args)
     state = ServerState()
     app = create_app(state, settings)
     config = Config()
@@ -211,7 +236,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     _check_can_listen(args.host, args.port)
     print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
     try:
-        asyncio.run(serve_until_stopped(app, config, state, settings, args.model))
+        asyncio.run(serve_until_stopped(app, config, state, settings, load_model))
     except OSError as error:
         message = f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
         raise RunError(message) from error

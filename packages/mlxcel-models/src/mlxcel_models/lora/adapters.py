@@ -221,8 +221,9 @@ def apply_adapters(
             lora_b = mx.concatenate(
                 [update.b * update.scale for _, update in updates], axis=0
             ).astype(dtype)
-            columns = mx.concatenate(
-                [mx.full((update.a.shape[1],), i, dtype=mx.int32) for i, update in updates]
+            # Built from a list, not by MLX ops: nothing left to evaluate on this thread.
+            columns = mx.array(
+                [i for i, update in updates for _ in range(update.a.shape[1])], dtype=mx.int32
             )
             replacements.append(
                 (name, LoraLinear(layers[name], lora_a, lora_b, columns, row_scales))

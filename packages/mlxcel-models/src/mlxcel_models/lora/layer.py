@@ -21,7 +21,7 @@ class RowScales:
 
     def __init__(self, num_adapters: int, dtype: mx.Dtype) -> None:
         self.dtype = dtype
-        self.scales = mx.zeros((1, num_adapters), dtype=dtype)
+        self.scales = mx.array([[0.0] * num_adapters], dtype=dtype)
         self.all_zero = True
 
     def set(self, rows: Sequence[Sequence[float]]) -> None:
