@@ -7,6 +7,7 @@ Both writers take the same updates in mlx-lm's layout (`{module}.lora_a` (in, r)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import mlx.core as mx
@@ -35,21 +36,30 @@ def _dims(config: TinyConfig, target: str) -> tuple[int, int]:
 TINY = TinyConfig()
 
 
+def random_updates(
+    shapes: Mapping[str, tuple[int, int]], *, rank: int = 8, seed: int = 1
+) -> dict[str, np.ndarray]:
+    """Random rank-`rank` updates with non-zero B for modules of the given (in, out) shapes."""
+    rng = np.random.default_rng(seed)
+    updates = {}
+    for name, (inputs, outputs) in shapes.items():
+        a = rng.standard_normal((inputs, rank)) / np.sqrt(inputs)
+        updates[f"{name}.lora_a"] = a.astype(np.float32)
+        b = rng.standard_normal((rank, outputs)) / np.sqrt(rank)
+        updates[f"{name}.lora_b"] = b.astype(np.float32)
+    return updates
+
+
 def lora_updates(
     config: TinyConfig = TINY, *, rank: int = 8, seed: int = 1, targets=TARGETS
 ) -> dict[str, np.ndarray]:
-    """Random rank-`rank` updates with non-zero B for every layer's `targets`, mlx-lm names."""
-    rng = np.random.default_rng(seed)
-    updates = {}
-    for layer in range(config.num_layers):
-        for target in targets:
-            inputs, outputs = _dims(config, target)
-            name = f"model.layers.{layer}.{target}"
-            a = rng.standard_normal((inputs, rank)) / np.sqrt(inputs)
-            updates[f"{name}.lora_a"] = a.astype(np.float32)
-            b = rng.standard_normal((rank, outputs)) / np.sqrt(rank)
-            updates[f"{name}.lora_b"] = b.astype(np.float32)
-    return updates
+    """Random updates for every layer's `targets` of a tiny model, mlx-lm names."""
+    shapes = {
+        f"model.layers.{layer}.{target}": _dims(config, target)
+        for layer in range(config.num_layers)
+        for target in targets
+    }
+    return random_updates(shapes, rank=rank, seed=seed)
 
 
 def write_mlx_lm_adapter(folder: Path, updates: dict[str, np.ndarray], scale: float) -> Path:

@@ -7,12 +7,14 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import mlx.nn as nn
 import numpy as np
 import pytest
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue, SchedulerConfig
 from mlxcel_core.generate import GenerationConfig, stream_generate
 from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.lora import (
@@ -22,8 +24,14 @@ from mlxcel_models.lora import (
     AdapterSpec,
     apply_adapters,
 )
+from mlxcel_models.lora.layer import input_dims
 
-from adapter_factories import lora_updates, write_mlx_lm_adapter, write_peft_adapter
+from adapter_factories import (
+    lora_updates,
+    random_updates,
+    write_mlx_lm_adapter,
+    write_peft_adapter,
+)
 
 PROMPT = (40, 41, 42, 43, 44, 45, 46, 47, 48)
 GREEDY = SamplingParams(temperature=0.0)
@@ -215,3 +223,40 @@ def test_the_engine_applies_each_rows_scales_and_keeps_their_kv_apart(
     assert tokens == [base_tokens, adapted, base_tokens, adapted, base_tokens, adapted]
     cached = [outputs[-1].stats.cached_tokens for outputs in results[4:]]
     assert cached == [8, 8]
+
+
+def test_adapters_on_quantized_layers_change_the_output_and_fuse(tiny_gguf, tmp_path):
+    quantized = load_model(tiny_gguf, compute=ComputeOptions())
+    assert isinstance(quantized.model.module.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
+    base = greedy_tokens(quantized)
+    folder = write_mlx_lm_adapter(tmp_path / "a", lora_updates(), 2.0)
+    loaded = apply_adapters(quantized, [AdapterSpec(str(folder))])
+    assert greedy_tokens(loaded) != base
+    loaded.adapters.set_global_scales((0.0,))
+    assert greedy_tokens(loaded) == base
+    fused = apply_adapters(
+        load_model(tiny_gguf, compute=ComputeOptions()), [AdapterSpec(str(folder))], fuse=True
+    )
+    assert isinstance(fused.model.module.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
+    assert greedy_tokens(fused) != base
+
+
+@pytest.mark.slow
+def test_a_rank_8_adapter_changes_smollm2_and_scale_zero_restores_it(smollm2_path, tmp_path):
+    loaded = load_model(smollm2_path)
+    tokenizer = loaded.tokenizer
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.encode_chat(messages)
+    base = greedy_tokens(loaded, prompt)
+    assert tokenizer.decode(base).startswith("The capital of France is Paris")
+    shapes = {
+        name: (input_dims(layer), layer.weight.shape[0])
+        for name, layer in loaded.model.module.named_modules()
+        if name.endswith(("self_attn.q_proj", "self_attn.v_proj"))
+    }
+    assert len(shapes) == 60
+    folder = write_mlx_lm_adapter(tmp_path / "smollm2", random_updates(shapes, rank=8), 2.0)
+    adapted = apply_adapters(loaded, [AdapterSpec(str(folder))])
+    assert greedy_tokens(adapted, prompt) != base
+    adapted.adapters.set_global_scales((0.0,))
+    assert greedy_tokens(adapted, prompt) == base
