@@ -120,10 +120,11 @@ class LoraAdapters:
         Raises:
             AdapterScaleError: the adapters are fused or `scales` has the wrong length.
         """
-        checked = self.scales_from(dict(enumerate(scales)))
-        if len(scales) != len(checked):
-            raise AdapterScaleError(f"expected {len(checked)} scales, got {len(scales)}")
-        self._global = checked
+        if len(scales) != len(self.infos):
+            raise AdapterScaleError(
+                f"scales must hold {len(self.infos)} values, one per adapter, got {len(scales)}"
+            )
+        self._global = self.scales_from(dict(enumerate(scales)))
 
     def resolve_scales(self, requested: AdapterScales | None) -> AdapterScales:
         """A request's own scales, or the global ones for None."""
@@ -144,7 +145,9 @@ def _float_dtype(layer: nn.Module) -> mx.Dtype:
     return layer["scales"].dtype if isinstance(layer, nn.QuantizedLinear) else layer.weight.dtype
 
 
-def _check_fits(adapter: AdapterFile, module: str, layer: nn.Module | None, update: LoraWeights):
+def _check_fits(
+    adapter: AdapterFile, module: str, layer: nn.Module | None, update: LoraWeights
+) -> None:
     if not isinstance(layer, nn.Linear | nn.QuantizedLinear):
         raise AdapterLoadError(
             f"LoRA adapter {adapter.path}: tensor {update.a_name} matches no linear layer "
@@ -163,18 +166,51 @@ def _check_fits(adapter: AdapterFile, module: str, layer: nn.Module | None, upda
         )
 
 
+_Updates = dict[str, list[tuple[int, LoraWeights]]]
+"""Module path → (adapter id, that adapter's update of the module), for every adapted module."""
+
+
 def _read_all(
-    module: nn.Module, specs: Sequence[AdapterSpec]
-) -> tuple[list[AdapterFile], dict[str, list[tuple[int, LoraWeights]]]]:
-    """Every adapter, checked against the model; per module path, (adapter id, update)."""
-    layers = dict(module.named_modules())
+    layers: Mapping[str, nn.Module], specs: Sequence[AdapterSpec]
+) -> tuple[list[AdapterFile], _Updates]:
+    """Every adapter, each update checked against the model's layer it names."""
     files = [read_adapter(spec.path) for spec in specs]
-    by_module: dict[str, list[tuple[int, LoraWeights]]] = {}
+    by_module: _Updates = {}
     for adapter_id, adapter in enumerate(files):
         for name, update in adapter.layers.items():
             _check_fits(adapter, name, layers.get(name), update)
             by_module.setdefault(name, []).append((adapter_id, update))
     return files, by_module
+
+
+def _fused_layers(
+    layers: Mapping[str, nn.Module], by_module: _Updates, scales: AdapterScales
+) -> list[tuple[str, nn.Module]]:
+    replacements = []
+    for name, updates in by_module.items():
+        delta = sum(
+            scales[i] * update.scale * (update.a.astype(mx.float32) @ update.b).T
+            for i, update in updates
+        )
+        replacements.append((name, fuse_linear(layers[name], delta)))
+    return replacements
+
+
+def _unfused_layers(
+    layers: Mapping[str, nn.Module], by_module: _Updates, row_scales: RowScales
+) -> list[tuple[str, nn.Module]]:
+    replacements = []
+    for name, updates in by_module.items():
+        dtype = _float_dtype(layers[name])
+        lora_a = mx.concatenate([update.a for _, update in updates], axis=1).astype(dtype)
+        lora_b = mx.concatenate([update.b * update.scale for _, update in updates], axis=0)
+        # Built from a list, not by MLX ops: nothing left to evaluate on this thread.
+        columns = mx.array(
+            [i for i, update in updates for _ in range(update.a.shape[1])], dtype=mx.int32
+        )
+        layer = LoraLinear(layers[name], lora_a, lora_b.astype(dtype), columns, row_scales)
+        replacements.append((name, layer))
+    return replacements
 
 
 def apply_adapters(
@@ -201,33 +237,15 @@ def apply_adapters(
     if not loaded.family.supports_adapters:
         raise AdapterLoadError(f"{loaded.family.model_type} models do not support LoRA adapters")
     module = loaded.model.module
-    files, by_module = _read_all(module, specs)
-    scales = tuple(spec.scale for spec in specs)
     layers = dict(module.named_modules())
-    row_scales = None
-    replacements: list[tuple[str, nn.Module]] = []
+    files, by_module = _read_all(layers, specs)
+    scales = tuple(spec.scale for spec in specs)
     if fuse:
-        for name, updates in by_module.items():
-            delta = sum(
-                scales[i] * update.scale * (update.a.astype(mx.float32) @ update.b).T
-                for i, update in updates
-            )
-            replacements.append((name, fuse_linear(layers[name], delta)))
+        row_scales = None
+        replacements = _fused_layers(layers, by_module, scales)
     else:
         row_scales = RowScales(len(specs), _float_dtype(layers[next(iter(by_module))]))
-        for name, updates in by_module.items():
-            dtype = _float_dtype(layers[name])
-            lora_a = mx.concatenate([update.a for _, update in updates], axis=1).astype(dtype)
-            lora_b = mx.concatenate(
-                [update.b * update.scale for _, update in updates], axis=0
-            ).astype(dtype)
-            # Built from a list, not by MLX ops: nothing left to evaluate on this thread.
-            columns = mx.array(
-                [i for i, update in updates for _ in range(update.a.shape[1])], dtype=mx.int32
-            )
-            replacements.append(
-                (name, LoraLinear(layers[name], lora_a, lora_b, columns, row_scales))
-            )
+        replacements = _unfused_layers(layers, by_module, row_scales)
     module.update_modules(tree_unflatten(replacements))
     mx.eval(module.parameters())
     infos = tuple(
