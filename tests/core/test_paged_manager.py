@@ -194,6 +194,21 @@ def test_the_same_block_after_a_different_prefix_does_not_hit():
     assert manager.admit(3, first, 9) == 8
 
 
+def test_blocks_are_shared_only_between_sequences_of_the_same_extra_key():
+    manager = make_manager()
+    (prompt,) = create_prompts(1, 9)
+    half = ("lora", (0.5).hex())
+    assert manager.admit(1, prompt, 9, extra=half) == 0
+    manager.commit(1, prompt, 9)
+    assert manager.admit(2, prompt, 9) == 0
+    assert manager.admit(3, prompt, 9, extra=("lora", (1.0).hex())) == 0
+    assert manager.admit(4, prompt, 9, extra=half) == 8
+    manager.fork(4, 5, 8)
+    manager.allocate_slots(5, 8, 1)
+    manager.commit(5, [*prompt[:8], 7, 7, 7, 7], 12)
+    assert manager.detach(5).extra == half
+
+
 def test_commit_registers_blocks_as_they_fill_during_decode():
     manager = make_manager()
     (tokens,) = create_prompts(1, 6)

@@ -37,7 +37,8 @@ def open_engine(
     context_size: int,
     max_waiting: int,
 ) -> Engine:
-    """Start an engine on `loaded` as the flags say, loading the draft model `-md` names.
+    """Start an engine on `loaded` (with its unfused adapters) as the flags say, loading
+    the draft model `-md` names.
 
     Raises:
         UsageError: a flag is out of range, or the draft model's vocabulary differs.
@@ -48,7 +49,7 @@ def open_engine(
     draft = load_draft_model(args, loaded)
     draft_model = None if draft is None else draft.model
     try:
-        return Engine(loaded.model, config, draft_model=draft_model)
+        return Engine(loaded.model, config, draft_model=draft_model, adapters=loaded.row_adapters)
     except InsufficientMemoryError as error:
         raise RunError(str(error)) from error
     except ValueError as error:

@@ -43,6 +43,9 @@ class Flag:
         is_switch: a flag without a value (its environment mirror takes 1/0/true/false).
         repeatable: the flag may be given several times; its value is the list of them
             (its environment mirror gives one).
+        metavar: the names of its values when it takes several (`--lora-scaled PATH
+            SCALE`); `type` then converts the list of them, and the environment mirror
+            gives them space-separated, the last ones without spaces.
     """
 
     names: tuple[str, ...]
@@ -53,6 +56,7 @@ class Flag:
     env: str = ""
     is_switch: bool = False
     repeatable: bool = False
+    metavar: tuple[str, ...] = ()
 
     @property
     def env_name(self) -> str:
@@ -155,6 +159,15 @@ def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
             parser.add_argument(
                 *flag.names, dest=flag.dest, action="store_const", const=True, help=help_text
             )
+        elif flag.metavar:
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action="append",
+                nargs=len(flag.metavar),
+                metavar=flag.metavar,
+                help=help_text,
+            )
         elif flag.repeatable:
             parser.add_argument(*flag.names, dest=flag.dest, action="append", help=help_text)
         else:
@@ -180,6 +193,8 @@ def resolve_defaults(
         source = flag.names[-1]
         if given is None and flag.env_name in environ:
             given, source = environ[flag.env_name], flag.env_name
+            if flag.metavar:
+                given = given.rsplit(maxsplit=len(flag.metavar) - 1)
             if flag.repeatable:
                 given = [given]
         if given is None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.batch_generate import OUTPUT_TIMEOUT_SECONDS, read_prompts, run_batch
 from mlxcel.engine_flags import ENGINE_FLAGS, open_engine
 from mlxcel.flags import (
@@ -53,7 +54,15 @@ PROMPT_FLAGS = (
          "raw completion: send the prompt as it is, without the chat template",
          is_switch=True),
 )  # fmt: skip
-FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *PROMPT_FLAGS, *ENGINE_FLAGS, *SAMPLING_FLAGS)
+FLAGS = (
+    MODEL_FLAG,
+    CTX_SIZE_FLAG,
+    BATCH_SIZE_FLAG,
+    *PROMPT_FLAGS,
+    *ENGINE_FLAGS,
+    *ADAPTER_FLAGS,
+    *SAMPLING_FLAGS,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -160,7 +169,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         raise UsageError(f"-c/--ctx-size must be >= 0, got {args.ctx_size}")
     if args.batch_size < 1:
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
-    loaded = load_for_command(args.model)
+    adapters = adapter_specs_from(args)
+    loaded = load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):
         if not tokens:

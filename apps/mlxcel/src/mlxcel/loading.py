@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from tqdm import tqdm
 
@@ -10,17 +11,25 @@ from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.loader import load_model
+from mlxcel_models.lora import AdapterSpec, apply_adapters
 
 PROGRESS_DELAY_SECONDS = 1.0
 
 
-def load_for_command(model: str | None, *, compute: ComputeOptions | None = None) -> LoadedModel:
-    """Load `model` (or the default model), showing progress on stderr after a second.
+def load_for_command(
+    model: str | None,
+    *,
+    compute: ComputeOptions | None = None,
+    adapters: Sequence[AdapterSpec] = (),
+    fuse_adapters: bool = False,
+) -> LoadedModel:
+    """Load `model` (or the default model), showing progress on stderr after a second,
+    then attach its LoRA `adapters` (fused into the weights with `fuse_adapters`).
 
     `compute` is passed to `load_model` (None: the best for the device).
 
     Raises:
-        ModelLoadError: as `load_model` does.
+        ModelLoadError: as `load_model` does; `AdapterLoadError` for a bad adapter.
     """
     path = default_model_path() if model is None else model
     with tqdm(
@@ -31,4 +40,5 @@ def load_for_command(model: str | None, *, compute: ComputeOptions | None = None
             bar.total = total
             bar.update(done - bar.n)
 
-        return load_model(path, progress=progress, compute=compute)
+        loaded = load_model(path, progress=progress, compute=compute)
+    return apply_adapters(loaded, adapters, fuse=fuse_adapters)

@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -22,6 +22,7 @@ from typing import TextIO
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
@@ -76,7 +77,15 @@ SERVER_FLAGS = (
          "llama-server's switch for POST /props; mlxcel refuses property changes either way",
          env="LLAMA_ARG_ENDPOINT_PROPS", is_switch=True),
 )  # fmt: skip
-FLAGS = (MODEL_FLAG, CTX_SIZE_FLAG, BATCH_SIZE_FLAG, *ENGINE_FLAGS, *SERVER_FLAGS, *SAMPLING_FLAGS)
+FLAGS = (
+    MODEL_FLAG,
+    CTX_SIZE_FLAG,
+    BATCH_SIZE_FLAG,
+    *ENGINE_FLAGS,
+    *ADAPTER_FLAGS,
+    *SERVER_FLAGS,
+    *SAMPLING_FLAGS,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -142,7 +151,13 @@ def serving_model(
     context_size = settings.context_size or loaded.config.context_length
     config = replace(settings.engine, context_size=context_size)
     draft_model = None if draft is None else draft.model
-    engine = Engine(loaded.model, config, draft_model=draft_model, on_fatal=_exit_process)
+    engine = Engine(
+        loaded.model,
+        config,
+        draft_model=draft_model,
+        on_fatal=_exit_process,
+        adapters=loaded.row_adapters,
+    )
     return ServingModel(loaded, engine, model_id, context_size)
 
 
@@ -153,19 +168,37 @@ def _exit_process(error: BaseException) -> None:
     os._exit(70)
 
 
-def _load_and_start(args: argparse.Namespace, settings: ServerSettings) -> ServingModel:
-    with thread_stream():
-        loaded = load_for_command(args.model)
-        return serving_model(loaded, settings, load_draft_model(args, loaded))
+def _loader(args: argparse.Namespace) -> Callable[[], tuple[LoadedModel, LoadedModel | None]]:
+    """Loads the model and adapters the flags name, then the draft model, on the calling
+    thread's stream.
+
+    Raises:
+        UsageError: the adapter flags conflict.
+        InputError: an adapter folder does not exist.
+    """
+    adapters = adapter_specs_from(args)
+
+    def load() -> tuple[LoadedModel, LoadedModel | None]:
+        with thread_stream():
+            loaded = load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
+            return loaded, load_draft_model(args, loaded)
+
+    return load
 
 
 async def serve_until_stopped(
-    app, config: Config, state: ServerState, settings: ServerSettings, args: argparse.Namespace
+    app,
+    config: Config,
+    state: ServerState,
+    settings: ServerSettings,
+    load_models: Callable[[], tuple[LoadedModel, LoadedModel | None]],
 ) -> None:
-    """Serve `app` while the model (and draft model) loads; stop on SIGINT/SIGTERM.
+    """Serve `app` while `load_models` runs on a thread (the model and its draft model);
+    stop on SIGINT/SIGTERM.
 
     Raises:
-        ModelLoadError: a model cannot be loaded (the server stops).
+        ModelLoadError: the model, an adapter or the draft model cannot be loaded (the
+            server stops).
         UsageError: the draft model does not fit the model.
         RunError: the KV cache cannot hold one sequence of the context size.
     """
@@ -177,7 +210,8 @@ async def serve_until_stopped(
 
     def load() -> None:
         try:
-            state.set_ready(_load_and_start(args, settings))
+            loaded, draft = load_models()
+            state.set_ready(serving_model(loaded, settings, draft))
         except (ModelLoadError, UsageError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
@@ -211,6 +245,7 @@ async def serve_until_stopped(
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
     settings = settings_from(args)
+    load_models = _loader(args)
     state = ServerState()
     app = create_app(state, settings)
     config = Config()
@@ -221,7 +256,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     _check_can_listen(args.host, args.port)
     print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
     try:
-        asyncio.run(serve_until_stopped(app, config, state, settings, args))
+        asyncio.run(serve_until_stopped(app, config, state, settings, load_models))
     except OSError as error:
         message = f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
         raise RunError(message) from error

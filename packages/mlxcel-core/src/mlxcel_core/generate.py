@@ -15,6 +15,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache import KVCache
 from mlxcel_core.logprobs import PendingLogprobs, TokenLogprobs, make_logprobs
 from mlxcel_core.sampling.constraint import TokenConstraint, apply_constraint
@@ -342,16 +343,20 @@ def stream_generate(
     config: GenerationConfig,
     *,
     constraint: TokenConstraint | None = None,
+    adapters: RowAdapterScales | None = None,
 ) -> Iterator[GenerationChunk]:
     """Generate text for `prompt`, streaming chunks until a stop criterion (`TextAssembler`).
 
     A `constraint` limits every draw to the tokens it allows (see `generate_steps`); once
-    it is complete it allows only stop tokens.
+    it is complete it allows only stop tokens. The model's unfused LoRA `adapters`, if
+    any, run at their global scales.
 
     Raises:
         ContextOverflowError: the prompt fills the whole context window.
     """
     text = TextAssembler(detokenizer, config, len(prompt))
+    if adapters is not None:
+        adapters.set_row_scales([adapters.resolve_scales(None)])
     mx.reset_peak_memory()
     start = time.perf_counter()
     first_token_time = start

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mlxcel_models.detection import ModelSource
 from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.metadata import FamilyMetadata
 from mlxcel_models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mlxcel_models.lora import LoraAdapters
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class LoadedModel:
         family: the family's metadata (kind, formats, adapter support).
         source: where it was loaded from.
         load_seconds: wall time of the load, weights evaluated.
+        adapters: the LoRA adapters attached by `apply_adapters`, or None.
     """
 
     model: MlxLmLanguageModel
@@ -48,3 +53,9 @@ class LoadedModel:
     family: FamilyMetadata
     source: ModelSource
     load_seconds: float
+    adapters: LoraAdapters | None = None
+
+    @property
+    def row_adapters(self) -> LoraAdapters | None:
+        """The adapters whose scales are set per request (unfused ones), for the engine."""
+        return None if self.adapters is None or self.adapters.fused else self.adapters

@@ -13,6 +13,7 @@ from mlxcel_server.routes import (
     audio,
     chat,
     completions,
+    lora,
     metrics,
     models,
     openapi,
@@ -64,6 +65,7 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.register_blueprint(tokenize.make_blueprint(state))
     app.register_blueprint(metrics.make_blueprint(state, settings))
     app.register_blueprint(props.make_blueprint(state, settings))
+    app.register_blueprint(lora.make_blueprint(state))
     app.register_blueprint(audio.make_blueprint())
     app.register_blueprint(responses.make_blueprint(state, settings))
     app.register_blueprint(openapi.make_blueprint())

@@ -25,6 +25,7 @@ from mlxcel_core.generate import ContextOverflowError, GenerationStats
 from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_server.errors import ApiError, invalid
 from mlxcel_server.request_params import (
+    adapter_scales,
     check_n,
     choice_sampling,
     generation_config,
@@ -136,6 +137,7 @@ def prepare(
         else frozenset()
     )
     matcher = make_matcher(fields.response_format, tokenizer, param=format_param)
+    scales = adapter_scales(fields, model.loaded.adapters)
     requests = tuple(
         EngineRequest(
             prompt_ids=tuple(ids),
@@ -145,6 +147,7 @@ def prepare(
             dry_breaker_ids=breakers,
             index=prompt_index * fields.n + choice,
             constraint=None if matcher is None else GrammarConstraint(matcher.deep_copy()),
+            adapter_scales=scales,
         )
         for prompt_index, ids in enumerate(prompts)
         for choice in range(fields.n)

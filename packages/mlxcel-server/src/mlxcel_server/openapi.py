@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from mlxcel_server.responses import ChatCompletion, Completion
+from mlxcel_server.responses import ChatCompletion, Completion, LoraAdapterList
 from mlxcel_server.responses_api.objects import ResponseObject
 from mlxcel_server.responses_api.request import ResponseRequest
 from mlxcel_server.schemas import (
@@ -22,6 +22,7 @@ from mlxcel_server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoraScales,
     TokenizeRequest,
 )
 
@@ -112,6 +113,16 @@ OPERATIONS = (
     Operation(("/health",), "get", "Whether the model is loaded", errors=(503,)),
     Operation(("/props",), "get", "Server properties (llama-server)", errors=(401, 503)),
     Operation(("/props",), "post", "Change server properties (not supported)", errors=(401, 501)),
+    Operation(
+        ("/lora-adapters",),
+        "get",
+        "List the LoRA adapters and their global scales",
+        response=LoraAdapterList,
+        errors=(401, 503),
+    ),
+    Operation(
+        ("/lora-adapters",), "post", "Set the LoRA adapters' global scales", request=LoraScales
+    ),
     Operation(("/slots",), "get", "Slot state (with --slots)", errors=(401, 501, 503)),
     Operation(
         ("/metrics",),

@@ -6,8 +6,10 @@ import dataclasses
 import math
 import re
 
+from mlxcel_core.adapters import AdapterScales
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
+from mlxcel_models.lora import AdapterScaleError, LoraAdapters
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.errors import invalid
 from mlxcel_server.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
@@ -176,3 +178,21 @@ def generation_config(
         stop_strings=stop_strings(fields),
         num_top_logprobs=num_top_logprobs,
     )
+
+
+def adapter_scales(fields: GenerationFields, adapters: LoraAdapters | None) -> AdapterScales | None:
+    """The request's LoRA adapter scales from its `lora` field (llama-server's semantics:
+    adapters not listed get 0), or None for the server's global scales.
+
+    Raises:
+        ApiError: 400 naming `lora` when the server has no adapters, they are fused, or an
+            id or scale is out of range.
+    """
+    if fields.lora is None:
+        return None
+    if adapters is None:
+        raise invalid("this server has no LoRA adapters (start it with --lora)", "lora")
+    try:
+        return adapters.scales_from({entry.id: entry.scale for entry in fields.lora})
+    except AdapterScaleError as error:
+        raise invalid(f"lora: {error}", "lora") from error

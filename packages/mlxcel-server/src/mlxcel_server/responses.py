@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from mlxcel_core.generate import GenerationStats
 from mlxcel_server.logprobs import ChatLogprobs, CompletionLogprobs
@@ -159,3 +159,15 @@ def make_timings(stats: Sequence[GenerationStats]) -> Timings:
         predicted_per_token_ms=predicted_ms / predicted_n if predicted_n else 0.0,
         predicted_per_second=1000 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
     )
+
+
+class LoraAdapterEntry(BaseModel):
+    """One loaded LoRA adapter, as llama-server's `GET /lora-adapters` lists it."""
+
+    id: int
+    path: str
+    scale: float
+
+
+class LoraAdapterList(RootModel[list[LoraAdapterEntry]]):
+    """`GET /lora-adapters`' body."""

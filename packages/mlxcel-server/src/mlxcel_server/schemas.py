@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 # OpenAI's rule for function and schema names.
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -156,10 +156,23 @@ class ResponseFormat(_Strict):
         return self
 
 
+class LoraScale(_Strict):
+    """One LoRA adapter's scale, llama-server's `{"id": 0, "scale": 0.5}`."""
+
+    id: int
+    scale: float
+
+
+class LoraScales(RootModel[list[LoraScale]]):
+    """`POST /lora-adapters`' body: the new global scales; adapters not listed get 0."""
+
+
 class GenerationFields(_Strict):
     """Fields shared by chat completions and completions.
 
     Sampling fields left out (None) take the server's defaults (its sampling flags).
+    `lora` sets this request's adapter scales as llama-server does: adapters not listed get
+    0; left out, the server's current scales apply.
     """
 
     model: str | None = None
@@ -189,6 +202,7 @@ class GenerationFields(_Strict):
     seed: int | None = None
     logit_bias: dict[str, float | bool] | None = None
     response_format: ResponseFormat | None = None
+    lora: list[LoraScale] | None = None
 
 
 class ChatCompletionRequest(GenerationFields):

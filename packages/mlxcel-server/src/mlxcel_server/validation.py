@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, RootModel, ValidationError
 from quart import request
 
 from mlxcel_server.errors import ApiError, invalid
 
 Model = TypeVar("Model", bound=BaseModel)
+ListModel = TypeVar("ListModel", bound=RootModel)
 
 
 def _param(location: tuple) -> str:
@@ -38,6 +39,34 @@ async def parse_body(model: type[Model]) -> Model:
         ApiError: 415 when the body is not declared as JSON; 400 when it is empty, not
             JSON, not an object, or fails validation (naming the field).
     """
+    body = await _json_body()
+    if not isinstance(body, dict):
+        raise invalid(f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        message, param = _message(error)
+        raise invalid(message, param) from error
+
+
+async def parse_list_body(model: type[ListModel]) -> ListModel:
+    """Parse the JSON body of the current request as `model`, a root model of a list.
+
+    Raises:
+        ApiError: 415 when the body is not declared as JSON; 400 when it is empty, not
+            JSON, not an array, or an item fails validation (naming it by index).
+    """
+    body = await _json_body()
+    if not isinstance(body, list):
+        raise invalid(f"the request body must be a JSON array, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        message, param = _message(error)
+        raise invalid(message, param) from error
+
+
+async def _json_body() -> object:
     if request.mimetype != "application/json":
         raise ApiError(
             415,
@@ -54,10 +83,4 @@ async def parse_body(model: type[Model]) -> Model:
         raise invalid(f"the request body is not valid JSON: {error}") from error
     except RecursionError as error:
         raise invalid("the request body is not valid JSON: it is nested too deeply") from error
-    if not isinstance(body, dict):
-        raise invalid(f"the request body must be a JSON object, got {type(body).__name__}")
-    try:
-        return model.model_validate(body)
-    except ValidationError as error:
-        message, param = _message(error)
-        raise invalid(message, param) from error
+    return body

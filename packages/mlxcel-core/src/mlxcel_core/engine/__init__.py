@@ -5,6 +5,7 @@ settings, and read `EngineOutput`s from the sink they supplied. Inside, a contin
 loop schedules every request over a paged KV cache.
 """
 
+from mlxcel_core.adapters import AdapterScales, RowAdapterScales
 from mlxcel_core.engine.config import EngineConfig, InsufficientMemoryError
 from mlxcel_core.engine.engine import Engine
 from mlxcel_core.engine.output_queue import OutputQueue
@@ -22,6 +23,7 @@ from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.engine.stats import EngineStats, SlotState
 
 __all__ = [
+    "AdapterScales",
     "Engine",
     "EngineClosedError",
     "EngineConfig",
@@ -35,6 +37,7 @@ __all__ = [
     "OutputSink",
     "RequestCancelledError",
     "RequestHandle",
+    "RowAdapterScales",
     "SchedulerConfig",
     "SlotState",
 ]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
 from mlxcel_core.engine.draft_model import DraftModelDrafter
@@ -60,6 +61,10 @@ class _Submission:
     handle: RequestHandle
 
 
+# A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt.
+_GroupPrompt = tuple[int, tuple[int, ...], tuple[str, ...]]
+
+
 def _log_fatal(error: BaseException) -> None:
     logger.critical("the engine stopped: %s", error, exc_info=error)
 
@@ -79,6 +84,9 @@ class Engine:
         on_fatal: called on the engine thread when an internal invariant breaks or the
             step loop itself fails (after the engine has ended every request); the server
             exits the process there. None logs the error.
+        adapters: the model's unfused LoRA adapters, or None: each request's scales are
+            resolved on arrival and set per row before every forward pass (the draft model
+            runs without them).
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
@@ -93,8 +101,10 @@ class Engine:
         *,
         draft_model: LanguageModel | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        adapters: RowAdapterScales | None = None,
     ) -> None:
         self._model = model
+        self._adapters = adapters
         self._config = EngineConfig() if config is None else config
         wants_draft = (
             self._config.speculative is not None
@@ -260,7 +270,7 @@ class Engine:
             self._kv,
             num_lookahead_tokens=0 if spec is None else spec.num_draft_tokens,
         )
-        self._runner = ModelRunner(self._model, self._storage)
+        self._runner = ModelRunner(self._model, self._storage, adapters=self._adapters)
         self._consecutive_failures = 0
         self._publish_stats()
 
@@ -274,7 +284,7 @@ class Engine:
                 arrivals, self._inbox = self._inbox, []
                 self._num_held_waiting += len(arrivals)
             # A group arrives whole, so each prompt's first choice is among the same arrivals.
-            firsts: dict[tuple[int, tuple[int, ...]], Sequence] = {}
+            firsts: dict[_GroupPrompt, Sequence] = {}
             for submission in arrivals:
                 self._admit(submission, firsts)
             self._end_cancelled()
@@ -282,10 +292,9 @@ class Engine:
                 self._step()
             self._publish_stats()
 
-    def _admit(
-        self, submission: _Submission, firsts: dict[tuple[int, tuple[int, ...]], Sequence]
-    ) -> None:
-        """Queue a new sequence; a later choice of a prompt forks from its first choice."""
+    def _admit(self, submission: _Submission, firsts: dict[_GroupPrompt, Sequence]) -> None:
+        """Queue a new sequence; a later choice of a prompt forks from its first choice
+        (of the same adapter scales, whose KV it can share)."""
         request = submission.request
         try:
             if request.generation.context_size > self._config.context_size:
@@ -301,12 +310,14 @@ class Engine:
         sequence = Sequence(
             submission.seq_id, request, submission.sink, submission.handle, sampler, text
         )
+        if self._adapters is not None:
+            sequence.adapter_scales = self._adapters.resolve_scales(request.adapter_scales)
         if text.finish_reason is not None:
             # Nothing to generate (a zero token budget): it ends without ever being queued.
             sequence.status = FINISHED_STATUS[text.finish_reason]
             self._emit_final(sequence, text.finish())
             return
-        group_prompt = (submission.handle.request_id, request.prompt_ids)
+        group_prompt = (submission.handle.request_id, request.prompt_ids, sequence.cache_salt)
         if len(request.prompt_ids) > 1:
             sequence.fork_parent = firsts.get(group_prompt)
             firsts.setdefault(group_prompt, sequence)
@@ -367,7 +378,15 @@ class Engine:
             start = sequence.num_computed
             tokens = [*sequence.token_ids[start : start + item.num_new_tokens], *proposal.token_ids]
             num_logits = len(tokens) if proposal.token_ids else 1
-            rows.append(RowInput(tokens, kv.block_table(sequence.seq_id), start, num_logits))
+            rows.append(
+                RowInput(
+                    tokens,
+                    kv.block_table(sequence.seq_id),
+                    start,
+                    num_logits,
+                    sequence.adapter_scales,
+                )
+            )
         logits = self._runner.execute(rows)
         rule = (
             AcceptanceRule.EXACT

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mlxcel_core.adapters import AdapterScales
 from mlxcel_core.generate import Detokenizer, FinishReason, GenerationConfig, GenerationStats
 from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_core.sampling import SamplingParams, TokenConstraint
@@ -47,9 +49,11 @@ class EngineRequest:
         dry_breaker_ids: token ids that end a DRY repetition (see `Sampler`).
         index: the choice this sequence answers (OpenAI's `choices[i].index`); outputs carry it.
         constraint: a token constraint owned by this request (structured output), or None.
+        adapter_scales: one scale per loaded LoRA adapter for this request, or None for the
+            adapters' global scales when it arrives (see `RowAdapterScales`).
 
     Raises:
-        ValueError: `prompt_ids` is empty or `index` is negative.
+        ValueError: `prompt_ids` is empty, `index` is negative or a scale is not finite.
     """
 
     prompt_ids: tuple[int, ...]
@@ -59,6 +63,7 @@ class EngineRequest:
     dry_breaker_ids: frozenset[int] = frozenset()
     index: int = 0
     constraint: TokenConstraint | None = None
+    adapter_scales: AdapterScales | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
@@ -66,6 +71,10 @@ class EngineRequest:
             raise ValueError("prompt_ids must hold at least one token")
         if self.index < 0:
             raise ValueError(f"index must be >= 0, got {self.index}")
+        if self.adapter_scales is not None:
+            object.__setattr__(self, "adapter_scales", tuple(map(float, self.adapter_scales)))
+            if not all(math.isfinite(scale) for scale in self.adapter_scales):
+                raise ValueError(f"adapter_scales must be finite, got {self.adapter_scales}")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel_core.adapters import AdapterScales, RowAdapterScales
 from mlxcel_core.cache.paged import BatchRow, PagedBatch, PagedKVStorage, make_layer_caches
 from mlxcel_core.generate import LanguageModel
 
@@ -25,6 +26,7 @@ class RowInput:
         offset: positions already in the cache.
         num_logits: 1 for the logits after the last token only, or `len(token_ids)` for
             the logits after every token (verifying draft tokens).
+        adapter_scales: the sequence's LoRA adapter scales; None without unfused adapters.
 
     Raises:
         ValueError: `token_ids` is empty, or `num_logits` is neither of those.
@@ -34,6 +36,7 @@ class RowInput:
     block_table: Sequence[int]
     offset: int
     num_logits: int = 1
+    adapter_scales: AdapterScales | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -55,11 +58,19 @@ class ModelRunner:
     Args:
         model: the language model; its attention layers call the cache protocol.
         storage: the key/value pools the model reads and writes.
+        adapters: the model's unfused LoRA adapters, told each forward pass's row scales.
     """
 
-    def __init__(self, model: LanguageModel, storage: PagedKVStorage) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        storage: PagedKVStorage,
+        *,
+        adapters: RowAdapterScales | None = None,
+    ) -> None:
         self.model = model
         self.storage = storage
+        self.adapters = adapters
 
     def execute(self, rows: Sequence[RowInput]) -> list[mx.array]:
         """Compute every row's tokens, storing their KV.
@@ -86,4 +97,6 @@ class ModelRunner:
             self.storage.block_size,
         )
         caches = make_layer_caches(self.storage, batch)
+        if self.adapters is not None:
+            self.adapters.set_row_scales([row.adapter_scales or () for row in rows])
         return self.model(tokens, caches, last_only=num_logits == 1)

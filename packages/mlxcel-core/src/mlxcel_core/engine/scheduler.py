@@ -155,7 +155,9 @@ class Scheduler:
             if parent is not None:
                 num_cached = self._fork(parent, sequence)
             else:
-                num_cached = self.kv.admit(sequence.seq_id, sequence.token_ids, wanted)
+                num_cached = self.kv.admit(
+                    sequence.seq_id, sequence.token_ids, wanted, extra=sequence.cache_salt
+                )
             if num_cached is None:
                 break
             self.waiting.popleft()

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from mlxcel_core.adapters import AdapterScales, adapter_cache_salt
 from mlxcel_core.engine.request import EngineRequest, OutputSink, RequestHandle
 from mlxcel_core.generate import FinishReason, TextAssembler
 from mlxcel_core.sampling import Sampler
@@ -65,6 +66,8 @@ class Sequence:
         fork_parent: for a later choice of a group's prompt, the group's first sequence of
             that prompt: it starts by sharing the parent's prompt KV instead of computing
             it (see `Scheduler`); None otherwise, and once started.
+        adapter_scales: the LoRA adapter scales it runs with, resolved on arrival; None
+            when the model has no unfused adapters.
     """
 
     seq_id: int
@@ -87,6 +90,7 @@ class Sequence:
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
     fork_parent: Sequence | None = None
+    adapter_scales: AdapterScales | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -108,6 +112,11 @@ class Sequence:
     def num_tokens_left(self) -> int:
         """Tokens it may still generate (its token budget less those generated)."""
         return self.text.budget - self.text.num_generated
+
+    @property
+    def cache_salt(self) -> tuple[str, ...]:
+        """The extra key of its prefix-cache block hashes (its adapter scales)."""
+        return adapter_cache_salt(self.adapter_scales)
 
     @property
     def num_uncomputed(self) -> int:

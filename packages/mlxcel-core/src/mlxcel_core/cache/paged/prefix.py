@@ -1,7 +1,8 @@
 """Block hashes: the identity of a full block of tokens in the prefix cache.
 
 A full block's hash chains its parent block's hash, its own token ids and any extra keys
-(later: content hashes of the images whose embeddings the block holds). Two blocks share a
+(the request's LoRA adapter scales; later: content hashes of the images whose embeddings
+the block holds). Two blocks share a
 hash only if they hold the same tokens after the same prefix, so a block found by hash holds
 keys and values that are valid to reuse.
 
@@ -46,7 +47,10 @@ def hash_block_tokens(
 
 
 def hash_token_blocks(
-    token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    parent: BlockHash | None = None,
+    extra: tuple[int | str | bytes, ...] = (),
 ) -> list[BlockHash]:
     """Hash every full block of `token_ids`; a trailing partial block gets no hash.
 
@@ -54,6 +58,8 @@ def hash_token_blocks(
         token_ids: tokens starting at a block boundary.
         block_size: tokens per block.
         parent: the hash of the block before `token_ids[0]`, or None at a sequence's start.
+        extra: further keys every block's keys and values depend on (see
+            `hash_block_tokens`).
 
     Returns:
         One hash per full block, `len(token_ids) // block_size` of them, in position order.
@@ -65,6 +71,6 @@ def hash_token_blocks(
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     hashes: list[BlockHash] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra)
         hashes.append(parent)
     return hashes
