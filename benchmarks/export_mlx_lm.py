@@ -7,6 +7,10 @@ template, so both runtimes serve bit-identical weights.
 
     uv run python benchmarks/export_mlx_lm.py /tmp/smollm2-mlx          # the embedded model
     uv run python benchmarks/export_mlx_lm.py /tmp/model-mlx -m model.gguf
+    uv run python benchmarks/export_mlx_lm.py /tmp/draft-mlx --num-layers 8   # a draft model
+
+With `--num-layers N` only the first N decoder layers are kept (the final norm and LM head
+stay): a truncated-layer copy that speculative decoding can use as a draft model.
 """
 
 from __future__ import annotations
@@ -51,19 +55,22 @@ def quantization_config(module: nn.Module) -> dict[str, Any] | None:
     return {**default, **dict(sorted(overrides.items()))}
 
 
-def export_gguf(gguf_path: str | Path, folder: str | Path) -> Path:
+def export_gguf(
+    gguf_path: str | Path, folder: str | Path, *, num_layers: int | None = None
+) -> Path:
     """Write the GGUF model at `gguf_path` as an mlx-lm folder.
 
     Args:
         gguf_path: a GGUF file mlxcel can load.
         folder: the output folder, created if missing; files in it are overwritten.
+        num_layers: keep only the first `num_layers` decoder layers; None keeps all.
 
     Returns:
         The output folder.
 
     Raises:
-        ValueError: the file is not GGUF, or holds llama.cpp RoPE frequency factors,
-            which mlx-lm's config cannot express.
+        ValueError: the file is not GGUF, holds llama.cpp RoPE frequency factors, which
+            mlx-lm's config cannot express, or `num_layers` is not in [1, its layers].
         ModelLoadError: mlxcel cannot load the file.
     """
     loaded = load_model(gguf_path, compute=ComputeOptions())
@@ -75,6 +82,13 @@ def export_gguf(gguf_path: str | Path, folder: str | Path) -> Path:
     config = gguf_model_config(contents.metadata, set(contents.tensors), loaded.family)
     config["eos_token_id"] = sorted(loaded.tokenizer.eos_token_ids)
     module = loaded.model.module
+    if num_layers is not None:
+        if not 1 <= num_layers <= len(module.model.layers):
+            raise ValueError(
+                f"num_layers must be in [1, {len(module.model.layers)}], got {num_layers}"
+            )
+        module.model.layers = module.model.layers[:num_layers]
+        config["num_hidden_layers"] = num_layers
     if (quantization := quantization_config(module)) is not None:
         config["quantization"] = quantization
     out = Path(folder)
@@ -96,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", help="output folder")
     parser.add_argument("-m", "--model", default=None, help="GGUF file (default: embedded)")
+    parser.add_argument(
+        "--num-layers", type=int, default=None, help="keep only the first N decoder layers"
+    )
     args = parser.parse_args(argv)
-    out = export_gguf(args.model or default_model_path(), args.folder)
+    out = export_gguf(args.model or default_model_path(), args.folder, num_layers=args.num_layers)
     print(f"wrote {out}")
     return 0
 

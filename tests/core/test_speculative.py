@@ -340,3 +340,21 @@ def test_a_draft_model_is_required_exactly_when_configured(model):
         Engine(model, speculative_config(), draft_model=None)
     with pytest.raises(ValueError, match="draft_model"):
         Engine(model, make_config(), draft_model=model)
+
+
+class NarrowerVocabulary:
+    """A model whose logits are one token narrower than the wrapped model's."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+
+    def make_cache(self):
+        return self.model.make_cache()
+
+    def __call__(self, tokens, cache, *, last_only=False):
+        return self.model(tokens, cache, last_only=last_only)[..., :-1]
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(model):
+    with pytest.raises(ValueError, match="vocabulary"):
+        Engine(model, speculative_config(), draft_model=NarrowerVocabulary(model))

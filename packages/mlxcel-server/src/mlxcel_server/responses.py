@@ -23,7 +23,8 @@ class Usage(BaseModel):
 
 
 class Timings(BaseModel):
-    """llama-server's timings: prompt (prefill) and predicted (decode) counts, ms and rates."""
+    """llama-server's timings: prompt (prefill) and predicted (decode) counts, ms and rates,
+    and the draft tokens verified and accepted with speculative decoding."""
 
     prompt_n: int
     prompt_ms: float
@@ -33,6 +34,8 @@ class Timings(BaseModel):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
+    draft_n: int = 0
+    draft_n_accepted: int = 0
 
 
 class FunctionCallOut(BaseModel):
@@ -158,6 +161,8 @@ def make_timings(stats: Sequence[GenerationStats]) -> Timings:
         predicted_ms=predicted_ms,
         predicted_per_token_ms=predicted_ms / predicted_n if predicted_n else 0.0,
         predicted_per_second=1000 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+        draft_n=sum(s.draft_tokens for s in stats),
+        draft_n_accepted=sum(s.accepted_draft_tokens for s in stats),
     )
 
 

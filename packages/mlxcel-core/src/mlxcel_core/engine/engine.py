@@ -272,6 +272,8 @@ class Engine:
         )
         self._runner = ModelRunner(self._model, self._storage, adapters=self._adapters)
         self._consecutive_failures = 0
+        self._num_draft_tokens = 0
+        self._num_accepted_draft_tokens = 0
         self._publish_stats()
 
     def _loop(self) -> None:
@@ -358,6 +360,8 @@ class Engine:
             num_accepted[sequence.seq_id] = len(tokens) - 1
             sequence.num_draft_tokens += len(draw.draft_token_ids)
             sequence.num_accepted_draft_tokens += len(tokens) - 1
+            self._num_draft_tokens += len(draw.draft_token_ids)
+            self._num_accepted_draft_tokens += len(tokens) - 1
         self._scheduler.complete_step(plan, num_accepted)
         for draw, tokens in zip(draws, emitted, strict=True):
             for token_id, logprobs in tokens:
@@ -511,7 +515,13 @@ class Engine:
         self._publish_stats()
 
     def _publish_stats(self) -> None:
-        stats = make_engine_stats(self._scheduler, self._kv, self._storage)
+        stats = make_engine_stats(
+            self._scheduler,
+            self._kv,
+            self._storage,
+            num_draft_tokens=self._num_draft_tokens,
+            num_accepted_draft_tokens=self._num_accepted_draft_tokens,
+        )
         with self._condition:
             self._stats = stats
             self._num_held_waiting = stats.num_waiting

@@ -43,6 +43,8 @@ class EngineStats:
         prefix_cache_queried_tokens: prompt tokens looked up in the prefix cache.
         prefix_cache_hit_tokens: of those, tokens found there.
         num_preemptions: sequences preempted so far.
+        num_draft_tokens: draft tokens verified so far (speculative decoding).
+        num_accepted_draft_tokens: of those, tokens accepted.
         slots: the running sequences.
     """
 
@@ -55,6 +57,8 @@ class EngineStats:
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
     slots: tuple[SlotState, ...] = ()
 
     @property
@@ -70,9 +74,15 @@ class EngineStats:
 
 
 def make_engine_stats(
-    scheduler: Scheduler, kv: KVCacheManager, storage: PagedKVStorage
+    scheduler: Scheduler,
+    kv: KVCacheManager,
+    storage: PagedKVStorage,
+    *,
+    num_draft_tokens: int = 0,
+    num_accepted_draft_tokens: int = 0,
 ) -> EngineStats:
-    """A snapshot of the engine's state between steps (on the engine thread)."""
+    """A snapshot of the engine's state between steps (on the engine thread); the draft
+    token totals are the engine's own."""
     return EngineStats(
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
@@ -83,6 +93,8 @@ def make_engine_stats(
         prefix_cache_queried_tokens=kv.num_queried_tokens,
         prefix_cache_hit_tokens=kv.num_hit_tokens,
         num_preemptions=scheduler.num_preemptions,
+        num_draft_tokens=num_draft_tokens,
+        num_accepted_draft_tokens=num_accepted_draft_tokens,
         slots=tuple(
             SlotState(
                 slot=sequence.slot,

@@ -33,8 +33,10 @@ class LlamaServerCollector(Collector):
     `llamacpp:requests_processing` and `llamacpp:requests_deferred` (gauges), and the
     engine's KV cache: `llamacpp:kv_cache_usage_ratio`, `mlxcel:kv_cache_blocks_used`,
     `mlxcel:kv_cache_blocks_free`, `mlxcel:kv_cache_bytes`, `mlxcel:prefix_cache_hit_rate`
-    (gauges), `mlxcel:prefix_cache_queried_tokens`, `mlxcel:prefix_cache_hit_tokens` and
-    `mlxcel:preemptions` (counters).
+    (gauges), `mlxcel:prefix_cache_queried_tokens`, `mlxcel:prefix_cache_hit_tokens`,
+    `mlxcel:preemptions`, and speculative decoding's `mlxcel:draft_n_total` and
+    `mlxcel:draft_n_accepted_total` (counters, named after llama-server's `draft_n` and
+    `draft_n_accepted` timings).
     """
 
     def __init__(self, state: ServerState) -> None:
@@ -124,6 +126,14 @@ def _engine_metrics(stats: EngineStats) -> Iterator[Metric]:
         "mlxcel:preemptions",
         "Sequences preempted to free KV cache blocks.",
         stats.num_preemptions,
+    )
+    yield CounterMetricFamily(
+        "mlxcel:draft_n", "Draft tokens verified (speculative decoding).", stats.num_draft_tokens
+    )
+    yield CounterMetricFamily(
+        "mlxcel:draft_n_accepted",
+        "Draft tokens accepted (speculative decoding).",
+        stats.num_accepted_draft_tokens,
     )
 
 
