@@ -206,7 +206,13 @@ class Engine:
         self._kv = KVCacheManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self._storage = PagedKVStorage(profile.layers, config.block_size, num_blocks)
+        self._storage = PagedKVStorage(
+            profile.layers,
+            config.block_size,
+            num_blocks,
+            cache_type_k=config.cache_type_k,
+            cache_type_v=config.cache_type_v,
+        )
         self._scheduler = Scheduler(config.scheduler, self._kv)
         self._runner = ModelRunner(self._model, self._storage)
         self._consecutive_failures = 0
