@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import TextIO
 
 from mlxcel.engine_flags import engine_config_from
-from mlxcel.flags import InputError, RunError
+from mlxcel.flags import InputError, RunError, UsageError
+from mlxcel_core.cache.quant import CacheTypeError
 from mlxcel_core.engine import (
     Engine,
     EngineOutput,
@@ -55,6 +56,7 @@ def run_batch(
     Raises:
         InputError: a prompt does not fit the context.
         RunError: the KV cache cannot hold one sequence of the context size.
+        UsageError: a KV cache type cannot store this model's head dim.
     """
     tokenizer = loaded.tokenizer
     context_size = args.ctx_size or loaded.config.context_length
@@ -77,6 +79,8 @@ def run_batch(
         engine = Engine(loaded.model, engine_config)
     except InsufficientMemoryError as error:
         raise RunError(str(error)) from error
+    except CacheTypeError as error:
+        raise UsageError(str(error)) from error
     try:
         sink = OutputQueue()
         engine.submit(

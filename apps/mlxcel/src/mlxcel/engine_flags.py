@@ -1,6 +1,7 @@
 """The continuous-batching engine's flags, shared by `serve` and batch `generate`.
 
-`-np` and `-ub` are llama-server's; `--block-size` and `--gpu-memory-utilization` are vLLM's.
+`-np`, `-ub`, `-ctk` and `-ctv` are llama-server's; `--block-size` and
+`--gpu-memory-utilization` are vLLM's (as is the cache type name `auto`).
 """
 
 from __future__ import annotations
@@ -8,7 +9,10 @@ from __future__ import annotations
 import argparse
 
 from mlxcel.flags import Flag, UsageError
+from mlxcel_core.cache.quant import CACHE_TYPES
 from mlxcel_core.engine import EngineConfig, SchedulerConfig
+
+_CACHE_TYPE_HELP = f"({', '.join(CACHE_TYPES)}); auto = the model's own dtype"
 
 ENGINE_FLAGS = (
     Flag(("-np", "--parallel"), "parallel", int, 4,
@@ -22,6 +26,10 @@ ENGINE_FLAGS = (
          "KV cache blocks to use; 0 = as many as --gpu-memory-utilization allows"),
     Flag(("--gpu-memory-utilization",), "memory_utilization", float, 0.9,
          "fraction of device memory (RAM on a CPU) for weights, activations and KV cache"),
+    Flag(("-ctk", "--cache-type-k"), "cache_type_k", str, "auto",
+         f"KV cache type for keys {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_K"),
+    Flag(("-ctv", "--cache-type-v"), "cache_type_v", str, "auto",
+         f"KV cache type for values {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_V"),
 )  # fmt: skip
 
 
@@ -46,6 +54,8 @@ def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineC
             num_kv_blocks=args.kv_cache_blocks or None,
             memory_utilization=args.memory_utilization,
             max_waiting=max_waiting,
+            cache_type_k=args.cache_type_k,
+            cache_type_v=args.cache_type_v,
         )
     except ValueError as error:
         raise UsageError(_flag_message(str(error))) from error
@@ -59,6 +69,8 @@ _FLAG_NAMES = {
     "num_kv_blocks": "--kv-cache-blocks",
     "memory_utilization": "--gpu-memory-utilization",
     "max_waiting": "--max-queue",
+    "cache_type_k": "-ctk/--cache-type-k",
+    "cache_type_v": "-ctv/--cache-type-v",
 }
 
 

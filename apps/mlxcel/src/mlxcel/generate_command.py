@@ -148,6 +148,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         raise UsageError(f"-c/--ctx-size must be >= 0, got {args.ctx_size}")
     if args.batch_size < 1:
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
+    if args.prompts_file is None and (args.cache_type_k, args.cache_type_v) != ("auto", "auto"):
+        raise UsageError(
+            "-ctk/--cache-type-k and -ctv/--cache-type-v apply to the engine: "
+            "use them with --prompts-file (or mlxcel serve)"
+        )
     loaded = load_for_command(args.model)
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):

@@ -37,6 +37,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
+from mlxcel_core.cache.quant import CacheTypeError
 from mlxcel_core.engine import Engine, InsufficientMemoryError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
@@ -161,12 +162,13 @@ async def serve_until_stopped(
     Raises:
         ModelLoadError: the model cannot be loaded (the server stops).
         RunError: the KV cache cannot hold one sequence of the context size.
+        UsageError: a KV cache type cannot store the model's head dim.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    failures: list[ModelLoadError | RunError] = []
+    failures: list[ModelLoadError | RunError | UsageError] = []
 
     def load() -> None:
         try:
@@ -176,6 +178,9 @@ async def serve_until_stopped(
             loop.call_soon_threadsafe(stop.set)
         except InsufficientMemoryError as error:
             failures.append(RunError(str(error)))
+            loop.call_soon_threadsafe(stop.set)
+        except CacheTypeError as error:
+            failures.append(UsageError(str(error)))
             loop.call_soon_threadsafe(stop.set)
 
     async def end_requests_after_grace() -> None:
