@@ -1,11 +1,13 @@
 """KV cache types compared on a real model: bytes per token, attention error, perplexity.
 
-For each cache type (keys and values stored alike) it reports:
+For each cache type (keys and values stored alike, or `KEYS/VALUES` such as `q8_0/turbo4`)
+it reports:
 - the KV bytes one token takes over all layers, and that over float16's;
 - the relative error of every layer's attention output when its real keys and values
-  (captured from the model on the text, float32 on the CPU) are stored as the type,
-  against storing them as float16: sqrt(sum ||O - O_f16||^2 / sum ||O_f16||^2) over
-  layers, heads and positions, with the same real queries;
+  (captured from the model on the text's first `--attention-tokens` tokens, float32 on
+  the CPU) are stored as the type, against storing them as float16:
+  sqrt(sum ||O - O_f16||^2 / sum ||O_f16||^2) over layers, heads and positions, with the
+  same real queries;
 - the perplexity of the model on a fixed English text run through the paged KV cache of
   that type in prefill chunks, so that every later chunk attends to stored (encoded and
   decoded) keys and values, and its change against float16.
@@ -88,13 +90,28 @@ def stored(cache_type: str, x: mx.array) -> mx.array:
     return codec.decode(codec.encode(rows), x.dtype).transpose(1, 0, 2)[None]
 
 
+def split_types(cache_type: str) -> tuple[str, str]:
+    """The key and value types of `TYPE` or `KEYS/VALUES`.
+
+    Raises:
+        ValueError: a part is not one of `CACHE_TYPES`.
+    """
+    key_type, _, value_type = cache_type.partition("/")
+    value_type = value_type or key_type
+    for part in (key_type, value_type):
+        if part not in CACHE_TYPES:
+            raise ValueError(f"cache types are {', '.join(CACHE_TYPES)}; got {part!r}")
+    return key_type, value_type
+
+
 def attention_error(layers: Sequence[LayerActivations], cache_type: str) -> float:
     """Relative error of causal attention outputs with `cache_type` against float16 storage."""
     squared_error = squared_norm = 0.0
     for layer in layers:
 
         def attend(kind: str, layer: LayerActivations = layer) -> mx.array:
-            keys, values = stored(kind, layer.keys), stored(kind, layer.values)
+            key_type, value_type = split_types(kind)
+            keys, values = stored(key_type, layer.keys), stored(value_type, layer.values)
             return mx.fast.scaled_dot_product_attention(
                 layer.queries, keys, values, scale=layer.scale, mask="causal"
             )
@@ -120,8 +137,9 @@ def perplexity(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     profile = profile_model(model, 1)
     num_blocks = math.ceil(len(token_ids) / BLOCK_SIZE) + 1
+    key_type, value_type = split_types(cache_type)
     storage = PagedKVStorage(
-        profile.layers, BLOCK_SIZE, num_blocks, cache_type_k=cache_type, cache_type_v=cache_type
+        profile.layers, BLOCK_SIZE, num_blocks, cache_type_k=key_type, cache_type_v=value_type
     )
     storage.ensure_capacity(num_blocks)
     block_table = list(range(1, num_blocks))
@@ -144,21 +162,25 @@ def perplexity(
 def kv_bytes_per_token(model: LanguageModel, cache_type: str) -> int:
     """Key and value bytes one token takes over all layers, stored as `cache_type`."""
     layers = profile_model(model, 1).layers
-    return sum(layer.bytes_per_token(cache_type, cache_type) for layer in layers)
+    return sum(layer.bytes_per_token(*split_types(cache_type)) for layer in layers)
 
 
 def report(
-    model: LanguageModel, token_ids: Sequence[int], cache_types: Sequence[str], chunk_size: int
-) -> list[str]:
-    """The table's lines: a header, then one row per cache type."""
-    layers = capture_activations(model, token_ids)
+    model: LanguageModel,
+    token_ids: Sequence[int],
+    cache_types: Sequence[str],
+    chunk_size: int,
+    attention_tokens: int,
+) -> Iterator[str]:
+    """The table's lines, as each is measured: a header, then one row per cache type."""
+    layers = capture_activations(model, token_ids[:attention_tokens])
     reference_bytes = kv_bytes_per_token(model, REFERENCE)
     reference_ppl = perplexity(model, token_ids, REFERENCE, chunk_size)
-    lines = [
+    yield (
         "| cache type | KV bytes/token | vs f16 | attention rel. error vs f16 "
-        "| perplexity | vs f16 |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+        "| perplexity | vs f16 |"
+    )
+    yield "|---|---:|---:|---:|---:|---:|"
     for cache_type in cache_types:
         size = kv_bytes_per_token(model, cache_type)
         ppl = (
@@ -166,12 +188,11 @@ def report(
             if cache_type == REFERENCE
             else perplexity(model, token_ids, cache_type, chunk_size)
         )
-        lines.append(
+        yield (
             f"| {cache_type} | {size} | {size / reference_bytes:.3f}x "
             f"| {attention_error(layers, cache_type):.2e} | {ppl:.4f} "
             f"| {100 * (ppl / reference_ppl - 1):+.3f}% |"
         )
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -179,12 +200,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("-m", "--model", default=None, help="GGUF file or folder")
     parser.add_argument("--text", default=str(TEXT), help="UTF-8 text file")
     parser.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens)")
-    parser.add_argument("--types", nargs="+", default=list(CACHE_TYPES), choices=CACHE_TYPES)
+    parser.add_argument(
+        "--attention-tokens", type=int, default=512, help="tokens whose attention is compared"
+    )
+    # "auto" is the model's dtype: float32 on the CPU, the f32 row.
+    types = [t for t in CACHE_TYPES if t != "auto"]
+    parser.add_argument(
+        "--types", nargs="+", default=types, help="cache types, TYPE or KEYS/VALUES"
+    )
     args = parser.parse_args(argv)
+    for cache_type in args.types:
+        try:
+            split_types(cache_type)
+        except ValueError as error:
+            parser.error(str(error))
     loaded = load_model(args.model or default_model_path())
     token_ids = loaded.tokenizer.encode(Path(args.text).read_text(encoding="utf-8"))
-    print(f"{len(token_ids)} tokens, prefill chunks of {args.chunk}", flush=True)
-    for line in report(loaded.model, token_ids, args.types, args.chunk):
+    print(
+        f"{len(token_ids)} tokens, prefill chunks of {args.chunk}, attention compared on "
+        f"the first {min(args.attention_tokens, len(token_ids))}",
+        flush=True,
+    )
+    for line in report(loaded.model, token_ids, args.types, args.chunk, args.attention_tokens):
         print(line, flush=True)
 
 

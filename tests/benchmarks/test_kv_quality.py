@@ -65,11 +65,14 @@ def test_the_table_has_a_row_per_type_with_its_bytes(folder, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("The bridge was painted green. Owls hunt at night.")
     kv_quality.main(["-m", str(folder), "--text", str(text), "--chunk", "16",
-                     "--types", "f16", "q8_0", "turbo4"])  # fmt: skip
+                     "--types", "f16", "q8_0", "turbo4", "q8_0/turbo4"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith(" tokens, prefill chunks of 16")
+    assert " tokens, prefill chunks of 16, attention compared on the first " in lines[0]
     rows = [line.split("|")[1:-1] for line in lines[3:]]
-    assert [r[0].strip() for r in rows] == ["f16", "q8_0", "turbo4"]
+    assert [r[0].strip() for r in rows] == ["f16", "q8_0", "turbo4", "q8_0/turbo4"]
     # 2 layers x 2 KV heads x (keys + values) x bytes per 32-feature vector.
-    assert [int(r[1]) for r in rows] == [2 * 2 * 2 * 64, 2 * 2 * 2 * 34, 2 * 2 * 2 * 18]
+    assert [int(r[1]) for r in rows] == [2 * 2 * 2 * 64, 2 * 2 * 2 * 34, 2 * 2 * 2 * 18,
+                                         2 * 2 * (34 + 18)]  # fmt: skip
     assert rows[0][5].strip() == "+0.000%"
+    with pytest.raises(SystemExit):
+        kv_quality.main(["-m", str(folder), "--types", "q8_0/q5_1"])
