@@ -73,7 +73,7 @@ def plan_kv_blocks(config: EngineConfig, profile: ModelProfile) -> int:
 
     Raises:
         InsufficientMemoryError: they cannot hold one sequence of `config.context_size`.
-        ValueError: a cache type cannot take a layer's head dim.
+        CacheTypeError: a cache type cannot take a layer's head dim.
     """
     num_blocks = config.num_kv_blocks
     if num_blocks is None:
