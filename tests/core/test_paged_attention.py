@@ -97,10 +97,10 @@ def test_paged_batch_rejects_no_rows_and_short_block_tables():
 def test_layer_cache_writes_new_positions_to_their_slots_and_gathers_each_row():
     storage = PagedKVStorage([LayerGeometry(1, 1, 1, mx.float32)], BLOCK_SIZE, max_blocks=16)
     storage.ensure_capacity(10)
-    num_slots = storage.keys[0].shape[0]
+    num_slots = storage.keys[0][0].shape[0]
     # Every slot starts out holding its own id (keys) and minus its id (values).
     slot_ids = mx.arange(num_slots, dtype=mx.float32).reshape(-1, 1, 1)
-    storage.keys[0], storage.values[0] = slot_ids, -slot_ids
+    storage.keys[0], storage.values[0] = (slot_ids,), (-slot_ids,)
     batch = PagedBatch(three_rows(), BLOCK_SIZE)
     cache = PagedLayerCache(storage, 0, batch)
     assert cache.offset.tolist() == [2, 0, 6]
@@ -109,7 +109,7 @@ def test_layer_cache_writes_new_positions_to_their_slots_and_gathers_each_row():
     keys, values = cache.update_and_fetch(new[:, None, :, None], -new[:, None, :, None])
     assert keys.shape == (3, 1, 8, 1) and values.shape == (3, 1, 8, 1)
     # Padding keys read slot 0, whatever the padding queries last wrote there (masked).
-    null = storage.keys[0][0, 0, 0].item()
+    null = storage.keys[0][0][0, 0, 0].item()
     assert keys[:, 0, :, 0].tolist() == [
         [12, 13, 1000, 1001, 1002, null, null, null],
         [1010, null, null, null, null, null, null, null],
@@ -119,7 +119,7 @@ def test_layer_cache_writes_new_positions_to_their_slots_and_gathers_each_row():
     # Nothing outside the written slots and the null block changed.
     written = {0, 14, 15, 20, 28, 38, 39}
     untouched = [s for s in range(num_slots) if s not in written]
-    assert storage.keys[0][mx.array(untouched), 0, 0].tolist() == untouched
+    assert storage.keys[0][0][mx.array(untouched), 0, 0].tolist() == untouched
 
 
 def test_layer_cache_masks_take_the_fast_path_only_for_one_unwindowed_row():
@@ -292,7 +292,7 @@ def test_copy_on_write_copy_is_needed_for_the_shared_positions(tiny_safetensors)
     src = mx.arange(2) + copies[0].src_block_id * BLOCK_SIZE
     dst = mx.arange(2) + copies[0].dst_block_id * BLOCK_SIZE
     for pools in (harness.storage.keys, harness.storage.values):
-        for pool in pools:
+        for (pool,) in pools:
             copied = np.array(pool[dst])
             np.testing.assert_array_equal(copied, np.array(pool[src]))
             assert np.abs(copied).min(axis=(1, 2)).all()

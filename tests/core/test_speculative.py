@@ -358,3 +358,17 @@ class NarrowerVocabulary:
 def test_a_draft_model_with_another_vocabulary_is_refused(model):
     with pytest.raises(ValueError, match="vocabulary"):
         Engine(model, speculative_config(), draft_model=NarrowerVocabulary(model))
+
+
+def test_drafts_compose_with_a_quantized_kv_cache(model):
+    """Verification reads the target's KV through the same codec as plain decoding does, so
+    greedy text with drafts equals greedy text without them on a turbo4 cache."""
+    quantized = {"cache_type_k": "turbo4", "cache_type_v": "turbo4"}
+    with speculating_engine(model, make_config(**quantized), None) as engine:
+        plain = [token_ids(o) for o in run_all(engine, long_requests())]
+    spec = SpeculativeConfig(num_draft_tokens=4, draft_p_min=0.0)
+    with speculating_engine(model, make_config(speculative=spec, **quantized), model) as engine:
+        drafted = run_all(engine, long_requests())
+    assert [token_ids(o) for o in drafted] == plain
+    assert plain != [plain_tokens(model, r.prompt_ids) for r in long_requests()]
+    assert acceptance(drafted) > 0.5

@@ -48,7 +48,8 @@ def run_batch(
     Raises:
         InputError: a prompt does not fit the context.
         RunError: the KV cache cannot hold one sequence of the context size.
-        UsageError: an engine flag is out of range.
+        UsageError: an engine flag is out of range, or a KV cache type cannot store this
+            model's head dim.
     """
     tokenizer = loaded.tokenizer
     context_size = args.ctx_size or loaded.config.context_length

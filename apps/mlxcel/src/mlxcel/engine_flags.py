@@ -1,7 +1,8 @@
 """The continuous-batching engine's flags, shared by `serve` and batch `generate`.
 
-`-np` and `-ub` are llama-server's; `--block-size` and `--gpu-memory-utilization` are vLLM's;
-the speculative decoding flags are in `speculative_flags`.
+`-np`, `-ub`, `-ctk` and `-ctv` are llama-server's; `--block-size` and
+`--gpu-memory-utilization` are vLLM's (as is the cache type name `auto`); the speculative
+decoding flags are in `speculative_flags`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from dataclasses import replace
 
 from mlxcel.flags import Flag, RunError, UsageError, flag_error
 from mlxcel.speculative_flags import SPECULATIVE_FLAGS, load_draft_model, speculative_config_from
+from mlxcel_core.cache.quant import CACHE_TYPES
 from mlxcel_core.engine import Engine, EngineConfig, InsufficientMemoryError, SchedulerConfig
 from mlxcel_models.loaded import LoadedModel
+
+_CACHE_TYPE_HELP = f"({', '.join(CACHE_TYPES)}); auto = the model's own dtype"
 
 ENGINE_FLAGS = (
     Flag(("-np", "--parallel"), "parallel", int, 4,
@@ -26,6 +30,10 @@ ENGINE_FLAGS = (
          "KV cache blocks to use; 0 = as many as --gpu-memory-utilization allows"),
     Flag(("--gpu-memory-utilization",), "memory_utilization", float, 0.9,
          "fraction of device memory (RAM on a CPU) for weights, activations and KV cache"),
+    Flag(("-ctk", "--cache-type-k"), "cache_type_k", str, "auto",
+         f"KV cache type for keys {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_K"),
+    Flag(("-ctv", "--cache-type-v"), "cache_type_v", str, "auto",
+         f"KV cache type for values {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_V"),
     *SPECULATIVE_FLAGS,
 )  # fmt: skip
 
@@ -41,7 +49,8 @@ def open_engine(
     the draft model `-md` names.
 
     Raises:
-        UsageError: a flag is out of range, or the draft model's vocabulary differs.
+        UsageError: a flag is out of range, the draft model's vocabulary differs, or a KV
+            cache type cannot store the model's head dim.
         ModelLoadError: the draft model cannot be loaded.
         RunError: the KV cache cannot hold one sequence of the context size.
     """
@@ -78,6 +87,8 @@ def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineC
             memory_utilization=args.memory_utilization,
             max_waiting=max_waiting,
             speculative=speculative_config_from(args),
+            cache_type_k=args.cache_type_k,
+            cache_type_v=args.cache_type_v,
         )
     except ValueError as error:
         raise flag_error(str(error), _FLAG_NAMES) from error
@@ -91,4 +102,6 @@ _FLAG_NAMES = {
     "num_kv_blocks": "--kv-cache-blocks",
     "memory_utilization": "--gpu-memory-utilization",
     "max_waiting": "--max-queue",
+    "cache_type_k": "-ctk/--cache-type-k",
+    "cache_type_v": "-ctv/--cache-type-v",
 }

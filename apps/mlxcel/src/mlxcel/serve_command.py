@@ -199,7 +199,8 @@ async def serve_until_stopped(
     Raises:
         ModelLoadError: the model, an adapter or the draft model cannot be loaded (the
             server stops).
-        UsageError: the draft model does not fit the model.
+        UsageError: the draft model does not fit the model, or a KV cache type cannot store
+            the model's head dim.
         RunError: the KV cache cannot hold one sequence of the context size.
     """
     loop = asyncio.get_running_loop()
@@ -218,7 +219,9 @@ async def serve_until_stopped(
         except InsufficientMemoryError as error:
             failures.append(RunError(str(error)))
             loop.call_soon_threadsafe(stop.set)
-        except ValueError as error:  # the draft model does not fit the model
+        # The draft model does not fit the model, or a KV cache type cannot store the
+        # model's head dim (CacheTypeError).
+        except ValueError as error:
             failures.append(UsageError(str(error)))
             loop.call_soon_threadsafe(stop.set)
 

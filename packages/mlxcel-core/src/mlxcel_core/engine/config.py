@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from mlxcel_core.cache.quant import AUTO, check_cache_type
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
 from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.speculative import SpeculativeConfig
@@ -32,6 +33,9 @@ class EngineConfig:
         retry_after_seconds: the retry hint carried by `EngineOverloadedError`.
         max_consecutive_failures: failing steps in a row after which the engine stops.
         speculative: speculative decoding settings, or None to decode one token per step.
+        cache_type_k: how the KV cache stores keys, one of
+            `mlxcel_core.cache.quant.CACHE_TYPES`; "auto" keeps the model's own dtype.
+        cache_type_v: how the KV cache stores values.
 
     Raises:
         ValueError: a setting is out of range.
@@ -47,6 +51,8 @@ class EngineConfig:
     max_waiting: int = 64
     retry_after_seconds: int = 1
     max_consecutive_failures: int = 3
+    cache_type_k: str = AUTO
+    cache_type_v: str = AUTO
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
@@ -59,18 +65,34 @@ class EngineConfig:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if self.retry_after_seconds < 0:
             raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
+        check_cache_type("cache_type_k", self.cache_type_k)
+        check_cache_type("cache_type_v", self.cache_type_v)
 
 
-def plan_kv_blocks(config: EngineConfig, profile: ModelProfile) -> int:
+def plan_kv_blocks(
+    config: EngineConfig, profile: ModelProfile, draft: ModelProfile | None = None
+) -> int:
     """KV blocks (null block included): `config.num_kv_blocks`, else what memory allows.
+
+    Blocks are counted at their stored size, so smaller cache types fit more of them. With
+    a draft model (speculative decoding) a block also holds the draft's KV, in its own dtype,
+    and both models' weights and the larger of their transient peaks are set aside.
 
     Raises:
         InsufficientMemoryError: they cannot hold one sequence of `config.context_size`.
+        CacheTypeError: a cache type cannot take a layer's head dim.
     """
     num_blocks = config.num_kv_blocks
     if num_blocks is None:
         memory = device_memory_bytes() if config.device_memory is None else config.device_memory
-        block_bytes = config.block_size * sum(layer.bytes_per_token for layer in profile.layers)
+        bytes_per_token = sum(
+            layer.bytes_per_token(config.cache_type_k, config.cache_type_v)
+            for layer in profile.layers
+        )
+        if draft is not None:
+            bytes_per_token += sum(layer.bytes_per_token() for layer in draft.layers)
+            profile = profile.beside(draft)
+        block_bytes = config.block_size * bytes_per_token
         num_blocks = plan_num_blocks(
             usable_bytes=int(memory * config.memory_utilization),
             profile=profile,

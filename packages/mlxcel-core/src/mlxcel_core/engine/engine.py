@@ -245,13 +245,17 @@ class Engine:
                     f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
                     f"the model's ({profile.vocab_size}); a draft model must share it"
                 )
-            num_blocks = plan_kv_blocks(config, profile.with_draft(draft_profile))
-        else:
-            num_blocks = plan_kv_blocks(config, profile)
+        num_blocks = plan_kv_blocks(config, profile, draft_profile)
         self._kv = KVCacheManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self._storage = PagedKVStorage(profile.layers, config.block_size, num_blocks)
+        self._storage = PagedKVStorage(
+            profile.layers,
+            config.block_size,
+            num_blocks,
+            cache_type_k=config.cache_type_k,
+            cache_type_v=config.cache_type_v,
+        )
         self._storages = [self._storage]
         spec = config.speculative
         self._drafter: Drafter | None = None

@@ -67,12 +67,12 @@ class ModelProfile:
     transient_bytes: int
     vocab_size: int
 
-    def with_draft(self, draft: ModelProfile) -> ModelProfile:
-        """The profile of this model and a draft model run beside it: both models' KV
-        layers; the memory both hold (each profile measured everything loaded, so the
-        larger); the larger transient peak, as their passes do not overlap."""
+    def beside(self, draft: ModelProfile) -> ModelProfile:
+        """This model's profile with a draft model run beside it: the memory both hold (each
+        profile measured everything loaded, so the larger) and the larger transient peak,
+        as their passes do not overlap."""
         return ModelProfile(
-            self.layers + draft.layers,
+            self.layers,
             max(self.resident_bytes, draft.resident_bytes),
             max(self.transient_bytes, draft.transient_bytes),
             self.vocab_size,

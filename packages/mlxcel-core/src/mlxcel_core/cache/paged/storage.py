@@ -8,6 +8,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.cache.paged.manager import BlockCopy
+from mlxcel_core.cache.quant import (
+    AUTO,
+    KVCodec,
+    check_cache_type,
+    kv_bytes_per_vector,
+    make_kv_codec,
+)
 
 # Pools grow by at least half their size, so growing to N blocks copies O(N) in total.
 _GROWTH_FACTOR = 1.5
@@ -30,51 +37,88 @@ class LayerGeometry:
     value_dim: int
     dtype: mx.Dtype
 
-    @property
-    def bytes_per_token(self) -> int:
-        """Key plus value bytes one position takes in this layer."""
-        return self.num_kv_heads * (self.key_dim + self.value_dim) * self.dtype.size
+    def bytes_per_token(self, cache_type_k: str = AUTO, cache_type_v: str = AUTO) -> int:
+        """Key plus value bytes one position takes in this layer, stored as the given types.
+
+        Raises:
+            ValueError: a cache type is unknown or cannot take this layer's head dim.
+        """
+        key_bytes = kv_bytes_per_vector(cache_type_k, self.key_dim, self.dtype)
+        value_bytes = kv_bytes_per_vector(cache_type_v, self.value_dim, self.dtype)
+        return self.num_kv_heads * (key_bytes + value_bytes)
+
+
+# One pool: a layer's keys (or values) as the arrays their codec stores, each (slots, H, W).
+Pool = tuple[mx.array, ...]
 
 
 class PagedKVStorage:
     """Key and value pools of `block_size`-token blocks, grown as blocks are materialized.
 
-    Layer l's keys live in one array of shape (capacity * block_size, H_kv, D_k): position
-    p of block b is slot `b * block_size + p`. Block 0 is the null block: padding writes land
-    there and nothing reads it unmasked.
+    Layer l's keys live in arrays of shape (capacity * block_size, H_kv, W): position p of
+    block b is slot `b * block_size + p`. With cache type "auto" a pool is one array of
+    the layer's keys as the model made them (W = D_k); any other type stores its codec's
+    components (`mlxcel_core.cache.quant`), encoded on `write` and decoded on `gather`.
+    Block 0 is the null block: padding writes land there and nothing reads it unmasked.
 
     Args:
         layers: the geometry of each attention layer, in model order.
         block_size: tokens per block.
         max_blocks: the most blocks the pools may ever hold.
+        cache_type_k: how keys are stored (`mlxcel_core.cache.quant.CACHE_TYPES`).
+        cache_type_v: how values are stored.
 
     Raises:
-        ValueError: `layers` is empty, or `block_size` or `max_blocks` is < 1.
+        ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, or a cache type
+            is unknown or cannot take a layer's head dim.
     """
 
-    def __init__(self, layers: Sequence[LayerGeometry], block_size: int, max_blocks: int) -> None:
+    def __init__(
+        self,
+        layers: Sequence[LayerGeometry],
+        block_size: int,
+        max_blocks: int,
+        *,
+        cache_type_k: str = AUTO,
+        cache_type_v: str = AUTO,
+    ) -> None:
         if not layers:
             raise ValueError("layers must describe at least one attention layer")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if max_blocks < 1:
             raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+        check_cache_type("cache_type_k", cache_type_k)
+        check_cache_type("cache_type_v", cache_type_v)
         self.layers = tuple(layers)
         self.block_size = block_size
         self.max_blocks = max_blocks
+        self.cache_type_k = cache_type_k
+        self.cache_type_v = cache_type_v
         self.capacity_blocks = 0
-        self.keys: list[mx.array] = [self._zeros(g.num_kv_heads, g.key_dim, g, 0) for g in layers]
-        self.values: list[mx.array] = [
-            self._zeros(g.num_kv_heads, g.value_dim, g, 0) for g in layers
+        self._key_codecs = [make_kv_codec(cache_type_k, g.key_dim) for g in layers]
+        self._value_codecs = [make_kv_codec(cache_type_v, g.value_dim) for g in layers]
+        self.keys: list[Pool] = [
+            self._zeros(g, g.key_dim, codec, 0)
+            for g, codec in zip(layers, self._key_codecs, strict=True)
+        ]
+        self.values: list[Pool] = [
+            self._zeros(g, g.value_dim, codec, 0)
+            for g, codec in zip(layers, self._value_codecs, strict=True)
         ]
 
-    def _zeros(self, heads: int, dim: int, geometry: LayerGeometry, blocks: int) -> mx.array:
-        return mx.zeros((blocks * self.block_size, heads, dim), geometry.dtype)
+    def _zeros(self, geometry: LayerGeometry, dim: int, codec: KVCodec | None, blocks: int) -> Pool:
+        slots, heads = blocks * self.block_size, geometry.num_kv_heads
+        if codec is None:
+            return (mx.zeros((slots, heads, dim), geometry.dtype),)
+        return tuple(mx.zeros((slots, heads, c.width), c.dtype) for c in codec.components)
 
     @property
     def bytes_per_block(self) -> int:
-        """Key and value bytes of one block over all layers."""
-        return self.block_size * sum(g.bytes_per_token for g in self.layers)
+        """Key and value bytes of one block over all layers, as stored."""
+        return self.block_size * sum(
+            g.bytes_per_token(self.cache_type_k, self.cache_type_v) for g in self.layers
+        )
 
     @property
     def nbytes(self) -> int:
@@ -95,15 +139,15 @@ class PagedKVStorage:
         target = min(self.max_blocks, max(num_blocks, grown, _MIN_GROWTH_BLOCKS))
         extra = target - self.capacity_blocks
         for layer, geometry in enumerate(self.layers):
-            heads = geometry.num_kv_heads
-            self.keys[layer] = mx.concatenate(
-                [self.keys[layer], self._zeros(heads, geometry.key_dim, geometry, extra)]
+            key_codec, value_codec = self._key_codecs[layer], self._value_codecs[layer]
+            self.keys[layer] = _concatenate(
+                self.keys[layer], self._zeros(geometry, geometry.key_dim, key_codec, extra)
             )
-            self.values[layer] = mx.concatenate(
-                [self.values[layer], self._zeros(heads, geometry.value_dim, geometry, extra)]
+            self.values[layer] = _concatenate(
+                self.values[layer], self._zeros(geometry, geometry.value_dim, value_codec, extra)
             )
         self.capacity_blocks = target
-        mx.eval(self.keys, self.values)
+        mx.eval(self.arrays())
 
     def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
         """Store new positions.
@@ -113,8 +157,8 @@ class PagedKVStorage:
             keys: (N, H_kv, D_k) keys, in the layer's dtype.
             values: (N, H_kv, D_v) values.
         """
-        self.keys[layer][slots] = keys
-        self.values[layer][slots] = values
+        _store(self.keys[layer], self._key_codecs[layer], slots, keys)
+        _store(self.values[layer], self._value_codecs[layer], slots, values)
 
     def gather(self, layer: int, slots: mx.array) -> tuple[mx.array, mx.array]:
         """Read positions by slot id.
@@ -123,11 +167,12 @@ class PagedKVStorage:
             slots: (B, S) int32 slot ids.
 
         Returns:
-            Keys (B, H_kv, S, D_k) and values (B, H_kv, S, D_v).
+            Keys (B, H_kv, S, D_k) and values (B, H_kv, S, D_v), in the layer's dtype.
         """
-        keys = self.keys[layer][slots].transpose(0, 2, 1, 3)
-        values = self.values[layer][slots].transpose(0, 2, 1, 3)
-        return keys, values
+        dtype = self.layers[layer].dtype
+        keys = _load(self.keys[layer], self._key_codecs[layer], slots, dtype)
+        values = _load(self.values[layer], self._value_codecs[layer], slots, dtype)
+        return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         """Copy whole blocks (copy-on-write), every layer, before the step that writes them."""
@@ -137,10 +182,25 @@ class PagedKVStorage:
         src = mx.array([c.src_block_id for c in copies])[:, None] * self.block_size + offsets
         dst = mx.array([c.dst_block_id for c in copies])[:, None] * self.block_size + offsets
         src, dst = src.reshape(-1), dst.reshape(-1)
-        for layer in range(len(self.layers)):
-            self.keys[layer][dst] = self.keys[layer][src]
-            self.values[layer][dst] = self.values[layer][src]
+        for pool in self.arrays():
+            pool[dst] = pool[src]
 
     def arrays(self) -> list[mx.array]:
-        """Every pool, to evaluate with a step's outputs so writes do not pile up lazily."""
-        return [*self.keys, *self.values]
+        """Every pool's arrays, to evaluate with a step's outputs so writes do not pile up."""
+        return [array for pool in (*self.keys, *self.values) for array in pool]
+
+
+def _concatenate(pool: Pool, extra: Pool) -> Pool:
+    return tuple(mx.concatenate([old, new]) for old, new in zip(pool, extra, strict=True))
+
+
+def _store(pool: Pool, codec: KVCodec | None, slots: mx.array, x: mx.array) -> None:
+    parts = (x,) if codec is None else codec.encode(x)
+    for array, part in zip(pool, parts, strict=True):
+        array[slots] = part
+
+
+def _load(pool: Pool, codec: KVCodec | None, slots: mx.array, dtype: mx.Dtype) -> mx.array:
+    if codec is None:
+        return pool[0][slots]
+    return codec.decode([array[slots] for array in pool], dtype)

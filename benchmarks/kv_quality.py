@@ -1,0 +1,229 @@
+"""KV cache types compared on a real model: bytes per token, attention error, perplexity.
+
+For each cache type (keys and values stored alike, or `KEYS/VALUES` such as `q8_0/turbo4`)
+it reports:
+- the KV bytes one token takes over all layers, and that over float16's;
+- the relative error of every layer's attention output when its real keys and values
+  (captured from the model on the text's first `--attention-tokens` tokens, float32 on
+  the CPU) are stored as the type, against storing them as float16:
+  sqrt(sum ||O - O_f16||^2 / sum ||O_f16||^2) over layers, heads and positions, with the
+  same real queries;
+- the perplexity of the model on a fixed English text run through the paged KV cache of
+  that type in prefill chunks, so that every later chunk attends to stored (encoded and
+  decoded) keys and values, and its change against float16.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        uv run python benchmarks/kv_quality.py
+    uv run python benchmarks/kv_quality.py -m model.gguf --types f16 q8_0 --chunk 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm.models.llama as mlx_lm_llama
+
+from mlxcel_core.cache.paged import BatchRow, PagedBatch, PagedKVStorage, make_layer_caches
+from mlxcel_core.cache.quant import CACHE_TYPES, make_kv_codec
+from mlxcel_core.engine.memory import profile_model
+from mlxcel_core.generate import LanguageModel
+from mlxcel_models.default_model import default_model_path
+from mlxcel_models.loading.loader import load_model
+
+TEXT = Path(__file__).resolve().parent / "data" / "pride_and_prejudice_ch2_3.txt"
+REFERENCE = "f16"
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """One attention layer's real inputs: (1, H_q, T, D) queries, (1, H_kv, T, D) keys and
+    values after RoPE, and the layer's softmax scale."""
+
+    queries: mx.array
+    keys: mx.array
+    values: mx.array
+    scale: float
+
+
+@contextmanager
+def recording_attention(layers: list[LayerActivations]) -> Iterator[None]:
+    """Record every call of mlx-lm's llama attention while the block runs.
+
+    The queries never pass through the cache protocol, so the attention function itself
+    is wrapped; it must be mlx-lm's llama family (SmolLM2 is).
+    """
+    original = mlx_lm_llama.scaled_dot_product_attention
+
+    def recording(queries, keys, values, cache, scale, mask, **kwargs):
+        layers.append(LayerActivations(queries, keys, values, scale))
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
+
+    mlx_lm_llama.scaled_dot_product_attention = recording
+    try:
+        yield
+    finally:
+        mlx_lm_llama.scaled_dot_product_attention = original
+
+
+def capture_activations(model: LanguageModel, token_ids: Sequence[int]) -> list[LayerActivations]:
+    """Each layer's queries, keys and values over the whole text, from one forward pass."""
+    layers: list[LayerActivations] = []
+    with recording_attention(layers):
+        mx.eval(model(mx.array([token_ids]), model.make_cache(), last_only=True))
+    mx.eval([(a.queries, a.keys, a.values) for a in layers])
+    return layers
+
+
+def stored(cache_type: str, x: mx.array) -> mx.array:
+    """(1, H, T, D) keys or values as the cache type gives them back."""
+    if cache_type == "auto":
+        return x
+    codec = make_kv_codec(cache_type, x.shape[-1])
+    rows = x[0].transpose(1, 0, 2)
+    return codec.decode(codec.encode(rows), x.dtype).transpose(1, 0, 2)[None]
+
+
+def split_types(cache_type: str) -> tuple[str, str]:
+    """The key and value types of `TYPE` or `KEYS/VALUES`.
+
+    Raises:
+        ValueError: a part is not one of `CACHE_TYPES`.
+    """
+    key_type, _, value_type = cache_type.partition("/")
+    value_type = value_type or key_type
+    for part in (key_type, value_type):
+        if part not in CACHE_TYPES:
+            raise ValueError(f"cache types are {', '.join(CACHE_TYPES)}; got {part!r}")
+    return key_type, value_type
+
+
+def attention_error(layers: Sequence[LayerActivations], cache_type: str) -> float:
+    """Relative error of causal attention outputs with `cache_type` against float16 storage."""
+    squared_error = squared_norm = 0.0
+    for layer in layers:
+
+        def attend(kind: str, layer: LayerActivations = layer) -> mx.array:
+            key_type, value_type = split_types(kind)
+            keys, values = stored(key_type, layer.keys), stored(value_type, layer.values)
+            return mx.fast.scaled_dot_product_attention(
+                layer.queries, keys, values, scale=layer.scale, mask="causal"
+            )
+
+        reference, output = attend(REFERENCE), attend(cache_type)
+        squared_error += mx.sum((output - reference) ** 2).item()
+        squared_norm += mx.sum(reference**2).item()
+    return math.sqrt(squared_error / squared_norm)
+
+
+def perplexity(
+    model: LanguageModel, token_ids: Sequence[int], cache_type: str, chunk_size: int
+) -> float:
+    """exp(mean negative log-likelihood) of tokens 2..T, prefilled in `chunk_size` chunks
+    through a paged KV cache storing keys and values as `cache_type`.
+
+    Raises:
+        ValueError: fewer than 2 tokens, or `chunk_size` < 1.
+    """
+    if len(token_ids) < 2:
+        raise ValueError(f"token_ids must hold at least 2 tokens, got {len(token_ids)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    profile = profile_model(model, 1)
+    num_blocks = math.ceil(len(token_ids) / BLOCK_SIZE) + 1
+    key_type, value_type = split_types(cache_type)
+    storage = PagedKVStorage(
+        profile.layers, BLOCK_SIZE, num_blocks, cache_type_k=key_type, cache_type_v=value_type
+    )
+    storage.ensure_capacity(num_blocks)
+    block_table = list(range(1, num_blocks))
+    tokens = mx.array(token_ids)
+    total = 0.0
+    for start in range(0, len(token_ids) - 1, chunk_size):
+        end = min(start + chunk_size, len(token_ids) - 1)
+        batch = PagedBatch([BatchRow(block_table, start, end - start)], BLOCK_SIZE)
+        logits = model(tokens[None, start:end], make_layer_caches(storage, batch))
+        logprobs = logits[0].astype(mx.float32) - mx.logsumexp(
+            logits[0].astype(mx.float32), axis=-1, keepdims=True
+        )
+        targets = tokens[start + 1 : end + 1]
+        nll = -mx.sum(mx.take_along_axis(logprobs, targets[:, None], axis=-1))
+        mx.eval(nll, storage.arrays())
+        total += nll.item()
+    return math.exp(total / (len(token_ids) - 1))
+
+
+def kv_bytes_per_token(model: LanguageModel, cache_type: str) -> int:
+    """Key and value bytes one token takes over all layers, stored as `cache_type`."""
+    layers = profile_model(model, 1).layers
+    return sum(layer.bytes_per_token(*split_types(cache_type)) for layer in layers)
+
+
+def report(
+    model: LanguageModel,
+    token_ids: Sequence[int],
+    cache_types: Sequence[str],
+    chunk_size: int,
+    attention_tokens: int,
+) -> Iterator[str]:
+    """The table's lines, as each is measured: a header, then one row per cache type."""
+    layers = capture_activations(model, token_ids[:attention_tokens])
+    reference_bytes = kv_bytes_per_token(model, REFERENCE)
+    reference_ppl = perplexity(model, token_ids, REFERENCE, chunk_size)
+    yield (
+        "| cache type | KV bytes/token | vs f16 | attention rel. error vs f16 "
+        "| perplexity | vs f16 |"
+    )
+    yield "|---|---:|---:|---:|---:|---:|"
+    for cache_type in cache_types:
+        size = kv_bytes_per_token(model, cache_type)
+        ppl = (
+            reference_ppl
+            if cache_type == REFERENCE
+            else perplexity(model, token_ids, cache_type, chunk_size)
+        )
+        yield (
+            f"| {cache_type} | {size} | {size / reference_bytes:.3f}x "
+            f"| {attention_error(layers, cache_type):.2e} | {ppl:.4f} "
+            f"| {100 * (ppl / reference_ppl - 1):+.3f}% |"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", default=None, help="GGUF file or folder")
+    parser.add_argument("--text", default=str(TEXT), help="UTF-8 text file")
+    parser.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens)")
+    parser.add_argument(
+        "--attention-tokens", type=int, default=512, help="tokens whose attention is compared"
+    )
+    # "auto" is the model's dtype: float32 on the CPU, the f32 row.
+    types = [t for t in CACHE_TYPES if t != "auto"]
+    parser.add_argument(
+        "--types", nargs="+", default=types, help="cache types, TYPE or KEYS/VALUES"
+    )
+    args = parser.parse_args(argv)
+    for cache_type in args.types:
+        try:
+            split_types(cache_type)
+        except ValueError as error:
+            parser.error(str(error))
+    loaded = load_model(args.model or default_model_path())
+    token_ids = loaded.tokenizer.encode(Path(args.text).read_text(encoding="utf-8"))
+    print(
+        f"{len(token_ids)} tokens, prefill chunks of {args.chunk}, attention compared on "
+        f"the first {min(args.attention_tokens, len(token_ids))}",
+        flush=True,
+    )
+    for line in report(loaded.model, token_ids, args.types, args.chunk, args.attention_tokens):
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""`-ctk/--cache-type-k` and `-ctv/--cache-type-v`: parsed for `serve` and engine-run
+`generate`, mirrored by `LLAMA_ARG_CACHE_TYPE_K/V`, refused when unknown or unusable."""
+
+import io
+import json
+
+import pytest
+
+from mlxcel.cli import main, make_parser
+from mlxcel.flags import UsageError, resolve_defaults
+from mlxcel.serve_command import FLAGS, settings_from
+
+ACCEPTED = "auto, f32, f16, bf16, q8_0, q4_0, turbo2, turbo3, turbo4"
+
+
+def engine_config(argv, environ):
+    args = make_parser("serve").parse_args(["serve", *argv])
+    resolve_defaults(args, FLAGS, environ)
+    return settings_from(args).engine
+
+
+def run_cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), environ=environ or {}, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cache_types_default_to_auto_and_come_from_flags_or_the_environment():
+    default = engine_config([], {})
+    assert (default.cache_type_k, default.cache_type_v) == ("auto", "auto")
+    short = engine_config(["-ctk", "q8_0", "-ctv", "turbo4"], {})
+    assert (short.cache_type_k, short.cache_type_v) == ("q8_0", "turbo4")
+    environ = {"LLAMA_ARG_CACHE_TYPE_K": "turbo3", "LLAMA_ARG_CACHE_TYPE_V": "q4_0"}
+    mirrored = engine_config([], environ)
+    assert (mirrored.cache_type_k, mirrored.cache_type_v) == ("turbo3", "q4_0")
+    winning = engine_config(["--cache-type-k", "f16"], environ)
+    assert (winning.cache_type_k, winning.cache_type_v) == ("f16", "q4_0")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "flag"),
+    [
+        (["-ctk", "q5_1"], {}, "-ctk/--cache-type-k"),
+        ([], {"LLAMA_ARG_CACHE_TYPE_V": "int8"}, "-ctv/--cache-type-v"),
+    ],
+)
+def test_an_unknown_cache_type_is_a_usage_error_listing_the_names(argv, environ, flag):
+    with pytest.raises(UsageError) as raised:
+        engine_config(argv, environ)
+    assert str(raised.value).startswith(f"{flag} must be one of {ACCEPTED}")
+
+
+def test_batch_generate_runs_on_a_quantized_cache(tiny_gguf, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\nthere\n")
+    code, out, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "3",
+        "-ctk", "turbo4", "-ctv", "f16",
+    )  # fmt: skip
+    assert code == 0, err
+    assert len([json.loads(line) for line in out.splitlines()]) == 2
+
+
+def test_a_type_the_models_head_dim_cannot_take_is_a_usage_error(tiny_gguf, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-ctv", "q8_0"
+    )
+    assert code == 2
+    assert err.startswith("mlxcel: error: ") and "Traceback" not in err
+    assert "q8_0 needs a head dim that is a multiple of 32, got head_dim=16" in err
+
+
+def test_single_prompt_generate_runs_on_a_quantized_cache(tiny_gguf):
+    """turbo2 keys change the tiny model's greedy text; f32 keys do not."""
+    base = ["generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0", "-n", "12"]
+    results = {
+        cache_type: run_cli(*base, "-ctk", cache_type, "-ctv", "f32")
+        for cache_type in ("auto", "f32", "turbo2")
+    }
+    assert all(code == 0 for code, _, _ in results.values()), results
+    assert results["f32"][1] == results["auto"][1]
+    assert results["turbo2"][1] != results["auto"][1]

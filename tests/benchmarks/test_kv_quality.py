@@ -1,0 +1,78 @@
+"""benchmarks/kv_quality.py on a tiny llama: paged perplexity equals a dense forward's,
+attention errors order by bits, and the table has one row per cache type."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from mlxcel_models.loading.loader import load_model
+
+from factories import TinyConfig, write_safetensors_model
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kv_quality.py"
+_spec = importlib.util.spec_from_file_location("kv_quality", _SCRIPT)
+kv_quality = importlib.util.module_from_spec(_spec)
+# Dataclasses look their module up by name while the script loads.
+sys.modules["kv_quality"] = kv_quality
+_spec.loader.exec_module(kv_quality)
+
+TOKENS = [(7 * i * i + 3 * i) % 250 + 5 for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A tiny llama with 32-feature heads, which q8_0 and q4_0 need."""
+    config = TinyConfig(hidden_size=128, num_heads=4, num_kv_heads=2, intermediate_size=256)
+    return write_safetensors_model(tmp_path_factory.mktemp("kvq") / "llama", config)
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return load_model(folder).model
+
+
+def dense_perplexity(model, token_ids) -> float:
+    logits = model(mx.array([token_ids]), model.make_cache())[0, :-1].astype(mx.float32)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    targets = mx.array(token_ids[1:])[:, None]
+    return math.exp(-mx.mean(mx.take_along_axis(logprobs, targets, axis=-1)).item())
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64])
+def test_paged_perplexity_in_chunks_equals_one_dense_forward(model, chunk_size):
+    expected = dense_perplexity(model, TOKENS)
+    assert kv_quality.perplexity(model, TOKENS, "f32", chunk_size) == pytest.approx(expected)
+    assert kv_quality.perplexity(model, TOKENS, "auto", chunk_size) == pytest.approx(expected)
+
+
+def test_lossy_types_move_perplexity_and_attention_by_their_bits(model):
+    layers = kv_quality.capture_activations(model, TOKENS)
+    assert len(layers) == 2 and layers[0].queries.shape == (1, 4, len(TOKENS), 32)
+    errors = {t: kv_quality.attention_error(layers, t) for t in ("f16", "q8_0", "turbo4", "turbo2")}
+    assert errors["f16"] == 0
+    assert 0 < errors["q8_0"] < errors["turbo4"] < errors["turbo2"]
+    f16 = kv_quality.perplexity(model, TOKENS, "f16", 8)
+    assert kv_quality.perplexity(model, TOKENS, "turbo2", 8) != pytest.approx(f16, rel=1e-6)
+
+
+def test_the_table_has_a_row_per_type_with_its_bytes(folder, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("The bridge was painted green. Owls hunt at night.")
+    kv_quality.main(["-m", str(folder), "--text", str(text), "--chunk", "16",
+                     "--types", "f16", "q8_0", "turbo4", "q8_0/turbo4"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert " tokens, prefill chunks of 16, attention compared on the first " in lines[0]
+    rows = [line.split("|")[1:-1] for line in lines[3:]]
+    assert [r[0].strip() for r in rows] == ["f16", "q8_0", "turbo4", "q8_0/turbo4"]
+    # 2 layers x 2 KV heads x (keys + values) x bytes per 32-feature vector.
+    assert [int(r[1]) for r in rows] == [2 * 2 * 2 * 64, 2 * 2 * 2 * 34, 2 * 2 * 2 * 18,
+                                         2 * 2 * (34 + 18)]  # fmt: skip
+    assert rows[0][5].strip() == "+0.000%"
+    with pytest.raises(SystemExit):
+        kv_quality.main(["-m", str(folder), "--types", "q8_0/q5_1"])

@@ -1,0 +1,160 @@
+"""Quantized KV caches on the real SmolLM2 (CPU): long-context recall and greedy agreement.
+
+A ~3,000-token chat prompt hides a five-digit code in filler text and asks for it at
+temperature 0; the reply must contain the code with f16, q8_0 and turbo4 caches, also as
+the second long turn of a conversation and with four such prompts (different codes)
+running at once on one server (turbo4 fails these two: strict expected failures, as
+measured). On short prompts, q8_0's first 16 greedy tokens must equal f16's for most of
+them.
+
+Each cache type gets one `mlxcel serve -ctk TYPE -ctv TYPE` process for the module (which
+preloads OpenBLAS where it is installed, as in the other serving tests), with prefix
+caching on as in serving: the prompts share their filler up to the code, so later cases
+reuse those blocks (stored in the type under test) and compute mostly what differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from live_server import LiveServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]
+
+MODEL = "smollm2"
+SERVER_FLAGS = ("-a", MODEL, "-np", "4", "-c", "8192", "-ub", "512", "--block-size", "16",
+                "--kv-cache-blocks", "2100")  # fmt: skip
+TIMEOUT_SECONDS = 900.0
+CACHE_TYPES = ("f16", "q8_0", "turbo4")
+# Measured on this model: with turbo4 keys and values, the second long turn answers the
+# first turn's code, and one of four concurrent prompts (29381) answers a wrong number;
+# f16 and q8_0 recall both (docs/benchmarks.md, "KV cache types", for turbo4's losses).
+TURBO4_LOSES_RECALL = pytest.mark.xfail(
+    reason="turbo4 keys lose long-context recall on SmolLM2 (measured)", strict=True
+)
+LONG_CASES = ("f16", "q8_0", pytest.param("turbo4", marks=TURBO4_LOSES_RECALL))
+CODES = (48213, 10957, 73640, 29381, 86124)
+SENTENCES = (
+    "The library opens at nine.",
+    "Rain is expected on Tuesday.",
+    "The train was late again.",
+    "Apples grow well in cool climates.",
+    "The meeting moved to room four.",
+    "A new bakery opened downtown.",
+    "The river is calm in the morning.",
+    "Tickets sold out in an hour.",
+    "The bridge was painted green.",
+    "Owls hunt at night.",
+    "The museum has a new exhibit.",
+    "Snow fell in the mountains.",
+)
+# Sentences of filler before and after the code: about 2,900 tokens with the template.
+SENTENCES_BEFORE = 200
+SENTENCES_AFTER = 230
+SHORT_PROMPTS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Write a haiku about the sea.",
+    "Name three primary colours.",
+    "How many legs does a spider have?",
+    "Give me a synonym for happy.",
+    "What is 12 times 12?",
+    "Describe a cat in one sentence.",
+    "What language is spoken in Brazil?",
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    completion_tokens: int
+
+
+def filler(num_sentences: int, start: int) -> str:
+    return " ".join(SENTENCES[(start + i) % len(SENTENCES)] for i in range(num_sentences))
+
+
+def needle_turn(code: int, *, start: int = 0) -> dict:
+    """A user turn: filler, the code, more filler, then the question."""
+    before = filler(SENTENCES_BEFORE, start)
+    after = filler(SENTENCES_AFTER, start + 5)
+    return {
+        "role": "user",
+        "content": (
+            f"{before} The secret code is {code}. {after}\n\n"
+            "What is the secret code mentioned in the text above? Answer with the five-digit "
+            "number only."
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, LiveServer]]:
+    """One server per cache type, started on first use."""
+    started: dict[str, LiveServer] = {}
+
+    class Servers(dict):
+        def __missing__(self, cache_type: str) -> LiveServer:
+            types = ("-ctk", cache_type, "-ctv", cache_type)
+            started[cache_type] = self[cache_type] = LiveServer(*SERVER_FLAGS, *types)
+            return started[cache_type]
+
+    yield Servers()
+    for server in started.values():
+        assert server.stop() == 0, server.stderr()
+
+
+def chat(server: LiveServer, messages: Sequence[dict], max_tokens: int) -> Reply:
+    client = server.client(timeout=TIMEOUT_SECONDS)
+    completion = client.chat.completions.create(
+        model=MODEL, messages=list(messages), temperature=0, max_tokens=max_tokens
+    )
+    return Reply(completion.choices[0].message.content, completion.usage.completion_tokens)
+
+
+def replies(
+    server: LiveServer, conversations: Sequence[Sequence[dict]], *, max_tokens: int = 20
+) -> list[Reply]:
+    """Greedy replies, all conversations sent at once."""
+    with server.stderr_on_failure(), ThreadPoolExecutor(len(conversations)) as pool:
+        return list(pool.map(lambda c: chat(server, c, max_tokens), conversations))
+
+
+@pytest.mark.parametrize("cache_type", CACHE_TYPES)
+def test_a_long_prompt_recalls_its_hidden_code(servers, cache_type):
+    (reply,) = replies(servers[cache_type], [[needle_turn(CODES[0])]])
+    assert str(CODES[0]) in reply.text, reply
+
+
+@pytest.mark.parametrize("cache_type", LONG_CASES)
+def test_a_second_long_turn_recalls_its_own_code(servers, cache_type):
+    server = servers[cache_type]
+    first = [needle_turn(CODES[0])]
+    (opening,) = replies(server, [first])
+    second = [
+        *first,
+        {"role": "assistant", "content": opening.text},
+        needle_turn(CODES[1], start=3),
+    ]
+    (reply,) = replies(server, [second])
+    assert str(CODES[1]) in reply.text, reply
+
+
+@pytest.mark.parametrize("cache_type", LONG_CASES)
+def test_four_long_prompts_at_once_each_recall_their_code(servers, cache_type):
+    codes = (CODES[0], *CODES[2:])
+    got = replies(servers[cache_type], [[needle_turn(code)] for code in codes])
+    for code, reply in zip(codes, got, strict=True):
+        assert str(code) in reply.text, (code, got)
+
+
+def test_q8_0_greedy_replies_equal_f16_on_most_short_prompts(servers):
+    conversations = [[{"role": "user", "content": prompt}] for prompt in SHORT_PROMPTS]
+    f16 = replies(servers["f16"], conversations, max_tokens=16)
+    q8_0 = replies(servers["q8_0"], conversations, max_tokens=16)
+    assert sum(reply.completion_tokens for reply in f16) > 8 * 8
+    same = [a == b for a, b in zip(f16, q8_0, strict=True)]
+    assert sum(same) >= 6, list(zip(f16, q8_0, strict=True))
