@@ -4,6 +4,7 @@ unchanged by a drafter, and bad combinations get one line and exit code 2."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -59,11 +60,31 @@ def test_bad_speculative_flags_are_usage_errors(tiny_safetensors, flags, message
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1
+    # Checked before the model loads (no progress bar), naming flags, never fields.
+    assert "loading" not in err
+    assert "num_draft_tokens" not in err and "prompt_lookup" not in err
 
 
-def test_a_missing_draft_model_fails_naming_it(tiny_safetensors, tmp_path):
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_missing_draft_model_fails_naming_it_before_loading_or_listening(
+    tiny_safetensors, tmp_path, command
+):
     missing = tmp_path / "no-such-draft"
-    code, _, err = run_cli("generate", "-m", str(tiny_safetensors), "-p", "hi", "-md", str(missing))
+    argv = [command, "-m", str(tiny_safetensors), "-md", str(missing)]
+    code, _, err = run_cli(*argv, *(["-p", "hi"] if command == "generate" else ["--port", "1"]))
     assert code == 1
-    assert str(missing) in err
-    assert len(err.strip().splitlines()) == 1
+    assert err.strip() == f"mlxcel: error: draft model not found: {missing}"
+
+
+def test_batch_generation_reports_its_drafts(tiny_safetensors, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello hello\nhello there\n")
+    code, out, err = run_cli(
+        "generate", "-m", str(tiny_safetensors), "--prompts-file", str(prompts), "-no-cnv",
+        "--temp", "0", "-n", "16", "-md", str(tiny_safetensors), "--draft-p-min", "0",
+    )  # fmt: skip
+    assert code == 0, err
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert all(r["draft_tokens"] > 0 for r in replies)
+    assert all(0 <= r["accepted_draft_tokens"] <= r["draft_tokens"] for r in replies)
+    assert "draft:" in err

@@ -94,6 +94,13 @@ def run_batch(
         f"({generated / seconds:.1f} tokens/s overall)",
         file=err,
     )
+    drafted = sum(reply["draft_tokens"] for reply in replies)
+    if drafted:
+        accepted = sum(reply["accepted_draft_tokens"] for reply in replies)
+        print(
+            f"draft: {drafted} tokens verified, {accepted} accepted ({accepted / drafted:.1%})",
+            file=err,
+        )
     return 0
 
 
@@ -120,6 +127,8 @@ def _write_in_order(sink: OutputQueue, prompts: list[str], out: TextIO) -> list[
                 "prompt_tokens": output.stats.prompt_tokens,
                 "cached_tokens": output.stats.cached_tokens,
                 "completion_tokens": output.stats.generated_tokens,
+                "draft_tokens": output.stats.draft_tokens,
+                "accepted_draft_tokens": output.stats.accepted_draft_tokens,
             }
         while written in replies:
             out.write(json.dumps(replies[written], ensure_ascii=False) + "\n")

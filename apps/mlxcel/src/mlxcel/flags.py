@@ -9,6 +9,7 @@ the default.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,10 +67,11 @@ class Flag:
 
 
 def flag_error(message: str, flag_names: Mapping[str, str]) -> UsageError:
-    """A config's `ValueError` message as a usage error naming the flag, not the field
+    """A config's `ValueError` message as a usage error naming flags, not fields
     (`"max_num_seqs must be >= 1"` -> `"-np/--parallel must be >= 1"`)."""
-    field, _, rest = message.partition(" ")
-    return UsageError(f"{flag_names[field]} {rest}" if field in flag_names else message)
+    for field, flag in flag_names.items():
+        message = re.sub(rf"\b{field}\b", flag, message)
+    return UsageError(message)
 
 
 def _switch_value(text: str) -> bool:

@@ -14,7 +14,7 @@ from typing import TextIO
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.batch_generate import OUTPUT_TIMEOUT_SECONDS, read_prompts, run_batch
-from mlxcel.engine_flags import ENGINE_FLAGS, open_engine
+from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from, open_engine
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
     CTX_SIZE_FLAG,
@@ -30,6 +30,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
+from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel_core.engine import EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig, GenerationStats
 from mlxcel_core.sampling import SamplingParams
@@ -170,6 +171,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     if args.batch_size < 1:
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
     adapters = adapter_specs_from(args)
+    # Engine and draft flags are checked before the model loads, not after.
+    engine_config_from(args, max_waiting=1)
+    check_draft_model_path(args)
     loaded = load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):

@@ -38,7 +38,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
-from mlxcel.speculative_flags import load_draft_model
+from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel_core.engine import Engine, InsufficientMemoryError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
@@ -174,9 +174,10 @@ def _loader(args: argparse.Namespace) -> Callable[[], tuple[LoadedModel, LoadedM
 
     Raises:
         UsageError: the adapter flags conflict.
-        InputError: an adapter folder does not exist.
+        InputError: an adapter folder or the draft model does not exist.
     """
     adapters = adapter_specs_from(args)
+    check_draft_model_path(args)
 
     def load() -> tuple[LoadedModel, LoadedModel | None]:
         with thread_stream():

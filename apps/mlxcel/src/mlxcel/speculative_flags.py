@@ -7,8 +7,9 @@ takes vLLM's `prompt_lookup_max` / `prompt_lookup_min` settings as flags.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from mlxcel.flags import Flag, UsageError, flag_error
+from mlxcel.flags import Flag, InputError, UsageError, flag_error
 from mlxcel.loading import load_for_command
 from mlxcel_core.speculative import AcceptanceRule, SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.loaded import LoadedModel
@@ -73,6 +74,16 @@ def speculative_config_from(args: argparse.Namespace) -> SpeculativeConfig | Non
         )
     except ValueError as error:
         raise flag_error(str(error), _FLAG_NAMES) from error
+
+
+def check_draft_model_path(args: argparse.Namespace) -> None:
+    """Fail before anything loads (or a server listens) when `-md` names no file or folder.
+
+    Raises:
+        InputError: the path does not exist.
+    """
+    if args.model_draft is not None and not Path(args.model_draft).exists():
+        raise InputError(f"draft model not found: {args.model_draft}")
 
 
 def load_draft_model(args: argparse.Namespace, loaded: LoadedModel) -> LoadedModel | None:

@@ -39,7 +39,12 @@ def default_params(settings: ServerSettings) -> dict:
 
 
 def _idle_slot(model: ServingModel, slot: int) -> dict:
-    return {"id": slot, "n_ctx": model.context_size, "speculative": False, "is_processing": False}
+    return {
+        "id": slot,
+        "n_ctx": model.context_size,
+        "speculative": model.engine.config.speculative is not None,
+        "is_processing": False,
+    }
 
 
 def _slots(model: ServingModel) -> list[dict]:

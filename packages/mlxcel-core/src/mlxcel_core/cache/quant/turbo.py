@@ -10,12 +10,19 @@ Near-optimal Distortion Rate" (2025, arXiv 2504.19874), the MSE-optimal variant
 3. quantize each coordinate with the b-bit Lloyd-Max quantizer of N(0, 1/D)
    (`lloyd_max.gaussian_codebook`, scaled by 1/sqrt(D)) and pack the codes tightly.
 
-Decoding looks the codes up, rotates back (y R^T) and multiplies by the norm.
+Decoding looks the codes up, rotates back (y R^T) and multiplies by the stored scale.
+
+One refinement over the paper's MSE variant: the stored scale is ||x|| / ||y_hat||, not
+||x||, where y_hat is the quantized rotated vector. The decoded vector then has x's norm
+exactly. A Lloyd-Max reconstruction is shorter than its input on average (each level is the
+mean of its cell), which shrinks every attention score towards zero and flattens the
+softmax; keeping the norm removes that shrinkage at no storage cost.
 
 Not implemented: the paper's second stage (TurboQuant_prod), a 1-bit QJL sketch of the
 residual that makes inner-product estimates unbiased; this is the MSE-optimal variant,
-whose inner products are slightly biased towards zero. The paper's codebook is for the
-exact coordinate law of a rotated unit vector (a scaled Beta distribution); its Gaussian
+whose inner products are biased towards zero (the norm-keeping scale above removes the part
+of that bias due to the reconstruction's length). The paper's codebook is for the exact
+coordinate law of a rotated unit vector (a scaled Beta distribution); its Gaussian
 limit is used here, which it approaches quickly for the head dims of real models (>= 64).
 """
 
@@ -73,7 +80,10 @@ class TurboQuantCodec:
         # A dense (D, D) product: one operation, where the butterfly would take log2(D) stages.
         rotated = unit @ self._rotation
         codes = mx.sum(rotated[..., None] > self._boundaries, axis=-1).astype(mx.uint8)
-        return pack_bits(codes, self.bits), norm.astype(mx.float16)
+        quantized = self._levels[codes]
+        quantized_norm = mx.sqrt(mx.sum(quantized * quantized, axis=-1, keepdims=True))
+        scale = norm / mx.where(quantized_norm > 0, quantized_norm, 1.0)
+        return pack_bits(codes, self.bits), scale.astype(mx.float16)
 
     def decode(self, parts: Sequence[mx.array], dtype: mx.Dtype) -> mx.array:
         packed, norm = parts
