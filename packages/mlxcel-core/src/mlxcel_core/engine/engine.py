@@ -21,7 +21,6 @@ import mlx.core as mx
 from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
-from mlxcel_core.engine.draft_model import DraftModelDrafter
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.request import (
     EngineClosedError,
@@ -36,16 +35,14 @@ from mlxcel_core.engine.row_sampling import Draw, draw_tokens
 from mlxcel_core.engine.runner import ModelRunner, RowInput
 from mlxcel_core.engine.scheduler import Scheduler, SchedulerOutput
 from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatus
+from mlxcel_core.engine.speculation import Speculation, make_speculation
 from mlxcel_core.engine.stats import EngineStats, make_engine_stats
 from mlxcel_core.generate import GenerationStats, LanguageModel, TextAssembler
 from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_core.sampling import Sampler
 from mlxcel_core.speculative import (
     AcceptanceRule,
-    Drafter,
     DraftProposal,
-    DraftRequest,
-    PromptLookupDrafter,
     SpeculativeMethod,
 )
 from mlxcel_core.threads import thread_stream
@@ -257,22 +254,22 @@ class Engine:
             cache_type_v=config.cache_type_v,
         )
         self._storages = [self._storage]
-        spec = config.speculative
-        self._drafter: Drafter | None = None
-        if spec is not None and self._draft_model is not None and draft_profile is not None:
-            draft_storage = PagedKVStorage(draft_profile.layers, config.block_size, num_blocks)
-            self._storages.append(draft_storage)
-            self._drafter = DraftModelDrafter(
-                self._draft_model, draft_storage, p_min=spec.draft_p_min
+        self._speculation: Speculation | None = None
+        if config.speculative is not None:
+            draft = None
+            if self._draft_model is not None and draft_profile is not None:
+                draft = (self._draft_model, draft_profile)
+            self._speculation, draft_storage = make_speculation(
+                config.speculative, draft, block_size=config.block_size, num_blocks=num_blocks
             )
-        elif spec is not None:
-            self._drafter = PromptLookupDrafter(
-                min_ngram=spec.prompt_lookup_min, max_ngram=spec.prompt_lookup_max
-            )
+            if draft_storage is not None:
+                self._storages.append(draft_storage)
         self._scheduler = Scheduler(
             config.scheduler,
             self._kv,
-            num_lookahead_tokens=0 if spec is None else spec.num_draft_tokens,
+            num_lookahead_tokens=(
+                0 if config.speculative is None else config.speculative.num_draft_tokens
+            ),
         )
         self._runner = ModelRunner(self._model, self._storage, adapters=self._adapters)
         self._consecutive_failures = 0
@@ -379,7 +376,12 @@ class Engine:
         for storage in self._storages:
             storage.ensure_capacity(kv.num_materialized_blocks)
             storage.copy_blocks(copies)
-        proposals = self._propose(plan)
+        if self._speculation is None:
+            proposals = [DraftProposal((), None, 0) for _ in plan.scheduled]
+            rule = AcceptanceRule.EXACT
+        else:
+            proposals = self._speculation.propose(plan.scheduled, kv)
+            rule = self._speculation.config.acceptance
         rows = []
         for item, proposal in zip(plan.scheduled, proposals, strict=True):
             sequence = item.sequence
@@ -396,47 +398,10 @@ class Engine:
                 )
             )
         logits = self._runner.execute(rows)
-        rule = (
-            AcceptanceRule.EXACT
-            if self._config.speculative is None
-            else (self._config.speculative.acceptance)
-        )
         return [
             draw_tokens(item.sequence, row_logits, proposal.token_ids, proposal.probs, rule)
             for item, proposal, row_logits in zip(plan.scheduled, proposals, logits, strict=True)
             if item.sequence.num_computed + item.num_new_tokens == item.sequence.num_tokens
-        ]
-
-    def _propose(self, plan: SchedulerOutput) -> list[DraftProposal]:
-        """Each scheduled sequence's drafts (none without speculative decoding)."""
-        if self._drafter is None:
-            return [DraftProposal((), None, 0) for _ in plan.scheduled]
-        requests = []
-        for item in plan.scheduled:
-            sequence = item.sequence
-            computed = sequence.num_computed
-            draft_computed = sequence.num_draft_computed
-            requests.append(
-                DraftRequest(
-                    token_ids=sequence.token_ids,
-                    block_table=self._kv.block_table(sequence.seq_id),
-                    num_target_computed=computed + item.num_new_tokens,
-                    num_draft_computed=computed
-                    if draft_computed is None
-                    else min(draft_computed, computed),
-                    num_draft_tokens=item.num_lookahead_tokens,
-                    sampler=sequence.sampler,
-                )
-            )
-        proposals = self._drafter.propose(requests)
-        min_drafts = self._config.speculative.min_draft_tokens if self._config.speculative else 0
-        for item, proposal in zip(plan.scheduled, proposals, strict=True):
-            item.sequence.num_draft_computed = proposal.num_draft_computed
-        return [
-            proposal
-            if len(proposal.token_ids) >= min_drafts
-            else DraftProposal((), None, proposal.num_draft_computed)
-            for proposal in proposals
         ]
 
     def _take_token(
