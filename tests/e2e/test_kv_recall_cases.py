@@ -3,9 +3,8 @@
 A ~3,000-token chat prompt hides a five-digit code in filler text and asks for it at
 temperature 0; the reply must contain the code with f16, q8_0 and turbo4 caches, also as
 the second long turn of a conversation and with four such prompts (different codes)
-running at once on one server (turbo4 fails these two: strict expected failures, as
-measured). On short prompts, q8_0's first 16 greedy tokens must equal f16's for most of
-them.
+running at once on one server. On short prompts, q8_0's first 16 greedy tokens must equal
+f16's for most of them.
 
 Each cache type gets one `mlxcel serve -ctk TYPE -ctv TYPE` process for the module (which
 preloads OpenBLAS where it is installed, as in the other serving tests), with prefix
@@ -30,13 +29,6 @@ SERVER_FLAGS = ("-a", MODEL, "-np", "4", "-c", "8192", "-ub", "512", "--block-si
                 "--kv-cache-blocks", "2100")  # fmt: skip
 TIMEOUT_SECONDS = 900.0
 CACHE_TYPES = ("f16", "q8_0", "turbo4")
-# Measured on this model: with turbo4 keys and values, the second long turn answers the
-# first turn's code, and one of four concurrent prompts (29381) answers a wrong number;
-# f16 and q8_0 recall both (docs/benchmarks.md, "KV cache types", for turbo4's losses).
-TURBO4_LOSES_RECALL = pytest.mark.xfail(
-    reason="turbo4 keys lose long-context recall on SmolLM2 (measured)", strict=True
-)
-LONG_CASES = ("f16", "q8_0", pytest.param("turbo4", marks=TURBO4_LOSES_RECALL))
 CODES = (48213, 10957, 73640, 29381, 86124)
 SENTENCES = (
     "The library opens at nine.",
@@ -129,7 +121,7 @@ def test_a_long_prompt_recalls_its_hidden_code(servers, cache_type):
     assert str(CODES[0]) in reply.text, reply
 
 
-@pytest.mark.parametrize("cache_type", LONG_CASES)
+@pytest.mark.parametrize("cache_type", CACHE_TYPES)
 def test_a_second_long_turn_recalls_its_own_code(servers, cache_type):
     server = servers[cache_type]
     first = [needle_turn(CODES[0])]
@@ -143,7 +135,7 @@ def test_a_second_long_turn_recalls_its_own_code(servers, cache_type):
     assert str(CODES[1]) in reply.text, reply
 
 
-@pytest.mark.parametrize("cache_type", LONG_CASES)
+@pytest.mark.parametrize("cache_type", CACHE_TYPES)
 def test_four_long_prompts_at_once_each_recall_their_code(servers, cache_type):
     codes = (CODES[0], *CODES[2:])
     got = replies(servers[cache_type], [[needle_turn(code)] for code in codes])
