@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from filler_text import filler
 from live_server import LiveServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -30,20 +31,6 @@ SERVER_FLAGS = ("-a", MODEL, "-np", "4", "-c", "8192", "-ub", "512", "--block-si
 TIMEOUT_SECONDS = 900.0
 CACHE_TYPES = ("f16", "q8_0", "turbo4")
 CODES = (48213, 10957, 73640, 29381, 86124)
-SENTENCES = (
-    "The library opens at nine.",
-    "Rain is expected on Tuesday.",
-    "The train was late again.",
-    "Apples grow well in cool climates.",
-    "The meeting moved to room four.",
-    "A new bakery opened downtown.",
-    "The river is calm in the morning.",
-    "Tickets sold out in an hour.",
-    "The bridge was painted green.",
-    "Owls hunt at night.",
-    "The museum has a new exhibit.",
-    "Snow fell in the mountains.",
-)
 # Sentences of filler before and after the code: about 2,900 tokens with the template.
 SENTENCES_BEFORE = 200
 SENTENCES_AFTER = 230
@@ -63,10 +50,6 @@ SHORT_PROMPTS = (
 class Reply:
     text: str
     completion_tokens: int
-
-
-def filler(num_sentences: int, start: int) -> str:
-    return " ".join(SENTENCES[(start + i) % len(SENTENCES)] for i in range(num_sentences))
 
 
 def needle_turn(code: int, *, start: int = 0) -> dict:

@@ -25,6 +25,7 @@ from itertools import pairwise
 import httpx
 import pytest
 
+from filler_text import SENTENCES, filler
 from live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -38,20 +39,6 @@ TIMEOUT = httpx.Timeout(180.0)
 # Time for the engine to notice a closed connection and free the sequence.
 ABANDON_SECONDS = 1.0
 
-SENTENCES = (
-    "The library opens at nine.",
-    "Rain is expected on Tuesday.",
-    "The train was late again.",
-    "Apples grow well in cool climates.",
-    "The meeting moved to room four.",
-    "A new bakery opened downtown.",
-    "The river is calm in the morning.",
-    "Tickets sold out in an hour.",
-    "The bridge was painted green.",
-    "Owls hunt at night.",
-    "The museum has a new exhibit.",
-    "Snow fell in the mountains.",
-)
 CODES = (48213, 10957, 73640, 29381, 55502, 86124, 31079, 64458,
          27816, 93052, 15764, 60397, 82145, 39620, 71483, 26908)  # fmt: skip
 COUNTING = "Count from 1 to 10000, separated by commas."
@@ -73,11 +60,6 @@ def single_server() -> Iterator[LiveServer]:
     server = LiveServer(*COMMON_FLAGS, "-np", "1", "-c", str(SINGLE_CONTEXT), "--max-queue", "1")
     yield server
     assert server.stop() == 0, server.stderr()
-
-
-def filler(num_sentences: int, start: int = 0) -> str:
-    """Neutral sentences, cycling through `SENTENCES` from `start`."""
-    return " ".join(SENTENCES[(start + i) % len(SENTENCES)] for i in range(num_sentences))
 
 
 def user(content: str) -> list[dict]:
