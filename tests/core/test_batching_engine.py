@@ -89,8 +89,10 @@ def make_config(**kwargs) -> EngineConfig:
 
 
 @contextmanager
-def running_engine(model: LanguageModel, config: EngineConfig) -> Iterator[Engine]:
-    engine = Engine(model, config)
+def running_engine(
+    model: LanguageModel, config: EngineConfig, draft_model: LanguageModel | None = None
+) -> Iterator[Engine]:
+    engine = Engine(model, config, draft_model=draft_model)
     try:
         yield engine
     finally:

@@ -8,24 +8,23 @@ one-layer copy of it (few drafts pass) and prompt lookup, against plain decoding
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from test_batching_engine import (
     GREEDY,
-    TIMEOUT,
+    generate_all,
     generate_alone,
     make_config,
     make_prompts,
     make_request,
+    running_engine,
     token_ids,
 )
-from test_engine import drain
 
-from mlxcel_core.engine import Engine, EngineConfig, EngineOutput, EngineRequest, OutputQueue
+from mlxcel_core.engine import Engine, EngineConfig, EngineOutput, EngineRequest
 from mlxcel_core.generate import GenerationConfig, LanguageModel
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import (
@@ -167,24 +166,6 @@ def speculative_config(method=SpeculativeMethod.DRAFT_MODEL, **kwargs) -> Engine
     return make_config(speculative=spec)
 
 
-@contextmanager
-def speculating_engine(
-    model: LanguageModel, config: EngineConfig, draft: LanguageModel | None
-) -> Iterator[Engine]:
-    engine = Engine(model, config, draft_model=draft)
-    try:
-        yield engine
-    finally:
-        engine.shutdown(timeout=TIMEOUT)
-
-
-def run_all(engine: Engine, requests: Sequence[EngineRequest]) -> list[list[EngineOutput]]:
-    sink = OutputQueue()
-    engine.submit(requests, sink)
-    outputs = drain(sink, len(requests))
-    return [[o for o in outputs if o.index == i] for i in range(len(requests))]
-
-
 def plain_tokens(model, prompt, sampling=GREEDY, generation=LONG_GENERATION) -> list[int]:
     return token_ids(generate_alone(model, prompt, sampling=sampling, generation=generation))
 
@@ -208,8 +189,8 @@ def test_greedy_output_is_the_same_with_every_drafter(model, shallow_draft, draf
     draft = {"self": model, "shallow": shallow_draft, "prompt_lookup": None}[draft_kind]
     method = SpeculativeMethod.PROMPT_LOOKUP if draft is None else SpeculativeMethod.DRAFT_MODEL
     expected = [plain_tokens(model, r.prompt_ids) for r in long_requests()]
-    with speculating_engine(model, speculative_config(method), draft) as engine:
-        outputs = run_all(engine, long_requests())
+    with running_engine(model, speculative_config(method), draft) as engine:
+        outputs = generate_all(engine, long_requests())
         stats = engine.stats
     assert [token_ids(o) for o in outputs] == expected
     assert all(len(ids) == 24 for ids in expected)  # the token budget holds with drafts
@@ -221,8 +202,8 @@ def test_greedy_output_is_the_same_with_every_drafter(model, shallow_draft, draf
 
 
 def test_drafts_verify_several_tokens_per_forward_pass(model):
-    with speculating_engine(model, speculative_config(), model) as engine:
-        (outputs,) = run_all(engine, long_requests()[:1])
+    with running_engine(model, speculative_config(), model) as engine:
+        (outputs,) = generate_all(engine, long_requests()[:1])
     stats = outputs[-1].stats
     # 24 tokens: the first from prefill; the others arrive up to 5 per verify step.
     assert stats.draft_tokens >= 16 and stats.accepted_draft_tokens >= 16
@@ -242,8 +223,8 @@ def test_penalties_apply_to_verification_as_to_decoding(model, shallow_draft, sa
     unpenalised = [plain_tokens(model, r.prompt_ids) for r in requests]
     assert expected != unpenalised
     for draft in (model, shallow_draft):
-        with speculating_engine(model, speculative_config(), draft) as engine:
-            outputs = run_all(engine, requests)
+        with running_engine(model, speculative_config(), draft) as engine:
+            outputs = generate_all(engine, requests)
         assert [token_ids(o) for o in outputs] == expected
 
 
@@ -253,8 +234,8 @@ def test_a_logit_bias_ban_holds_with_drafts(model):
     sampling = SamplingParams(temperature=0.0, logit_bias={banned: -float("inf")})
     expected = plain_tokens(model, prompt, sampling)
     assert banned not in expected and expected != plain_tokens(model, prompt)
-    with speculating_engine(model, speculative_config(), model) as engine:
-        (outputs,) = run_all(engine, [make_request(prompt, sampling=sampling,
+    with running_engine(model, speculative_config(), model) as engine:
+        (outputs,) = generate_all(engine, [make_request(prompt, sampling=sampling,
                                                    generation=LONG_GENERATION)])  # fmt: skip
     assert token_ids(outputs) == expected
 
@@ -265,8 +246,8 @@ def test_seeded_sampling_with_drafts_is_reproducible(model, shallow_draft, rule)
     runs = []
     for _ in range(2):
         config = speculative_config(acceptance=rule)
-        with speculating_engine(model, config, shallow_draft) as engine:
-            runs.append([token_ids(o) for o in run_all(engine, long_requests(sampling))])
+        with running_engine(model, config, shallow_draft) as engine:
+            runs.append([token_ids(o) for o in generate_all(engine, long_requests(sampling))])
     assert runs[0] == runs[1]
     assert len({tuple(ids) for ids in runs[0]}) > 1
 
@@ -274,19 +255,17 @@ def test_seeded_sampling_with_drafts_is_reproducible(model, shallow_draft, rule)
 def test_preemption_keeps_greedy_outputs_with_drafts(model):
     expected = [plain_tokens(model, r.prompt_ids) for r in long_requests()]
     spec = SpeculativeConfig(num_draft_tokens=4, draft_p_min=0.0)
-    with speculating_engine(
-        model, make_config(num_kv_blocks=14, speculative=spec), model
-    ) as engine:
-        outputs = run_all(engine, long_requests())
+    with running_engine(model, make_config(num_kv_blocks=14, speculative=spec), model) as engine:
+        outputs = generate_all(engine, long_requests())
         assert engine.stats.num_preemptions > 0
     assert [token_ids(o) for o in outputs] == expected
 
 
 def test_prefix_hits_keep_greedy_outputs_and_draft_kv(model):
     request = make_request(make_prompts()[2], generation=LONG_GENERATION)
-    with speculating_engine(model, speculative_config(), model) as engine:
-        (first,) = run_all(engine, [request])
-        (second,) = run_all(engine, [request])
+    with running_engine(model, speculative_config(), model) as engine:
+        (first,) = generate_all(engine, [request])
+        (second,) = generate_all(engine, [request])
     assert second[-1].stats.cached_tokens > 0
     assert token_ids(second) == token_ids(first) == plain_tokens(model, request.prompt_ids)
     # The draft model's KV of the cached blocks came with them: it still drafts right.
@@ -313,11 +292,11 @@ class EvenTokens:
 
 def test_constraints_mask_every_verified_position(model):
     prompt = make_prompts()[3]
-    with speculating_engine(model, make_config(), None) as engine:
-        (plain,) = run_all(engine, [_constrained(prompt, EvenTokens())])
+    with running_engine(model, make_config(), None) as engine:
+        (plain,) = generate_all(engine, [_constrained(prompt, EvenTokens())])
     constraint = EvenTokens()
-    with speculating_engine(model, speculative_config(), model) as engine:
-        (drafted,) = run_all(engine, [_constrained(prompt, constraint)])
+    with running_engine(model, speculative_config(), model) as engine:
+        (drafted,) = generate_all(engine, [_constrained(prompt, constraint)])
     assert token_ids(drafted) == token_ids(plain)
     assert all(t % 2 == 0 for t in token_ids(drafted))
     assert constraint.seen == token_ids(drafted)
@@ -364,11 +343,11 @@ def test_drafts_compose_with_a_quantized_kv_cache(model):
     """Verification reads the target's KV through the same codec as plain decoding does, so
     greedy text with drafts equals greedy text without them on a turbo4 cache."""
     quantized = {"cache_type_k": "turbo4", "cache_type_v": "turbo4"}
-    with speculating_engine(model, make_config(**quantized), None) as engine:
-        plain = [token_ids(o) for o in run_all(engine, long_requests())]
+    with running_engine(model, make_config(**quantized), None) as engine:
+        plain = [token_ids(o) for o in generate_all(engine, long_requests())]
     spec = SpeculativeConfig(num_draft_tokens=4, draft_p_min=0.0)
-    with speculating_engine(model, make_config(speculative=spec, **quantized), model) as engine:
-        drafted = run_all(engine, long_requests())
+    with running_engine(model, make_config(speculative=spec, **quantized), model) as engine:
+        drafted = generate_all(engine, long_requests())
     assert [token_ids(o) for o in drafted] == plain
     assert plain != [plain_tokens(model, r.prompt_ids) for r in long_requests()]
     assert acceptance(drafted) > 0.5

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from mlxcel.engine_flags import open_engine
 from mlxcel.flags import InputError, RunError
-from mlxcel_core.engine import EngineOutput, EngineRequest, OutputQueue
+from mlxcel_core.engine import EngineConfig, EngineOutput, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
@@ -37,6 +37,7 @@ def read_prompts(text: str, path: str) -> list[str]:
 def run_batch(
     args: argparse.Namespace,
     loaded: LoadedModel,
+    engine_config: EngineConfig,
     prompts: list[str],
     token_ids: list[list[int]],
     params: SamplingParams,
@@ -48,8 +49,8 @@ def run_batch(
     Raises:
         InputError: a prompt does not fit the context.
         RunError: the KV cache cannot hold one sequence of the context size.
-        UsageError: an engine flag is out of range, or a KV cache type cannot store this
-            model's head dim.
+        UsageError: a KV cache type cannot store this model's head dim, or the draft model
+            does not fit the model.
     """
     tokenizer = loaded.tokenizer
     context_size = args.ctx_size or loaded.config.context_length
@@ -65,7 +66,7 @@ def run_batch(
     )
     breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
     start = time.perf_counter()
-    engine = open_engine(args, loaded, context_size=context_size, max_waiting=len(prompts))
+    engine = open_engine(args, loaded, engine_config, context_size=context_size)
     try:
         sink = OutputQueue()
         engine.submit(

@@ -39,22 +39,18 @@ ENGINE_FLAGS = (
 
 
 def open_engine(
-    args: argparse.Namespace,
-    loaded: LoadedModel,
-    *,
-    context_size: int,
-    max_waiting: int,
+    args: argparse.Namespace, loaded: LoadedModel, config: EngineConfig, *, context_size: int
 ) -> Engine:
-    """Start an engine on `loaded` (with its unfused adapters) as the flags say, loading
-    the draft model `-md` names.
+    """Start an engine on `loaded` (with its unfused adapters) with `config` (from
+    `engine_config_from`) and `context_size`, loading the draft model `-md` names.
 
     Raises:
-        UsageError: a flag is out of range, the draft model's vocabulary differs, or a KV
-            cache type cannot store the model's head dim.
+        UsageError: the draft model's vocabulary differs, or a KV cache type cannot store
+            the model's head dim.
         ModelLoadError: the draft model cannot be loaded.
         RunError: the KV cache cannot hold one sequence of the context size.
     """
-    config = replace(engine_config_from(args, max_waiting=max_waiting), context_size=context_size)
+    config = replace(config, context_size=context_size)
     draft = load_draft_model(args, loaded)
     draft_model = None if draft is None else draft.model
     try:

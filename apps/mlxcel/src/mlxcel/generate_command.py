@@ -31,7 +31,7 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_for_command
 from mlxcel.speculative_flags import check_draft_model_path
-from mlxcel_core.engine import EngineRequest, OutputQueue
+from mlxcel_core.engine import EngineConfig, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig, GenerationStats
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
     adapters = adapter_specs_from(args)
     # Engine and draft flags are checked before the model loads, not after.
-    engine_config_from(args, max_waiting=1)
+    engine_config = engine_config_from(args, max_waiting=len(prompts))
     check_draft_model_path(args)
     loaded = load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
@@ -181,14 +181,15 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
             where = "" if args.prompts_file is None else f" on line {line}"
             raise InputError(f"the prompt{where} is empty: it encodes to no tokens")
     if args.prompts_file is not None:
-        return run_batch(args, loaded, prompts, token_ids, params, out, err)
+        return run_batch(args, loaded, engine_config, prompts, token_ids, params, out, err)
     (tokens,) = token_ids
-    return _generate_one(args, loaded, tokens, params, out, err)
+    return _generate_one(args, loaded, engine_config, tokens, params, out, err)
 
 
 def _generate_one(
     args: argparse.Namespace,
     loaded: LoadedModel,
+    engine_config: EngineConfig,
     tokens: list[int],
     params: SamplingParams,
     out: TextIO,
@@ -218,7 +219,7 @@ def _generate_one(
         detokenizer=tokenizer.make_detokenizer(),
         dry_breaker_ids=tokenizer.token_ids_containing(params.dry_sequence_breakers),
     )
-    engine = open_engine(args, loaded, context_size=context_size, max_waiting=1)
+    engine = open_engine(args, loaded, engine_config, context_size=context_size)
     try:
         sink = OutputQueue()
         engine.submit([request], sink)
