@@ -14,6 +14,7 @@ ALLOWED = {
     "packages/mlxcel-core": {"mlx", "numpy", "mlxcel_core"},
     "packages/mlxcel-models": {
         "mlx", "numpy", "mlx_lm", "tokenizers", "transformers", "jinja2", "safetensors",
+        "huggingface_hub", "yaml", "psutil",
         "mlxcel_core", "mlxcel_models",
     },
     "packages/mlxcel-vision": _MLX | {"PIL", "mlxcel_vision"},
