@@ -1,0 +1,182 @@
+"""Batched decode throughput: mlxcel's continuous-batching engine against mlx-lm's batch_generate.
+
+For each concurrency N, N requests with distinct random prompts of `--prompt-tokens` tokens
+each generate `--gen-tokens` tokens, greedy, with no stop token (as llama-bench does), all
+submitted at once. Both implementations run the same weights; the model is loaded once by
+each, one after the other.
+
+Reported per N and implementation:
+- decode tok/s: tokens sampled after each request's first token, over the time from the
+  moment every request had its first token to the last token. For mlx-lm this is its own
+  `BatchStats.generation_tps` (generation tokens over generation time), which counts the
+  same phase.
+- total tok/s: every generated token over the whole run, prefill included.
+
+    python benchmarks/batched_decode.py /tmp/llama-1b --concurrency 1,8,32,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import batch_generate
+from mlx_lm.utils import load as mlx_lm_load
+
+from mlxcel_core.engine import (
+    Engine,
+    EngineConfig,
+    EngineOutput,
+    EngineRequest,
+    OutputQueue,
+    SchedulerConfig,
+)
+from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.sampling import SamplingParams
+from mlxcel_models.loading.loader import load_model
+
+OUTPUT_TIMEOUT_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class Run:
+    """One implementation at one concurrency.
+
+    Attributes:
+        decode_tps: decode tokens per second (see the module docstring).
+        total_tps: generated tokens per second over the whole run.
+    """
+
+    decode_tps: float
+    total_tps: float
+
+
+def random_prompts(count: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """`count` prompts of `length` token ids drawn uniformly, none sharing a first block."""
+    generator = np.random.default_rng(seed)
+    return generator.integers(1, vocab_size, size=(count, length)).tolist()
+
+
+def run_mlxcel(loaded, prompts: Sequence[Sequence[int]], gen_tokens: int) -> Run:
+    """Every prompt through one engine with `len(prompts)` slots; greedy, no stop token."""
+    context = len(prompts[0]) + gen_tokens + 1
+    engine = Engine(
+        loaded.model,
+        EngineConfig(
+            scheduler=SchedulerConfig(
+                max_num_seqs=len(prompts),
+                max_num_batched_tokens=max(2048, len(prompts)),
+                max_prefill_chunk=512,
+            ),
+            context_size=context,
+            enable_prefix_caching=False,
+        ),
+    )
+    generation = GenerationConfig(context_size=context, max_tokens=gen_tokens)
+    try:
+        sink = OutputQueue()
+        start = time.perf_counter()
+        engine.submit(
+            [
+                EngineRequest(
+                    prompt_ids=tuple(prompt),
+                    sampling=SamplingParams(temperature=0.0),
+                    generation=generation,
+                    detokenizer=loaded.tokenizer.make_detokenizer(),
+                    index=index,
+                )
+                for index, prompt in enumerate(prompts)
+            ],
+            sink,
+        )
+        first_token_at: dict[int, float] = {}
+        tokens = 0
+        finished = 0
+        while finished < len(prompts):
+            output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
+            if output.error is not None:
+                raise RuntimeError(f"request {output.index} failed: {output.error}")
+            if output.token_id is not None:
+                tokens += 1
+                first_token_at.setdefault(output.index, time.perf_counter())
+            if output.finish_reason is not None:
+                finished += 1
+        end = time.perf_counter()
+    finally:
+        engine.shutdown()
+    decode_start = max(first_token_at.values())
+    decode_tokens = tokens - len(prompts)
+    return Run(decode_tokens / (end - decode_start), tokens / (end - start))
+
+
+def run_mlx_lm(model, tokenizer, prompts: Sequence[Sequence[int]], gen_tokens: int) -> Run:
+    """Every prompt through mlx-lm's `batch_generate`, all in one completion batch."""
+    start = time.perf_counter()
+    response = batch_generate(
+        model,
+        tokenizer,
+        [list(prompt) for prompt in prompts],
+        max_tokens=gen_tokens,
+        completion_batch_size=len(prompts),
+        prefill_batch_size=min(len(prompts), 8),
+    )
+    seconds = time.perf_counter() - start
+    return Run(response.stats.generation_tps, response.stats.generation_tokens / seconds)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="an mlx-lm / Hugging Face safetensors folder")
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--skip-mlx-lm", action="store_true")
+    args = parser.parse_args(argv)
+    levels = [int(level) for level in args.concurrency.split(",")]
+
+    results: dict[tuple[str, int], Run] = {}
+    loaded = load_model(args.model)
+    vocab_size = loaded.tokenizer.vocab_size
+    # The first run of each implementation compiles kernels; it is not reported.
+    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)
+    for level in levels:
+        prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
+        results["mlxcel", level] = run_mlxcel(loaded, prompts, args.gen_tokens)
+        print(f"mlxcel N={level}: {results['mlxcel', level]}", flush=True)
+    del loaded
+    gc.collect()
+    mx.clear_cache()
+
+    if not args.skip_mlx_lm:
+        model, tokenizer = mlx_lm_load(args.model)
+        run_mlx_lm(model, tokenizer, random_prompts(2, args.prompt_tokens, vocab_size), 8)
+        for level in levels:
+            prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
+            results["mlx-lm", level] = run_mlx_lm(model, tokenizer, prompts, args.gen_tokens)
+            print(f"mlx-lm N={level}: {results['mlx-lm', level]}", flush=True)
+
+    print(
+        "| N | mlxcel decode tok/s | mlx-lm decode tok/s | ratio | mlxcel total tok/s |"
+        " mlx-lm total tok/s | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for level in levels:
+        ours = results["mlxcel", level]
+        theirs = results.get(("mlx-lm", level))
+        if theirs is None:
+            print(f"| {level} | {ours.decode_tps:,.1f} | | | {ours.total_tps:,.1f} | | |")
+            continue
+        print(
+            f"| {level} | {ours.decode_tps:,.1f} | {theirs.decode_tps:,.1f} | "
+            f"{ours.decode_tps / theirs.decode_tps:.2f}x | {ours.total_tps:,.1f} | "
+            f"{theirs.total_tps:,.1f} | {ours.total_tps / theirs.total_tps:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()
