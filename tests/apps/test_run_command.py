@@ -275,6 +275,20 @@ def test_model_argument_and_model_flag(monkeypatch, tiny_gguf, tmp_path):
     assert_one_line_error(code, err, 1, "model not found")
 
 
+def test_a_message_with_undecodable_bytes_is_not_sent(monkeypatch, tiny_gguf):
+    code, out, err = run_piped(monkeypatch, str(tiny_gguf), "-n", "1", stdin="\udcff\nhi\n")
+    assert code == 0
+    assert "the message is not valid UTF-8 text" in err and "it was not sent" in err
+    assert out.count("\n") == 1
+
+
+def test_a_message_the_template_cannot_render_is_not_sent(monkeypatch, tiny_gguf):
+    argv = (str(tiny_gguf), "--chat-template", "{{ 1 / 0 }}")
+    code, out, err = run_piped(monkeypatch, *argv, stdin="hi\n/exit\n")
+    assert code == 0 and out == ""
+    assert "the chat template cannot render these messages" in err and "not sent" in err
+
+
 def test_input_that_is_not_utf8_is_one_line(monkeypatch, tiny_gguf):
     stdin = io.TextIOWrapper(io.BytesIO(b"\xff\xfe hello\n"), encoding="utf-8")
     monkeypatch.setattr(sys, "stdin", stdin)
@@ -289,6 +303,7 @@ def test_input_that_is_not_utf8_is_one_line(monkeypatch, tiny_gguf):
         (("--top-p", "1.5"), 2, "--top-p: top_p must be"),
         (("--chat-template", "nonsense"), 2, "chatml"),
         (("-p", "\udcff"), 1, "not valid UTF-8"),
+        (("-p", "hi", "--chat-template", "{{ 1 / 0 }}"), 1, "chat template cannot render"),
     ],
 )
 def test_bad_flags_get_one_line(monkeypatch, tiny_gguf, argv, code, message):

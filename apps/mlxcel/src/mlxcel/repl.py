@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from mlxcel.chat_prompt import check_text
 from mlxcel.chat_session import ChatSession, ConversationTooLongError
+from mlxcel.flags import InputError
 from mlxcel.repl_input import LineReader, read_entry
 
 HELP = '''\
@@ -29,8 +31,10 @@ def run_repl(session: ChatSession, reader: LineReader, out: TextIO, err: TextIO)
     Returns:
         The exit code, 0.
 
+    A message the chat template cannot render, or one past the context, gets a notice
+    and is not sent.
+
     Raises:
-        InputError: the chat template cannot render the conversation.
         RunError: generation failed.
     """
     while True:
@@ -58,13 +62,18 @@ def run_repl(session: ChatSession, reader: LineReader, out: TextIO, err: TextIO)
 
 
 def _answer(session: ChatSession, message: str, out: TextIO, err: TextIO) -> None:
-    if not _is_utf8(message):
-        print("the message is not valid UTF-8 text; it was not sent", file=err)
-        return
     try:
+        check_text(message, "message")
         result = session.send(message, lambda text: show_reply_text(out, text))
+    except InputError as error:
+        print(f"{error}; it was not sent", file=err)
+        return
     except ConversationTooLongError as error:
         print(f"{error}; {CONTEXT_ADVICE}", file=err)
+        return
+    except KeyboardInterrupt:
+        # A Ctrl-C while the conversation renders, before the reply streams: nothing sent.
+        show_reply_text(out, "\n")
         return
     show_reply_text(out, "\n")
     if result.filled_context:
@@ -75,12 +84,3 @@ def show_reply_text(out: TextIO, text: str) -> None:
     """Show a piece of a reply at once."""
     out.write(text)
     out.flush()
-
-
-def _is_utf8(text: str) -> bool:
-    """False for text holding lone surrogates (undecodable bytes of the input)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
