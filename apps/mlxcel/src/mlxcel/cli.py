@@ -18,6 +18,7 @@ from mlxcel_models.errors import ModelLoadError
 # (the server stack for `serve`, mlx-lm's generator for `bench`), load only when it runs.
 COMMANDS = {
     "generate": ("mlxcel.generate_command", "generate text for one prompt"),
+    "run": ("mlxcel.run_command", "chat with a model in the terminal"),
     "bench": ("mlxcel.bench_command", "measure prompt and generation speed"),
     "serve": ("mlxcel.serve_command", "serve the OpenAI-compatible HTTP API"),
 }

@@ -98,6 +98,14 @@ CTX_SIZE_FLAG = Flag(
     "context size in tokens; 0 = the model's trained context",
     env="LLAMA_ARG_CTX_SIZE",
 )
+N_PREDICT_FLAG = Flag(
+    ("-n", "--n-predict"),
+    "n_predict",
+    int,
+    -1,
+    "tokens to generate; -1 = until the context is full",
+    env="LLAMA_ARG_N_PREDICT",
+)
 BATCH_SIZE_FLAG = Flag(
     ("-b", "--batch-size"),
     "batch_size",

@@ -1,0 +1,86 @@
+"""The chat loop of `mlxcel run`: entries in, replies out.
+
+Replies go to `out` and nothing else does, so `mlxcel run < questions.txt > answers.txt`
+collects the replies alone; notices (help, a cleared conversation, a full context, the
+Ctrl-C hint) go to `err`.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from mlxcel.chat_prompt import check_text
+from mlxcel.chat_session import ChatSession, ConversationTooLongError
+from mlxcel.flags import InputError
+from mlxcel.repl_input import LineReader, read_entry
+
+HELP = '''\
+/clear       forget the conversation (the system prompt stays)
+/exit, /bye  leave (Ctrl-D too)
+/help        this list
+"""          on a line's start opens a multi-line message, at a line's end closes it
+\\            at a line's end continues the message on the next line
+Ctrl-C       stops the reply; the part already shown stays in the conversation'''
+EXIT_COMMANDS = ("/exit", "/bye")
+CONTEXT_ADVICE = "/clear to start over, or raise -c/--ctx-size"
+
+
+def run_repl(session: ChatSession, reader: LineReader, out: TextIO, err: TextIO) -> int:
+    """Answer each message `reader` gives until `/exit`, `/bye` or the end of input.
+
+    Returns:
+        The exit code, 0.
+
+    A message the chat template cannot render, or one past the context, gets a notice
+    and is not sent.
+
+    Raises:
+        RunError: generation failed.
+    """
+    while True:
+        try:
+            entry = read_entry(reader)
+        except EOFError:
+            return 0
+        except KeyboardInterrupt:
+            print("\nuse /exit or Ctrl-D to leave", file=err)
+            continue
+        if not entry.is_command:
+            if entry.text.strip():
+                _answer(session, entry.text, out, err)
+            continue
+        command = entry.text.strip()
+        if command in EXIT_COMMANDS:
+            return 0
+        if command == "/clear":
+            session.clear()
+            print("the conversation is cleared", file=err)
+        elif command == "/help":
+            print(HELP, file=err)
+        else:
+            print(f"unknown command {command}; /help lists the commands", file=err)
+
+
+def _answer(session: ChatSession, message: str, out: TextIO, err: TextIO) -> None:
+    try:
+        check_text(message, "message")
+        result = session.send(message, lambda text: show_reply_text(out, text))
+    except InputError as error:
+        print(f"{error}; it was not sent", file=err)
+        return
+    except ConversationTooLongError as error:
+        print(f"{error}; {CONTEXT_ADVICE}", file=err)
+        return
+    except KeyboardInterrupt:
+        # A Ctrl-C while the conversation renders, before the reply streams: nothing sent.
+        show_reply_text(out, "\n")
+        return
+    show_reply_text(out, "\n")
+    if result.filled_context:
+        print(f"the reply stopped at the end of the context; {CONTEXT_ADVICE}", file=err)
+
+
+def show_reply_text(out: TextIO, text: str) -> None:
+    """Show a piece of a reply at once."""
+    out.write(text)
+    out.flush()

@@ -1,0 +1,140 @@
+"""`mlxcel run [MODEL]`: chat with a model in the terminal; with -p, answer once and exit.
+
+Every turn re-renders the conversation with the chat template; the engine's prefix cache
+makes the part already seen cheap. Without a terminal, each line of the input is a message
+and only the replies are written to stdout. See docs/run.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
+from mlxcel.chat_prompt import (
+    CHAT_FLAGS,
+    chat_template_from,
+    check_chat_template,
+    check_text,
+    encode_conversation,
+    system_messages,
+)
+from mlxcel.chat_session import ChatSession, ChatSettings
+from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from, open_engine
+from mlxcel.flags import (
+    BATCH_SIZE_FLAG,
+    CTX_SIZE_FLAG,
+    MODEL_FLAG,
+    N_PREDICT_FLAG,
+    SAMPLING_FLAGS,
+    Flag,
+    InputError,
+    UsageError,
+    add_flags,
+    resolve_defaults,
+    sampling_params_from,
+)
+from mlxcel.generate_command import check_length_flags, generate_one
+from mlxcel.loading import load_for_command
+from mlxcel.repl import run_repl
+from mlxcel.repl_input import PipedReader, TerminalReader, terminal_history
+from mlxcel.speculative_flags import check_draft_model_path
+
+CACHE_DIR_VARIABLE = "MLXCEL_CACHE_DIR"
+HISTORY_FILE_NAME = "run_history"
+
+FLAGS = (
+    MODEL_FLAG,
+    CTX_SIZE_FLAG,
+    BATCH_SIZE_FLAG,
+    Flag(("-p", "--prompt"), "prompt", str, None,
+         "answer this prompt once, as `generate` does, and exit"),
+    N_PREDICT_FLAG,
+    *CHAT_FLAGS,
+    *ENGINE_FLAGS,
+    *ADAPTER_FLAGS,
+    *SAMPLING_FLAGS,
+)  # fmt: skip
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", description=__doc__)
+    parser.add_argument(
+        "model_argument",
+        nargs="?",
+        metavar="MODEL",
+        help="a GGUF file or a safetensors folder, as -m (default: embedded SmolLM2-135M)",
+    )
+    add_flags(parser, FLAGS)
+    parser.set_defaults(command=run)
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    resolve_defaults(args, FLAGS, environ)
+    model = _model_from(args)
+    params = sampling_params_from(args)
+    check_length_flags(args)
+    adapters = adapter_specs_from(args)
+    # Engine and draft flags are checked before the model loads, not after.
+    engine_config = engine_config_from(args, max_waiting=1)
+    check_draft_model_path(args)
+    template = chat_template_from(args)
+    system = system_messages(args)
+    prompt = None if args.prompt is None else check_text(args.prompt, "prompt")
+    loaded = load_for_command(model, adapters=adapters, fuse_adapters=args.lora_fuse)
+    check_chat_template(loaded.tokenizer, template)
+    if prompt is not None:
+        messages = [*system, {"role": "user", "content": prompt}]
+        tokens = encode_conversation(loaded.tokenizer, messages, template)
+        return generate_one(args, loaded, engine_config, tokens, params, out, err)
+    context_size = args.ctx_size or loaded.config.context_length
+    settings = ChatSettings(
+        params=params,
+        context_size=context_size,
+        max_tokens=args.n_predict,
+        chat_template=template,
+        system_messages=tuple(system),
+    )
+    engine = open_engine(args, loaded, engine_config, context_size=context_size)
+    try:
+        session = ChatSession(engine, loaded.tokenizer, settings)
+        return _chat(session, environ, out, err)
+    finally:
+        engine.shutdown()
+
+
+def _chat(session: ChatSession, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    """The chat loop on a terminal when stdin and `out` are one, else on piped lines."""
+    try:
+        if not (sys.stdin.isatty() and out.isatty()):
+            return run_repl(session, PipedReader(sys.stdin), out, err)
+        with terminal_history(history_path(environ)):
+            return run_repl(session, TerminalReader(), out, err)
+    except UnicodeDecodeError as error:
+        raise InputError(f"the input is not valid UTF-8 text ({error.reason})") from error
+
+
+def _model_from(args: argparse.Namespace) -> str | None:
+    """The model MODEL or -m names (-m from the environment yields to MODEL).
+
+    Raises:
+        UsageError: MODEL and -m on the command line name different models.
+    """
+    if args.model_argument is None:
+        return args.model
+    if "model" in args.from_command_line and args.model != args.model_argument:
+        raise UsageError(
+            f"two models given: MODEL {args.model_argument!r} and -m {args.model!r}; "
+            "give one of them"
+        )
+    return args.model_argument
+
+
+def history_path(environ: Mapping[str, str]) -> Path:
+    """Where the typed lines are kept between sessions:
+    `${MLXCEL_CACHE_DIR:-~/.cache/mlxcel}/run_history`."""
+    cache_dir = environ.get(CACHE_DIR_VARIABLE) or "~/.cache/mlxcel"
+    return Path(cache_dir).expanduser() / HISTORY_FILE_NAME
