@@ -76,9 +76,12 @@ def test_revision_is_passed_through(hub, environ, tiny_safetensors):
     assert not any(r.path.endswith("/revision/main") for r in hub.requests)
 
 
-def test_revision_without_an_id_is_a_usage_error(tiny_gguf, environ):
-    code, _, err = generate("-m", str(tiny_gguf), "--revision", "v1", environ=environ)
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_revision_without_an_id_is_a_usage_error(tiny_gguf, environ, command):
+    code, _, err = run_cli(command, "-m", str(tiny_gguf), "--revision", "v1", environ=environ)
     assert_one_line_error(code, err, 2, "--revision applies to a Hugging Face id")
+    code, _, err = run_cli(command, "--revision", "v1", environ=environ)
+    assert_one_line_error(code, err, 2, "not to the default model")
 
 
 def test_offline_without_the_model_fails_naming_it(hub, environ):

@@ -45,8 +45,9 @@ def store_config_from(models_dir: str | None, environ: Mapping[str, str]) -> Sto
     Raises:
         UsageError: `MLXCEL_DEFAULT_ORG` is not one organisation name.
     """
+    mlxcel_cache = Path(environ.get("MLXCEL_CACHE_DIR") or "~/.cache/mlxcel").expanduser()
+    # huggingface_hub's own defaults (huggingface_hub.constants).
     cache_home = Path(environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
-    mlxcel_cache = Path(environ.get("MLXCEL_CACHE_DIR") or cache_home / "mlxcel").expanduser()
     hf_home = Path(environ.get("HF_HOME") or cache_home / "huggingface").expanduser()
     try:
         return StoreConfig(
