@@ -29,14 +29,6 @@ class ModelReference:
     repo_id: str
     quant: str | None = None
 
-    @property
-    def owner(self) -> str:
-        return self.repo_id.split("/")[0]
-
-    @property
-    def name(self) -> str:
-        return self.repo_id.split("/")[1]
-
     def __str__(self) -> str:
         return self.repo_id if self.quant is None else f"{self.repo_id}:{self.quant}"
 
