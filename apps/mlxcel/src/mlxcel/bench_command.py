@@ -30,6 +30,7 @@ from mlxcel.flags import (
     resolve_defaults,
 )
 from mlxcel.loading import load_for_command
+from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.compute import ComputeOptions
@@ -37,6 +38,7 @@ from mlxcel_models.loaded import LoadedModel
 
 BENCH_FLAGS = (
     MODEL_FLAG,
+    *STORE_FLAGS,
     BATCH_SIZE_FLAG,
     Flag(("-p", "--n-prompt"), "n_prompt", int, 512, "prompt tokens to prefill"),
     Flag(("-n", "--n-gen"), "n_gen", int, 128, "tokens to generate"),
@@ -142,6 +144,7 @@ def format_results(results: list[BenchResult], args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, BENCH_FLAGS, environ)
+    resolve_store_flags(args, environ)
     for name, value, low in (
         ("-p/--n-prompt", args.n_prompt, 1),
         ("-n/--n-gen", args.n_gen, 2),
@@ -152,14 +155,16 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
             raise UsageError(f"{name} must be >= {low}, got {value}")
     results = []
     if args.compare:
-        reference = load_for_command(args.model, compute=ComputeOptions())
+        reference = load_for_command(
+            args.model, store=args.model_store, revision=args.revision, compute=ComputeOptions()
+        )
         prompt = _random_prompt(reference, args.n_prompt)
         stream = _mlx_lm_stream(reference, args.batch_size, args.n_gen)
         results.append(measure("mlx-lm", stream, prompt, args))
         del reference, stream
         gc.collect()
         mx.clear_cache()
-    loaded = load_for_command(args.model)
+    loaded = load_for_command(args.model, store=args.model_store, revision=args.revision)
     prompt = _random_prompt(loaded, args.n_prompt)
     results.insert(0, measure("mlxcel", _mlxcel_stream(loaded, args.batch_size), prompt, args))
     print(format_results(results, args), file=out)

@@ -21,6 +21,9 @@ COMMANDS = {
     "run": ("mlxcel.run_command", "chat with a model in the terminal"),
     "bench": ("mlxcel.bench_command", "measure prompt and generation speed"),
     "serve": ("mlxcel.serve_command", "serve the OpenAI-compatible HTTP API"),
+    "list": ("mlxcel.list_command", "list the models in the store"),
+    "rm": ("mlxcel.rm_command", "delete a model from the store"),
+    "arch": ("mlxcel.arch_command", "list the supported architectures and their features"),
 }
 EXIT_USAGE = 2
 EXIT_FAILURE = 1

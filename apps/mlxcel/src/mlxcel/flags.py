@@ -88,7 +88,8 @@ MODEL_FLAG = Flag(
     "model",
     str,
     None,
-    "a GGUF file or a safetensors folder (default: embedded SmolLM2-135M)",
+    "a GGUF file, a safetensors folder or a Hugging Face id, owner/name[:QUANT] "
+    "(default: embedded SmolLM2-135M)",
 )
 CTX_SIZE_FLAG = Flag(
     ("-c", "--ctx-size"),

@@ -39,6 +39,7 @@ from mlxcel.flags import (
 from mlxcel.loading import load_for_command
 from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel.speculative_flags import check_draft_model_path
+from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel_core.engine import EngineConfig
 from mlxcel_core.generate import GenerationStats
 from mlxcel_core.sampling import SamplingParams
@@ -57,6 +58,7 @@ PROMPT_FLAGS = (
 )  # fmt: skip
 FLAGS = (
     MODEL_FLAG,
+    *STORE_FLAGS,
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     *PROMPT_FLAGS,
@@ -133,6 +135,7 @@ def check_length_flags(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
+    resolve_store_flags(args, environ)
     prompts = _read_prompts(args)
     params = sampling_params_from(args)
     check_length_flags(args)
@@ -140,7 +143,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=len(prompts))
     check_draft_model_path(args)
-    loaded = load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
+    loaded = load_for_command(
+        args.model,
+        store=args.model_store,
+        revision=args.revision,
+        adapters=adapters,
+        fuse_adapters=args.lora_fuse,
+    )
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):
         if not tokens:

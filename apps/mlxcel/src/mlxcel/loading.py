@@ -1,4 +1,5 @@
-"""Loading the model a command names, with a progress bar for slow loads."""
+"""Loading the model a command names (a path or a Hugging Face id, fetched into the model
+store first), with a progress bar for slow loads."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.lora import AdapterSpec, apply_adapters
+from mlxcel_models.store import StoreConfig, resolve_model
 
 PROGRESS_DELAY_SECONDS = 1.0
 
@@ -19,6 +21,8 @@ PROGRESS_DELAY_SECONDS = 1.0
 def load_for_command(
     model: str | None,
     *,
+    store: StoreConfig,
+    revision: str | None = None,
     compute: ComputeOptions | None = None,
     adapters: Sequence[AdapterSpec] = (),
     fuse_adapters: bool = False,
@@ -26,12 +30,15 @@ def load_for_command(
     """Load `model` (or the default model), showing progress on stderr after a second,
     then attach its LoRA `adapters` (fused into the weights with `fuse_adapters`).
 
-    `compute` is passed to `load_model` (None: the best for the device).
+    A Hugging Face id in `model` is resolved through `store` at `revision` first (found in
+    the store or the Hugging Face cache, else downloaded with huggingface_hub's progress
+    bars on stderr). `compute` is passed to `load_model` (None: the best for the device).
 
     Raises:
-        ModelLoadError: as `load_model` does; `AdapterLoadError` for a bad adapter.
+        ModelLoadError: as `load_model` does, or the id cannot be fetched;
+            `AdapterLoadError` for a bad adapter.
     """
-    path = default_model_path() if model is None else model
+    path = default_model_path() if model is None else resolve_model(model, store, revision=revision)
     with tqdm(
         desc="loading", unit="layer", delay=PROGRESS_DELAY_SECONDS, file=sys.stderr, leave=False
     ) as bar:

@@ -42,12 +42,14 @@ from mlxcel.loading import load_for_command
 from mlxcel.repl import run_repl
 from mlxcel.repl_input import PipedReader, TerminalReader, terminal_history
 from mlxcel.speculative_flags import check_draft_model_path
+from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 
 CACHE_DIR_VARIABLE = "MLXCEL_CACHE_DIR"
 HISTORY_FILE_NAME = "run_history"
 
 FLAGS = (
     MODEL_FLAG,
+    *STORE_FLAGS,
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     Flag(("-p", "--prompt"), "prompt", str, None,
@@ -74,7 +76,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
-    model = _model_from(args)
+    args.model = _model_from(args)
+    resolve_store_flags(args, environ)
     params = sampling_params_from(args)
     check_length_flags(args)
     adapters = adapter_specs_from(args)
@@ -84,7 +87,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     template = chat_template_from(args)
     system = system_messages(args)
     prompt = None if args.prompt is None else check_text(args.prompt, "prompt")
-    loaded = load_for_command(model, adapters=adapters, fuse_adapters=args.lora_fuse)
+    loaded = load_for_command(
+        args.model,
+        store=args.model_store,
+        revision=args.revision,
+        adapters=adapters,
+        fuse_adapters=args.lora_fuse,
+    )
     check_chat_template(loaded.tokenizer, template)
     if prompt is not None:
         messages = [*system, {"role": "user", "content": prompt}]

@@ -39,6 +39,7 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_for_command
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
+from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel_core.engine import Engine, InsufficientMemoryError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
@@ -79,6 +80,7 @@ SERVER_FLAGS = (
 )  # fmt: skip
 FLAGS = (
     MODEL_FLAG,
+    *STORE_FLAGS,
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     *ENGINE_FLAGS,
@@ -181,7 +183,13 @@ def _loader(args: argparse.Namespace) -> Callable[[], tuple[LoadedModel, LoadedM
 
     def load() -> tuple[LoadedModel, LoadedModel | None]:
         with thread_stream():
-            loaded = load_for_command(args.model, adapters=adapters, fuse_adapters=args.lora_fuse)
+            loaded = load_for_command(
+                args.model,
+                store=args.model_store,
+                revision=args.revision,
+                adapters=adapters,
+                fuse_adapters=args.lora_fuse,
+            )
             return loaded, load_draft_model(args, loaded)
 
     return load
@@ -248,6 +256,7 @@ async def serve_until_stopped(
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
+    resolve_store_flags(args, environ)
     settings = settings_from(args)
     load_models = _loader(args)
     state = ServerState()

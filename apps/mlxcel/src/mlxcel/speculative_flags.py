@@ -13,11 +13,12 @@ from mlxcel.flags import Flag, InputError, UsageError, flag_error
 from mlxcel.loading import load_for_command
 from mlxcel_core.speculative import AcceptanceRule, SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.loaded import LoadedModel
+from mlxcel_models.store import parse_model_reference
 
 SPECULATIVE_FLAGS = (
     Flag(("-md", "--model-draft"), "model_draft", str, None,
-         "draft model for speculative decoding (a GGUF file or a model folder sharing the "
-         "model's vocabulary)", env="LLAMA_ARG_MODEL_DRAFT"),
+         "draft model for speculative decoding sharing the model's vocabulary (a GGUF file, "
+         "a model folder or a Hugging Face id)", env="LLAMA_ARG_MODEL_DRAFT"),
     Flag(("--draft", "--draft-n", "--draft-max"), "draft_max", int, 16,
          "most draft tokens verified per step", env="LLAMA_ARG_DRAFT_MAX"),
     Flag(("--draft-n-min", "--draft-min"), "draft_min", int, 0,
@@ -77,17 +78,21 @@ def speculative_config_from(args: argparse.Namespace) -> SpeculativeConfig | Non
 
 
 def check_draft_model_path(args: argparse.Namespace) -> None:
-    """Fail before anything loads (or a server listens) when `-md` names no file or folder.
+    """Fail before anything loads (or a server listens) when `-md` names neither a file or
+    folder nor a Hugging Face id (`args.model_store` set by `resolve_store_flags`).
 
     Raises:
-        InputError: the path does not exist.
+        InputError: the path does not exist and is no id.
     """
-    if args.model_draft is not None and not Path(args.model_draft).exists():
+    if args.model_draft is None or Path(args.model_draft).expanduser().exists():
+        return
+    if parse_model_reference(args.model_draft, args.model_store.default_org) is None:
         raise InputError(f"draft model not found: {args.model_draft}")
 
 
 def load_draft_model(args: argparse.Namespace, loaded: LoadedModel) -> LoadedModel | None:
-    """The draft model `-md` names, checked against the model's vocabulary; None without.
+    """The draft model `-md` names (an id resolved through `args.model_store` at its
+    default revision), checked against the model's vocabulary; None without.
 
     Raises:
         ModelLoadError: it cannot be loaded.
@@ -95,7 +100,7 @@ def load_draft_model(args: argparse.Namespace, loaded: LoadedModel) -> LoadedMod
     """
     if args.model_draft is None:
         return None
-    draft = load_for_command(args.model_draft)
+    draft = load_for_command(args.model_draft, store=args.model_store)
     if draft.tokenizer.vocab_size != loaded.tokenizer.vocab_size:
         raise UsageError(
             f"the draft model {args.model_draft} has {draft.tokenizer.vocab_size} tokens but "

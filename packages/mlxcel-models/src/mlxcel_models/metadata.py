@@ -30,6 +30,8 @@ class FamilyMetadata:
         supports_adapters: LoRA adapters can be attached.
         gguf_rope_permuted: llama.cpp's converter permuted the Q/K rows of this family
             for its interleaved RoPE layout; the loader permutes them back.
+        supports_tensor_parallel: its layers can be sharded across devices.
+        supports_pipeline_parallel: its layers can be split into stages across devices.
     """
 
     model_type: str
@@ -37,6 +39,8 @@ class FamilyMetadata:
     formats: frozenset[WeightFormat]
     supports_adapters: bool
     gguf_rope_permuted: bool = False
+    supports_tensor_parallel: bool = False
+    supports_pipeline_parallel: bool = False
 
 
 _BOTH = frozenset(WeightFormat)

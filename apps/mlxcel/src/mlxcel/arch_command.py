@@ -1,0 +1,67 @@
+"""`mlxcel arch`: the model architectures mlxcel loads, and what each supports.
+
+Read from the models package's family metadata (`mlxcel_models.metadata.FAMILIES`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import TextIO
+
+from mlxcel.flags import Flag, add_command, resolve_defaults
+from mlxcel.tables import format_table
+from mlxcel_models.metadata import FAMILIES, FamilyMetadata, ModelKind
+
+FLAGS = (
+    Flag(("--json",), "json", bool, False, "print a JSON array of the architectures",
+         env="MLXCEL_JSON", is_switch=True),
+)  # fmt: skip
+# What a family of each kind takes in.
+INPUTS = {
+    ModelKind.TEXT: ("text",),
+    ModelKind.VLM: ("text", "vision"),
+    ModelKind.AUDIO: ("audio",),
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    add_command(subparsers, "arch", __doc__, FLAGS, run)
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    resolve_defaults(args, FLAGS, environ)
+    families = [FAMILIES[name] for name in sorted(FAMILIES)]
+    if args.json:
+        print(json.dumps([_as_json(family) for family in families], indent=2), file=out)
+        return 0
+    header = ("ARCHITECTURE", "INPUT", "FORMATS", "LORA", "TENSOR PARALLEL", "PIPELINE PARALLEL")
+    print(format_table(header, [_row(family) for family in families]), file=out)
+    return 0
+
+
+def _row(family: FamilyMetadata) -> tuple[str, ...]:
+    return (
+        family.model_type,
+        ", ".join(INPUTS[family.kind]),
+        ", ".join(sorted(family.formats)),
+        _yes_no(family.supports_adapters),
+        _yes_no(family.supports_tensor_parallel),
+        _yes_no(family.supports_pipeline_parallel),
+    )
+
+
+def _as_json(family: FamilyMetadata) -> dict[str, object]:
+    return {
+        "architecture": family.model_type,
+        "inputs": list(INPUTS[family.kind]),
+        "formats": sorted(family.formats),
+        "lora": family.supports_adapters,
+        "tensor_parallel": family.supports_tensor_parallel,
+        "pipeline_parallel": family.supports_pipeline_parallel,
+    }
+
+
+def _yes_no(supported: bool) -> str:
+    return "yes" if supported else "no"
