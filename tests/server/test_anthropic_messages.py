@@ -12,9 +12,11 @@ import pytest
 from test_chat_tools import TWO_CALLS, ScriptedEngine
 
 from mlxcel_core.engine import EngineOutput, EngineOverloadedError, RequestHandle
+from mlxcel_core.generate import FinishReason
 from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.anthropic_api.conversation import ERROR_RESULT_PREFIX
+from mlxcel_server.anthropic_api.stop_reason import Ending, EndingTracker
 
 from factories import HERMES_TEMPLATE
 
@@ -158,6 +160,28 @@ def test_stream_events_come_in_anthropic_order_and_match_the_unstreamed_reply(cl
     assert usage["cache_read_input_tokens"] > 0 == full_usage["cache_read_input_tokens"]
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] == full_usage["input_tokens"]
     assert usage["output_tokens"] == full_usage["output_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("stops", "finish_reason", "calls_tools", "ending"),
+    [
+        ((), FinishReason.STOP, False, Ending("end_turn")),
+        (("Tokyo",), FinishReason.STOP, False, Ending("end_turn")),
+        (("sunny", "is"), FinishReason.STOP, False, Ending("stop_sequence", "is")),
+        (("is", "Paris is"), FinishReason.STOP, False, Ending("stop_sequence", "Paris is")),
+        (("sunny",), FinishReason.LENGTH, False, Ending("max_tokens")),
+        (("sunny",), FinishReason.STOP, True, Ending("tool_use")),
+    ],
+)
+def test_ending_names_the_stop_sequence_met_first(
+    tiny_loaded, stops, finish_reason, calls_tools, ending
+):
+    tokenizer = tiny_loaded.tokenizer
+    tracker = EndingTracker(tokenizer, stops)
+    for token_id in tokenizer.encode("Paris is sunny", add_special_tokens=False):
+        tracker.add(EngineOutput(0, token_id=token_id))
+    tracker.add(EngineOutput(0, finish_reason=finish_reason))
+    assert tracker.ending(finish_reason, calls_tools=calls_tools) == ending
 
 
 @pytest.mark.parametrize(

@@ -31,11 +31,11 @@ def _first_stop_sequence(text: str, stop_sequences: Sequence[str]) -> str | None
 class EndingTracker:
     """Follows the tokens of one reply to tell, at its end, which stop sequence it met.
 
-    The engine reports only that a reply stopped (an end-of-turn token or a stop string,
-    which it cuts from the text); the sampled tokens tell which: a stopped reply whose last
-    token is no end-of-turn token met a stop string, and decoding its tokens finds the
-    first one, in the same order as the engine's stop matcher (earliest in the text, then
-    earliest in the request).
+    The engine reports only that a reply stopped (at an end-of-turn token or a stop string,
+    both left out of its outputs' text); the tokens it sampled tell which. The engine stops
+    at the first stop string the text holds, so a stopped reply met one exactly when its
+    decoded tokens hold one, and the one it met is the earliest in the text (at a tie, the
+    request's first).
 
     Args:
         tokenizer: the model's tokenizer.
@@ -63,8 +63,7 @@ class EndingTracker:
             return Ending("tool_use")
         if finish_reason is FinishReason.LENGTH:
             return Ending("max_tokens")
-        ended_turn = self._token_ids[-1:] and self._token_ids[-1] in self._tokenizer.eos_token_ids
-        if ended_turn or not self._stop_sequences:
+        if not self._stop_sequences:
             return Ending("end_turn")
         text = self._tokenizer.decode(self._token_ids)
         stop = _first_stop_sequence(text, self._stop_sequences)
