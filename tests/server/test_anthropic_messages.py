@@ -110,6 +110,17 @@ def test_count_tokens_is_the_rendered_prompt_length(client, tiny_loaded):
     assert client.post(COUNT, body).json() == {"input_tokens": expected}
 
 
+def test_cache_control_is_accepted_where_anthropic_allows_it(client):
+    ephemeral = {"type": "ephemeral"}
+    text = {"type": "text", "text": "hello", "cache_control": ephemeral}
+    cached = [{"role": "user", "content": [text]}]
+    system = [{"type": "text", "text": "Be brief.", "cache_control": {**ephemeral, "ttl": "1h"}}]
+    reply = create(client, messages=cached, system=system, cache_control=ephemeral, max_tokens=2)
+    assert reply.status == 200, reply.body
+    count = client.post(COUNT, {"model": "tiny", "messages": cached, "cache_control": ephemeral})
+    assert count.status == 200, count.body
+
+
 def test_stop_sequences_end_the_reply_and_are_named(client):
     story = [{"role": "user", "content": "Tell me a story"}]
     full = create(client, messages=story, max_tokens=12).json()["content"][0]["text"]

@@ -137,6 +137,7 @@ class PromptFields(_Strict):
     system: Annotated[list[TextBlock], Field(min_length=1)] | str | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    cache_control: CacheControl | None = None
 
     def system_text(self) -> str | None:
         """`system` as one string; text blocks are joined with newlines."""
