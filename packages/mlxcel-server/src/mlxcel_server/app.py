@@ -8,12 +8,18 @@ import logging
 from quart import Quart, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from mlxcel_server.anthropic_api.errors import (
+    anthropic_error_body,
+    anthropic_status,
+    is_anthropic_path,
+)
 from mlxcel_server.errors import ApiError
 from mlxcel_server.routes import (
     audio,
     chat,
     completions,
     lora,
+    messages,
     metrics,
     models,
     openapi,
@@ -31,8 +37,12 @@ _PUBLIC_PATHS = frozenset({"/health"})
 
 
 def _error_response(error: ApiError) -> Response:
-    response = jsonify(error.body())
-    response.status_code = error.status
+    if is_anthropic_path(request.path):
+        response = jsonify(anthropic_error_body(error))
+        response.status_code = anthropic_status(error)
+    else:
+        response = jsonify(error.body())
+        response.status_code = error.status
     response.headers.update(error.headers)
     return response
 
@@ -68,6 +78,7 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.register_blueprint(lora.make_blueprint(state))
     app.register_blueprint(audio.make_blueprint())
     app.register_blueprint(responses.make_blueprint(state, settings))
+    app.register_blueprint(messages.make_blueprint(state, settings))
     app.register_blueprint(openapi.make_blueprint())
 
     @app.before_request
@@ -77,7 +88,10 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
         if request.path in _PUBLIC_PATHS:
             return None
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not _key_matches(key.strip(), settings.api_keys):
+        if scheme.lower() != "bearer":
+            # Anthropic's clients send the key as `x-api-key`.
+            key = request.headers.get("x-api-key", "")
+        if not _key_matches(key.strip(), settings.api_keys):
             raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
         return None
 
@@ -86,7 +100,9 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
         origin = request.headers.get("Origin")
         if origin and ("*" in settings.cors_origins or origin in settings.cors_origins):
             response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            response.headers["Access-Control-Allow-Headers"] = (
+                "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"
+            )
             response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
             response.headers["Vary"] = "Origin"
         return response

@@ -14,6 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from mlxcel_server.anthropic_api.errors import OVERLOADED_STATUS
+from mlxcel_server.anthropic_api.objects import MessageObject
+from mlxcel_server.anthropic_api.request import CountTokensRequest, MessagesRequest
 from mlxcel_server.responses import ChatCompletion, Completion, LoraAdapterList
 from mlxcel_server.responses_api.objects import ResponseObject
 from mlxcel_server.responses_api.request import ResponseRequest
@@ -42,6 +45,22 @@ class ErrorResponse(BaseModel):
     error: ErrorObject
 
 
+class AnthropicErrorObject(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """The body of every error answer on the Anthropic routes."""
+
+    type: Literal["error"]
+    error: AnthropicErrorObject
+
+
+class TokenCount(BaseModel):
+    input_tokens: int
+
+
 @dataclass(frozen=True)
 class Operation:
     """One documented operation.
@@ -55,6 +74,7 @@ class Operation:
         streams: whether `stream: true` answers with server-sent events instead.
         media_type: the 200 body's media type where it is not described by a model.
         errors: the error statuses the operation may answer with.
+        error_body: the model of its error bodies.
     """
 
     paths: tuple[str, ...]
@@ -65,6 +85,7 @@ class Operation:
     streams: bool = False
     media_type: str = "application/json"
     errors: tuple[int, ...] = (400, 401, 404, 413, 415, 503)
+    error_body: type[BaseModel] = ErrorResponse
 
 
 _GENERATION_ERRORS = (400, 401, 404, 413, 415, 500, 503)
@@ -96,6 +117,25 @@ OPERATIONS = (
         ResponseObject,
         streams=True,
         errors=_GENERATION_ERRORS,
+    ),
+    Operation(
+        ("/v1/messages", "/messages"),
+        "post",
+        "Create a message (Anthropic Messages API)",
+        MessagesRequest,
+        MessageObject,
+        streams=True,
+        errors=(400, 401, 404, 413, 415, 500, OVERLOADED_STATUS),
+        error_body=AnthropicErrorResponse,
+    ),
+    Operation(
+        ("/v1/messages/count_tokens", "/messages/count_tokens"),
+        "post",
+        "Count a message request's prompt tokens (Anthropic Messages API)",
+        CountTokensRequest,
+        TokenCount,
+        errors=(400, 401, 404, 413, 415, OVERLOADED_STATUS),
+        error_body=AnthropicErrorResponse,
     ),
     Operation(
         ("/v1/responses/{response_id}", "/responses/{response_id}"),
@@ -161,8 +201,8 @@ def _operation(operation: Operation, refs: dict[tuple[Any, JsonSchemaMode], Any]
         content["text/event-stream"] = {"schema": {"type": "string"}}
     success["content"] = content
     error = {
-        "description": "An OpenAI error object",
-        "content": {"application/json": {"schema": refs[(ErrorResponse, "serialization")]}},
+        "description": "An error object",
+        "content": {"application/json": {"schema": refs[(operation.error_body, "serialization")]}},
     }
     document: dict[str, Any] = {
         "summary": operation.summary,
@@ -183,8 +223,9 @@ def make_openapi_document() -> dict[str, Any]:
         The document as a JSON-ready dict; request bodies use each model's validation schema,
         responses its serialization schema.
     """
-    inputs: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ErrorResponse, "serialization")]
+    inputs: list[tuple[type[BaseModel], JsonSchemaMode]] = []
     for operation in OPERATIONS:
+        inputs.append((operation.error_body, "serialization"))
         if operation.request is not None:
             inputs.append((operation.request, "validation"))
         if operation.response is not None:
@@ -204,7 +245,10 @@ def make_openapi_document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": definitions.get("$defs", {}),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "api_key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
-        "security": [{}, {"bearer": []}],
+        "security": [{}, {"bearer": []}, {"api_key": []}],
     }

@@ -1,0 +1,147 @@
+"""The `/v1/messages` event stream: named SSE events in Anthropic's order.
+
+`message_start`, `ping`, then each content block as `content_block_start`, its
+`content_block_delta`s (`text_delta` for text, one `input_json_delta` holding a tool call's
+whole input) and `content_block_stop`; then `message_delta` (stop reason, stop sequence and
+the final usage) and `message_stop`. A failure while generating ends the stream with an
+`error` event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from mlxcel_core.engine import EngineOutput
+from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_server.anthropic_api.errors import anthropic_error_body
+from mlxcel_server.anthropic_api.objects import (
+    MessageObject,
+    TextContent,
+    Usage,
+    make_tool_use_content,
+    make_usage,
+)
+from mlxcel_server.anthropic_api.stop_reason import EndingTracker
+from mlxcel_server.errors import ApiError
+from mlxcel_server.routes.chat import ToolUse
+from mlxcel_server.tool_calls import ParsedToolCall, ToolCallStream
+
+
+def encode_event(event_type: str, data: dict) -> bytes:
+    """One SSE block with an `event:` line; JSON keeps non-ASCII text as it is (UTF-8)."""
+    payload = json.dumps({"type": event_type, **data}, ensure_ascii=False)
+    return f"event: {event_type}\ndata: {payload}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class StreamTarget:
+    """What the stream reports besides the generated text.
+
+    Attributes:
+        message_id: the message's id.
+        model_id: the model name it carries.
+        prompt_tokens: prompt tokens.
+        tool_use: how the reply is read for tool calls; None for plain text.
+        tracker: follows the reply's tokens to tell its stop reason.
+    """
+
+    message_id: str
+    model_id: str
+    prompt_tokens: int
+    tool_use: ToolUse | None
+    tracker: EndingTracker
+
+
+def _message_start(target: StreamTarget) -> bytes:
+    message = MessageObject(
+        id=target.message_id,
+        model=target.model_id,
+        content=[],
+        usage=Usage(input_tokens=target.prompt_tokens, output_tokens=0),
+    )
+    return encode_event("message_start", {"message": message.model_dump(mode="json")})
+
+
+def _block_start(index: int, block: dict) -> bytes:
+    return encode_event("content_block_start", {"index": index, "content_block": block})
+
+
+def _delta(index: int, delta: dict) -> bytes:
+    return encode_event("content_block_delta", {"index": index, "delta": delta})
+
+
+def _tool_use_events(first_index: int, calls: tuple[ParsedToolCall, ...]) -> list[bytes]:
+    events = []
+    for index, call in enumerate(calls, start=first_index):
+        block = make_tool_use_content(call).model_dump(mode="json")
+        arguments = json.dumps(block["input"], ensure_ascii=False)
+        events += [
+            _block_start(index, {**block, "input": {}}),
+            _delta(index, {"type": "input_json_delta", "partial_json": arguments}),
+            encode_event("content_block_stop", {"index": index}),
+        ]
+    return events
+
+
+def _message_delta(
+    target: StreamTarget, finish_reason: FinishReason, stats: GenerationStats, calls_tools: bool
+) -> bytes:
+    ending = target.tracker.ending(finish_reason, calls_tools=calls_tools)
+    usage = make_usage(target.prompt_tokens, stats)
+    delta = {"stop_reason": ending.stop_reason, "stop_sequence": ending.stop_sequence}
+    return encode_event("message_delta", {"delta": delta, "usage": usage.model_dump()})
+
+
+async def message_events(
+    target: StreamTarget, outputs: AsyncIterator[EngineOutput]
+) -> AsyncIterator[bytes]:
+    """Encoded events for one message whose reply arrives as `outputs`.
+
+    The opening events are sent with the first output, once prefill is done.
+    """
+    tool_use = target.tool_use
+    splitter = None if tool_use is None else ToolCallStream(tool_use.tool_format)
+    started = text_open = False
+    calls: tuple[ParsedToolCall, ...] = ()
+    finish_reason, stats = FinishReason.STOP, None
+    try:
+        # Closed on exit so that the engine request is cancelled at once when the client goes.
+        async with contextlib.aclosing(outputs):
+            async for output in outputs:
+                # The opening events wait for the first output: the engine request is
+                # cancelled in the iterator's `finally`, which an iterator never started
+                # would not reach.
+                if not started:
+                    started = True
+                    yield _message_start(target)
+                    yield encode_event("ping", {})
+                target.tracker.add(output)
+                text = output.text
+                if tool_use is not None and splitter is not None:
+                    # Tool markup is held back until the reply ends, then sent as tool_use.
+                    text = splitter.feed(text)
+                    if output.finished:
+                        reply = splitter.finish()
+                        calls = tuple(tool_use.kept(reply.tool_calls))
+                        text += reply.content or ""
+                if text:
+                    if not text_open:
+                        text_open = True
+                        yield _block_start(0, TextContent(text="").model_dump())
+                    yield _delta(0, {"type": "text_delta", "text": text})
+                if output.finish_reason is not None and output.stats is not None:
+                    finish_reason, stats = output.finish_reason, output.stats
+    except ApiError as error:
+        yield encode_event("error", {"error": anthropic_error_body(error)["error"]})
+        return
+    # The engine ends every reply with a finish reason and statistics, or an error.
+    assert stats is not None
+    if text_open:
+        yield encode_event("content_block_stop", {"index": 0})
+    for event in _tool_use_events(int(text_open), calls):
+        yield event
+    yield _message_delta(target, finish_reason, stats, calls_tools=bool(calls))
+    yield encode_event("message_stop", {})

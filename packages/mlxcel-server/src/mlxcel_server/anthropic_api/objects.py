@@ -1,0 +1,81 @@
+"""The message object `/v1/messages` answers, and its content blocks."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from mlxcel_core.generate import GenerationStats
+from mlxcel_server.anthropic_api.stop_reason import StopReason
+from mlxcel_server.routes.chat import ToolUse
+from mlxcel_server.tool_calls import ParsedToolCall, parse_tool_calls
+
+
+class TextContent(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseContent(BaseModel):
+    """A tool call; `input` is its arguments object."""
+
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class Usage(BaseModel):
+    """Tokens of one message. As Anthropic counts them, `input_tokens` leaves out the prompt
+    tokens read from the prefix cache, which `cache_read_input_tokens` counts."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int = 0
+
+
+class MessageObject(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[TextContent | ToolUseContent]
+    stop_reason: StopReason | None = None
+    stop_sequence: str | None = None
+    usage: Usage
+
+
+def make_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def make_usage(prompt_tokens: int, stats: GenerationStats) -> Usage:
+    """Usage of a reply to a prompt of `prompt_tokens` tokens."""
+    return Usage(
+        input_tokens=prompt_tokens - stats.cached_tokens,
+        output_tokens=stats.generated_tokens,
+        cache_read_input_tokens=stats.cached_tokens,
+    )
+
+
+def make_tool_use_content(call: ParsedToolCall) -> ToolUseContent:
+    """A parsed call as a `tool_use` block with a fresh `toolu_` id."""
+    return ToolUseContent(
+        id=f"toolu_{uuid.uuid4().hex[:24]}", name=call.name, input=json.loads(call.arguments)
+    )
+
+
+def make_content(text: str, tool_use: ToolUse | None) -> list[TextContent | ToolUseContent]:
+    """A whole reply's content blocks: its text (if any), then its tool calls (if any)."""
+    reply_text: str | None = text
+    calls: tuple[ParsedToolCall, ...] = ()
+    if tool_use is not None:
+        reply = parse_tool_calls(text, tool_use.tool_format)
+        calls = tuple(tool_use.kept(reply.tool_calls))
+        if calls:
+            reply_text = reply.content
+    texts = [TextContent(text=reply_text)] if reply_text else []
+    return [*texts, *map(make_tool_use_content, calls)]
