@@ -24,6 +24,7 @@ COMMANDS = {
     "list": ("mlxcel.list_command", "list the models in the store"),
     "rm": ("mlxcel.rm_command", "delete a model from the store"),
     "arch": ("mlxcel.arch_command", "list the supported architectures and their features"),
+    "inspect": ("mlxcel.inspect_command", "estimate a model's memory and whether it fits"),
 }
 EXIT_USAGE = 2
 EXIT_FAILURE = 1

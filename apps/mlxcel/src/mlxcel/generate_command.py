@@ -37,6 +37,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
+from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
@@ -63,6 +64,7 @@ FLAGS = (
     BATCH_SIZE_FLAG,
     *PROMPT_FLAGS,
     *ENGINE_FLAGS,
+    *MEMORY_FLAGS,
     *ADAPTER_FLAGS,
     *SAMPLING_FLAGS,
 )
@@ -143,6 +145,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=len(prompts))
     check_draft_model_path(args)
+    check_memory(args, err)
     loaded = load_for_command(
         args.model,
         store=args.model_store,

@@ -38,6 +38,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
+from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel_core.engine import Engine, InsufficientMemoryError
@@ -84,6 +85,7 @@ FLAGS = (
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     *ENGINE_FLAGS,
+    *MEMORY_FLAGS,
     *ADAPTER_FLAGS,
     *SERVER_FLAGS,
     *SAMPLING_FLAGS,
@@ -259,6 +261,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_store_flags(args, environ)
     settings = settings_from(args)
     load_models = _loader(args)
+    check_memory(args, err)
     state = ServerState()
     app = create_app(state, settings)
     config = Config()

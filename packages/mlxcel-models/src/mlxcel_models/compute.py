@@ -44,6 +44,16 @@ class ComputeOptions:
                 f"dense_weights_max_bytes must be None or >= 0, got {self.dense_weights_max_bytes}"
             )
 
+    @property
+    def dense_dtype(self) -> mx.Dtype:
+        """The dtype quantized layers take when they are made dense."""
+        return self.float_dtype or mx.float32
+
+    def makes_dense(self, dense_bytes: int) -> bool:
+        """Whether quantized layers taking `dense_bytes` when dense are made dense at load."""
+        limit = self.dense_weights_max_bytes
+        return limit is not None and dense_bytes <= limit
+
     @classmethod
     def for_device(cls, device: mx.Device) -> ComputeOptions:
         """The measured best choice for `device` (docs/adr/0003, 0004).
@@ -146,13 +156,12 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
             )
         )
     quantized = _quantized_layers(module)
-    dtype = options.float_dtype or mx.float32
+    dtype = options.dense_dtype
     dense_bytes = sum(
         layer["weight"].shape[0] * layer["weight"].shape[1] * 32 // layer.bits * dtype.size
         for _, layer in quantized
     )
-    limit = options.dense_weights_max_bytes
-    if quantized and limit is not None and dense_bytes <= limit:
+    if quantized and options.makes_dense(dense_bytes):
         module.update_modules(
             tree_unflatten([(name, _dense_layer(layer, dtype)) for name, layer in quantized])
         )

@@ -46,11 +46,14 @@ class GGUFHeader:
         version: GGUF format version (2 or 3).
         metadata: scalar and string metadata values; arrays are skipped.
         tensor_types: tensor name to ggml type name (for example "Q4_1").
+        tensor_shapes: tensor name to its shape in elements, outermost axis first (the
+            file stores ggml's innermost-first order; this is the reverse, as `mx.load`).
     """
 
     version: int
     metadata: dict[str, Any]
     tensor_types: dict[str, str]
+    tensor_shapes: dict[str, tuple[int, ...]]
 
 
 class _Cursor:
@@ -109,16 +112,18 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
                 if value is not None:
                     metadata[key] = value
             tensor_types: dict[str, str] = {}
+            tensor_shapes: dict[str, tuple[int, ...]] = {}
             for _ in range(tensor_count):
                 name = cursor.string()
                 n_dims = cursor.unpack("<I")
-                cursor.position += 8 * n_dims
+                dims = [cursor.unpack("<Q") for _ in range(n_dims)]
                 type_id = cursor.unpack("<I")
                 cursor.position += 8
                 tensor_types[name] = GGML_TYPE_NAMES.get(type_id, f"type {type_id}")
+                tensor_shapes[name] = tuple(reversed(dims))
     except (struct.error, KeyError, ValueError, OverflowError, OSError) as error:
         raise ModelLoadError(f"{path}: corrupt or truncated GGUF header ({error})") from error
-    return GGUFHeader(version, metadata, tensor_types)
+    return GGUFHeader(version, metadata, tensor_types, tensor_shapes)
 
 
 def check_tensor_types(path: Path, header: GGUFHeader) -> None:

@@ -1,0 +1,288 @@
+"""`mlxcel inspect`: a model's size, its KV cache per token for every cache type, and
+whether it fits in memory with the requested context, from its headers alone.
+
+-c is the context of each sequence and -np how many run at once, as for `serve`: each
+sequence may grow to -c tokens (docs/memory.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import mlx.core as mx
+
+from mlxcel.engine_flags import ENGINE_FLAGS
+from mlxcel.flags import (
+    BATCH_SIZE_FLAG,
+    CTX_SIZE_FLAG,
+    MODEL_FLAG,
+    Flag,
+    UsageError,
+    add_command,
+    resolve_defaults,
+)
+from mlxcel.memory_preflight import (
+    breakdown,
+    context_request_from,
+    describe_budget,
+    format_bytes,
+)
+from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
+from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.default_model import default_model_path
+from mlxcel_models.memory import (
+    ContextRequest,
+    MemoryBudget,
+    MemoryEstimate,
+    ModelInventory,
+    activation_dtype,
+    device_memory_budget,
+    estimate_memory,
+    estimate_weights,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    kv_layers,
+    read_model_inventory,
+)
+
+_ESTIMATE_FLAGS = {
+    "parallel", "ubatch_size", "block_size", "memory_utilization", "cache_type_k", "cache_type_v",
+}  # fmt: skip
+FLAGS = (
+    MODEL_FLAG,
+    CTX_SIZE_FLAG,
+    BATCH_SIZE_FLAG,
+    *(flag for flag in ENGINE_FLAGS if flag.dest in _ESTIMATE_FLAGS),
+    Flag(("--json",), "json", bool, False, "print one JSON object instead of text",
+         is_switch=True),
+)  # fmt: skip
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    add_command(subparsers, "inspect", __doc__, FLAGS, run)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the model fits.
+
+    Attributes:
+        fits: "all" (-np sequences of -c tokens), "one" (one sequence of -c tokens only:
+            the engine then runs fewer at once) or "none".
+        margin_bytes: usable memory left over with what fits ("all": -np sequences; else
+            one), negative when even one does not fit.
+    """
+
+    fits: str
+    margin_bytes: int
+
+
+def _verdict(
+    estimate: MemoryEstimate, all_sequences: MemoryEstimate, budget: MemoryBudget
+) -> Verdict:
+    usable = budget.usable_bytes
+    if all_sequences.total <= usable:
+        return Verdict("all", usable - all_sequences.total)
+    return Verdict("one" if estimate.total <= usable else "none", usable - estimate.total)
+
+
+def _kv_table(
+    inventory: ModelInventory, options: ComputeOptions, tokens: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    layers = kv_layers(inventory, options)
+    rows: list[dict[str, Any]] = []
+    for cache_type in CACHE_TYPES:
+        try:
+            per_token = kv_bytes_per_token(layers, cache_type, cache_type)
+        except CacheTypeError as error:
+            rows.append({"type": cache_type, "error": str(error)})
+            continue
+        rows.append(
+            {
+                "type": cache_type,
+                "bytes_per_token": per_token,
+                "context_bytes": kv_cache_bytes(per_token, tokens, args.block_size),
+                "parallel_bytes": kv_cache_bytes(per_token, tokens, args.block_size, args.parallel),
+            }
+        )
+    return rows
+
+
+def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, Any]:
+    """Everything `inspect` reports, as plain data (its `--json` output).
+
+    Raises:
+        ModelLoadError: the model is missing, corrupt or unsupported.
+        UsageError: a flag is out of range, or -ctk/-ctv cannot store the model's head dim.
+    """
+    if args.parallel < 1:
+        raise UsageError(f"-np/--parallel must be >= 1, got {args.parallel}")
+    request = context_request_from(args)
+    inventory = read_model_inventory(default_model_path() if args.model is None else args.model)
+    options = ComputeOptions.for_device(mx.default_device())
+    tokens = request.tokens(inventory)
+    try:
+        estimate = estimate_memory(inventory, request, options)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    all_sequences = _all_sequences(inventory, request, options, estimate, args.parallel)
+    weights = estimate_weights(inventory, options)
+    arch = inventory.architecture
+    stored = Counter[str]()
+    for tensor in inventory.tensors:
+        stored[tensor.stored_type] += tensor.num_elements
+    verdict = _verdict(estimate, all_sequences, budget)
+    return {
+        "model": str(inventory.source.path),
+        "format": inventory.source.weight_format.value,
+        "architecture": inventory.source.model_type,
+        "parameters": weights.num_parameters,
+        "weights": {
+            "stored_types": dict(stored.most_common()),
+            "file_bytes": weights.file_bytes,
+            "resident_bytes": weights.resident_bytes,
+            "device": mx.default_device().type.name,
+            "dense": weights.dense,
+            "dtype": None if weights.dtype is None else _dtype_name(weights.dtype),
+        },
+        "layers": arch.num_layers,
+        "heads": arch.num_heads,
+        "kv_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "vocab_size": arch.vocab_size,
+        "context_length": arch.context_length,
+        "ctx_size": tokens,
+        "parallel": args.parallel,
+        "kv_dtype": _dtype_name(activation_dtype(inventory, options)),
+        "kv_cache": _kv_table(inventory, options, tokens, args),
+        "cache_type_k": request.cache_type_k,
+        "cache_type_v": request.cache_type_v,
+        "memory": {
+            "weights": estimate.weights,
+            "kv_cache": estimate.kv_cache,
+            "activations": estimate.activations,
+            "total": estimate.total,
+            "total_parallel": all_sequences.total,
+            "usable": budget.usable_bytes,
+            "device": budget.device_bytes,
+            "available": budget.available_bytes,
+            "utilization": budget.utilization,
+        },
+        "fits": verdict.fits,
+        "margin_bytes": verdict.margin_bytes,
+    }
+
+
+def _all_sequences(
+    inventory: ModelInventory,
+    request: ContextRequest,
+    options: ComputeOptions,
+    estimate: MemoryEstimate,
+    parallel: int,
+) -> MemoryEstimate:
+    layers = kv_layers(inventory, options)
+    per_token = kv_bytes_per_token(layers, request.cache_type_k, request.cache_type_v)
+    tokens = request.tokens(inventory)
+    return MemoryEstimate(
+        estimate.weights,
+        kv_cache_bytes(per_token, tokens, request.block_size, parallel),
+        estimate.activations,
+    )
+
+
+def _dtype_name(dtype: mx.Dtype) -> str:
+    return str(dtype).removeprefix("mlx.core.")
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The text `inspect` prints for `report` (from `inspect_model`)."""
+    weights, memory = report["weights"], report["memory"]
+    total = sum(weights["stored_types"].values())
+    stored = ", ".join(
+        f"{name} {_share(count / total)}" for name, count in weights["stored_types"].items()
+    )
+    if weights["dense"]:
+        held = f"{weights['dtype']}, quantized layers made dense at load"
+    else:
+        held = weights["dtype"] or "the file's dtypes"
+    lines = [
+        f"model         {report['model']}",
+        f"format        {report['format']}, {report['architecture']}",
+        f"parameters    {report['parameters'] / 1e6:.1f} M",
+        f"weights       {stored} of parameters; {format_bytes(weights['file_bytes'])} on disk",
+        f"resident      {format_bytes(weights['resident_bytes'])} on {weights['device']} ({held})",
+        f"shape         {report['layers']} layers, {report['heads']} heads, "
+        f"{report['kv_heads']} KV heads, head dim {report['head_dim']}, hidden "
+        f"{report['hidden_size']}, MLP {report['intermediate_size']}, vocab "
+        f"{report['vocab_size']}",
+        f"context       {report['context_length']} tokens trained; -c {report['ctx_size']}, "
+        f"-np {report['parallel']}",
+        "",
+        f"KV cache (keys + values, {report['layers']} layers; auto = {report['kv_dtype']})",
+        f"  {'type':<8} {'bytes/token':>12} {'-c tokens':>12} {'x -np':>12}",
+    ]
+    for row in report["kv_cache"]:
+        if "error" in row:
+            lines.append(f"  {row['type']:<8} n/a: {row['error']}")
+            continue
+        lines.append(
+            f"  {row['type']:<8} {row['bytes_per_token']:>12,} "
+            f"{format_bytes(row['context_bytes']):>12} {format_bytes(row['parallel_bytes']):>12}"
+        )
+    estimate = MemoryEstimate(memory["weights"], memory["kv_cache"], memory["activations"])
+    budget = MemoryBudget(memory["device"], memory["available"], memory["utilization"])
+    lines += [
+        "",
+        f"memory        {breakdown(estimate)} for one sequence of {report['ctx_size']} tokens "
+        f"(-ctk {report['cache_type_k']}, -ctv {report['cache_type_v']}); "
+        f"{format_bytes(memory['total_parallel'])} for {report['parallel']}",
+        f"budget        {describe_budget(budget)}",
+        f"verdict       {_verdict_text(report)}",
+    ]
+    return "\n".join(lines)
+
+
+def _share(fraction: float) -> str:
+    return f"{fraction:.1%}" if fraction >= 0.001 else "<0.1%"
+
+
+def _verdict_text(report: dict[str, Any]) -> str:
+    margin = format_bytes(abs(report["margin_bytes"]))
+    sequences = f"{report['parallel']} sequences of {report['ctx_size']} tokens"
+    if report["fits"] == "all":
+        return f"fits: {sequences}, {margin} to spare"
+    if report["fits"] == "one":
+        return (
+            f"fits one sequence of {report['ctx_size']} tokens ({margin} to spare), not "
+            f"{sequences}: the engine runs fewer at once when they are long"
+        )
+    return f"does not fit: {margin} short for one sequence of {report['ctx_size']} tokens"
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    resolve_defaults(args, FLAGS, environ)
+    report = inspect_model(args, device_memory_budget_from(args))
+    if args.json:
+        print(json.dumps(report, indent=2), file=out)
+    else:
+        print(format_report(report), file=out)
+    return 0
+
+
+def device_memory_budget_from(args: argparse.Namespace) -> MemoryBudget:
+    """The device's budget with `--gpu-memory-utilization`.
+
+    Raises:
+        UsageError: the utilization is outside (0, 1].
+    """
+    try:
+        return device_memory_budget(args.memory_utilization)
+    except ValueError as error:
+        raise UsageError(f"--gpu-memory-utilization: {error}") from error

@@ -1,0 +1,139 @@
+"""The memory check `generate` and `serve` run before loading a model (docs/memory.md).
+
+From the model's headers alone it estimates the resident weights, the KV cache of one
+sequence of the context size and the largest step's activations, and refuses to start
+when they do not fit in the memory the device can give (`--no-memory-check` starts
+anyway); `--estimate-memory` prints the estimate on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import TextIO
+
+import mlx.core as mx
+
+from mlxcel.flags import Flag, RunError, UsageError
+from mlxcel_core.cache.quant import AUTO
+from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.default_model import default_model_path
+from mlxcel_models.memory import (
+    ContextRequest,
+    MemoryBudget,
+    MemoryEstimate,
+    device_memory_budget,
+    estimate_memory,
+    read_model_inventory,
+)
+
+MEMORY_FLAGS = (
+    Flag(("--estimate-memory",), "estimate_memory", bool, False,
+         "print the memory estimate (weights, KV cache, activations) on stderr before loading",
+         is_switch=True),
+    Flag(("--no-memory-check",), "no_memory_check", bool, False,
+         "start even when the model and one sequence of -c tokens do not fit in memory",
+         is_switch=True),
+)  # fmt: skip
+
+
+def format_bytes(num_bytes: int) -> str:
+    """`num_bytes` in binary units with one decimal ("513.1 MiB")."""
+    if num_bytes < 1024:
+        return f"{num_bytes} B"
+    value = num_bytes / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def context_request_from(args: argparse.Namespace) -> ContextRequest:
+    """The estimate's settings from resolved engine flags.
+
+    Raises:
+        UsageError: a value is out of range.
+    """
+    try:
+        return ContextRequest(
+            context_size=args.ctx_size,
+            chunk_tokens=min(args.ubatch_size, args.batch_size),
+            block_size=args.block_size,
+            cache_type_k=args.cache_type_k,
+            cache_type_v=args.cache_type_v,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+def estimate_for_start(args: argparse.Namespace) -> MemoryEstimate:
+    """What the model `-m` (and the draft model `-md`, if any) will take with one sequence
+    of `-c` tokens, on this device, from their headers.
+
+    Raises:
+        ModelLoadError: a model is missing, corrupt or unsupported.
+        UsageError: a KV cache type cannot store the model's head dim.
+    """
+    options = ComputeOptions.for_device(mx.default_device())
+    request = context_request_from(args)
+    path = default_model_path() if args.model is None else args.model
+    try:
+        estimate = estimate_memory(read_model_inventory(path), request, options)
+        if args.model_draft is not None:
+            # The draft's KV is kept in its own dtype, whatever -ctk/-ctv say.
+            draft_request = replace(request, cache_type_k=AUTO, cache_type_v=AUTO)
+            draft = estimate_memory(read_model_inventory(args.model_draft), draft_request, options)
+            estimate = estimate.beside(draft)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    return estimate
+
+
+def breakdown(estimate: MemoryEstimate) -> str:
+    """The estimate as "X (weights A + KV B + activations C)"."""
+    return (
+        f"{format_bytes(estimate.total)} (weights {format_bytes(estimate.weights)} + "
+        f"KV {format_bytes(estimate.kv_cache)} + activations {format_bytes(estimate.activations)})"
+    )
+
+
+def describe_budget(budget: MemoryBudget) -> str:
+    """The budget as "Y usable (90% of Z, W available now)"."""
+    return (
+        f"{format_bytes(budget.usable_bytes)} usable ({budget.utilization:.0%} of "
+        f"{format_bytes(budget.device_bytes)}, {format_bytes(budget.available_bytes)} "
+        "available now)"
+    )
+
+
+def check_memory(
+    args: argparse.Namespace, err: TextIO, *, budget: MemoryBudget | None = None
+) -> None:
+    """Refuse to start when the model and one sequence of `-c` tokens do not fit.
+
+    Args:
+        args: resolved `generate` / `serve` flags.
+        err: where `--estimate-memory` prints the estimate.
+        budget: the memory to check against; None asks the device
+            (`device_memory_budget` with `--gpu-memory-utilization`).
+
+    Raises:
+        RunError: it does not fit and `--no-memory-check` is not given.
+        ModelLoadError: a model is missing, corrupt or unsupported.
+        UsageError: a flag's value cannot be used for the estimate.
+    """
+    if args.no_memory_check and not args.estimate_memory:
+        return
+    estimate = estimate_for_start(args)
+    if budget is None:
+        budget = device_memory_budget(args.memory_utilization)
+    if args.estimate_memory:
+        message = f"needs {breakdown(estimate)}; {describe_budget(budget)}"
+        print(f"mlxcel: memory: {message}", file=err, flush=True)
+    if estimate.total > budget.usable_bytes and not args.no_memory_check:
+        raise RunError(
+            f"the model and one sequence of the context size need {breakdown(estimate)} but "
+            f"{format_bytes(budget.usable_bytes)} is available; lower -c/--ctx-size, store "
+            "the KV cache in a smaller type (-ctk/-ctv q8_0), or pass --no-memory-check"
+        )

@@ -1,0 +1,257 @@
+"""What a model's files say about its size, read from headers only: no tensor data.
+
+A GGUF file's header lists each tensor's shape and ggml type; a safetensors folder has
+config.json and, at the start of each `model*.safetensors` file, a JSON header with each
+tensor's dtype and shape (https://huggingface.co/docs/safetensors/index#format).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel_models.detection import ModelSource, detect_model, model_type_from_config, read_config
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.gguf_file import check_tensor_types, read_gguf_header
+from mlxcel_models.loading.gguf_model import gguf_model_config
+from mlxcel_models.metadata import FamilyMetadata, WeightFormat, family_for
+
+# ggml types MLX loads as floats, and the affine bits it maps the quantized ones to (group 32).
+_GGUF_FLOATS = {"F32": mx.float32, "F16": mx.float16, "BF16": mx.bfloat16}
+_GGUF_QUANTIZED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+_GGUF_GROUP_SIZE = 32
+_SAFETENSORS_DTYPES = {
+    "F64": mx.float64, "F32": mx.float32, "F16": mx.float16, "BF16": mx.bfloat16,
+    "I64": mx.int64, "I32": mx.int32, "I16": mx.int16, "I8": mx.int8,
+    "U64": mx.uint64, "U32": mx.uint32, "U16": mx.uint16, "U8": mx.uint8, "BOOL": mx.bool_,
+}  # fmt: skip
+# The tensors on the path from a token to its first keys: their dtypes set the keys' dtype.
+_KEY_PATH = {
+    WeightFormat.GGUF: (
+        "token_embd", "blk.0.attn_norm", "blk.0.attn_k", "blk.0.attn_k_norm",
+    ),
+    WeightFormat.SAFETENSORS: (
+        "model.embed_tokens", "model.layers.0.input_layernorm", "model.layers.0.self_attn.k_proj",
+        "model.layers.0.self_attn.k_norm",
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The hyperparameters that size a decoder's weights, KV cache and activations.
+
+    Attributes:
+        num_layers: decoder layers, each with one attention layer.
+        hidden_size: width of the residual stream.
+        intermediate_size: width of the MLP.
+        num_heads: query heads.
+        num_kv_heads: key/value heads.
+        head_dim: features per key and per value head.
+        vocab_size: rows of the embedding table.
+        context_length: the context the model was trained for (tokens).
+    """
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    """One weight as the loader reads it, before the device's compute options.
+
+    Attributes:
+        name: the tensor's name in the file (for a quantized layer, its `.weight`).
+        num_elements: the values it holds, unpacked (a quantized matrix counts all of them).
+        stored_type: how the file stores it ("Q4_1", "F16", "4-bit", ...).
+        dtype: the float dtype it loads as; for a quantized tensor, its scales' and biases'.
+        bits: bits per value of a quantized tensor; None for a float one.
+        group_size: values per scale of a quantized tensor; None for a float one.
+    """
+
+    name: str
+    num_elements: int
+    stored_type: str
+    dtype: mx.Dtype
+    bits: int | None = None
+    group_size: int | None = None
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.bits is not None
+
+
+@dataclass(frozen=True)
+class ModelInventory:
+    """A model's architecture and weights, as its files describe them.
+
+    Attributes:
+        source: where it is and in which format.
+        family: the family's metadata (a supported one).
+        architecture: its hyperparameters.
+        tensors: every weight the loader keeps as a parameter.
+        file_bytes: the size of its weight files on disk.
+        key_path_dtypes: the dtypes of the weights between a token and its keys (embedding,
+            first norm, key projection); on a device that keeps the file's dtypes, keys come
+            out in the type these promote to.
+    """
+
+    source: ModelSource
+    family: FamilyMetadata
+    architecture: Architecture
+    tensors: tuple[WeightTensor, ...]
+    file_bytes: int
+    key_path_dtypes: tuple[mx.Dtype, ...]
+
+
+def read_model_inventory(path: str | Path) -> ModelInventory:
+    """Read a GGUF file's or a safetensors folder's headers.
+
+    Raises:
+        ModelLoadError: the path is missing, not a model, of an unsupported family, uses a
+            tensor type mlxcel does not load, or its headers are corrupt or incomplete.
+    """
+    source = detect_model(path)
+    family = family_for(source.model_type, source.weight_format)
+    if source.weight_format is WeightFormat.GGUF:
+        architecture, tensors, file_bytes = _read_gguf(source, family)
+    else:
+        architecture, tensors, file_bytes = _read_safetensors(source)
+    by_name = {tensor.name.removesuffix(".weight"): tensor for tensor in tensors}
+    key_path = tuple(
+        by_name[name].dtype for name in _KEY_PATH[source.weight_format] if name in by_name
+    )
+    return ModelInventory(source, family, architecture, tensors, file_bytes, key_path)
+
+
+def _read_gguf(
+    source: ModelSource, family: FamilyMetadata
+) -> tuple[Architecture, tuple[WeightTensor, ...], int]:
+    header = read_gguf_header(source.path)
+    check_tensor_types(source.path, header)
+    embedding = header.tensor_shapes.get("token_embd.weight")
+    if embedding is None:
+        raise ModelLoadError(f"{source.path} has no token_embd.weight tensor")
+    # Array metadata (the token list) is not kept by the header reader; the embedding's rows
+    # are the vocabulary.
+    metadata = {**header.metadata, f"{family.model_type}.vocab_size": embedding[0]}
+    config = gguf_model_config(metadata, set(header.tensor_types), family)
+    tensors = []
+    for name, type_name in header.tensor_types.items():
+        # llama.cpp's RoPE factors become a RoPE module's constant, not a parameter.
+        if name == "rope_freqs.weight":
+            continue
+        num_elements = math.prod(header.tensor_shapes[name])
+        if type_name in _GGUF_FLOATS:
+            tensors.append(WeightTensor(name, num_elements, type_name, _GGUF_FLOATS[type_name]))
+        else:
+            bits = _GGUF_QUANTIZED_BITS[type_name]
+            tensors.append(
+                WeightTensor(name, num_elements, type_name, mx.float16, bits, _GGUF_GROUP_SIZE)
+            )
+    return _architecture(config), tuple(tensors), source.path.stat().st_size
+
+
+def _architecture(config: dict[str, Any]) -> Architecture:
+    num_heads = int(config["num_attention_heads"])
+    hidden_size = int(config["hidden_size"])
+    return Architecture(
+        num_layers=int(config["num_hidden_layers"]),
+        hidden_size=hidden_size,
+        intermediate_size=int(config["intermediate_size"]),
+        num_heads=num_heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        head_dim=int(config.get("head_dim") or hidden_size // num_heads),
+        vocab_size=int(config["vocab_size"]),
+        context_length=int(config.get("max_position_embeddings", 4096)),
+    )
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of one safetensors file: tensor name to dtype, shape and offsets.
+
+    Raises:
+        ModelLoadError: the file is unreadable or its header is truncated or not JSON.
+    """
+    try:
+        with path.open("rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+    except (OSError, struct.error, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(
+            f"{path}: corrupt or truncated safetensors header ({error})"
+        ) from error
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: the safetensors header is not a JSON object")
+    header.pop("__metadata__", None)
+    return header
+
+
+def _read_safetensors(source: ModelSource) -> tuple[Architecture, tuple[WeightTensor, ...], int]:
+    config = read_config(source.path)
+    model_type_from_config(config, source.path)
+    files = sorted(source.path.glob("model*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{source.path} holds no model*.safetensors weights")
+    entries: dict[str, tuple[mx.Dtype, tuple[int, ...]]] = {}
+    for file in files:
+        for name, entry in read_safetensors_header(file).items():
+            try:
+                entries[name] = (_SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]))
+            except (KeyError, TypeError) as error:
+                raise ModelLoadError(
+                    f"{file}: tensor '{name}' has no usable dtype/shape"
+                ) from error
+    try:
+        architecture = _architecture(config)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ModelLoadError(
+            f"{source.path / 'config.json'} lacks a hyperparameter: {error}"
+        ) from error
+    tensors = _safetensors_weights(entries, config)
+    return architecture, tensors, sum(file.stat().st_size for file in files)
+
+
+def _safetensors_weights(
+    entries: dict[str, tuple[mx.Dtype, tuple[int, ...]]], config: dict[str, Any]
+) -> tuple[WeightTensor, ...]:
+    """The parameters mlx-lm keeps: its `sanitize` drops precomputed RoPE frequencies and,
+    with tied embeddings, the LM head; a layer with `.scales` is quantized (mlx-lm's format:
+    packed uint32 codes, then float scales and biases per group)."""
+    skipped = {name for name in entries if name.endswith("rotary_emb.inv_freq")}
+    if config.get("tie_word_embeddings", False):
+        skipped.add("lm_head.weight")
+    quantization = config.get("quantization") or {}
+    tensors = []
+    for name, (dtype, shape) in entries.items():
+        # A quantized layer's scales and biases are counted with its `.weight`.
+        if name in skipped or name.endswith((".scales", ".biases")):
+            continue
+        layer = name.removesuffix(".weight")
+        scales = entries.get(f"{layer}.scales") if name.endswith(".weight") else None
+        if scales is None:
+            tensors.append(WeightTensor(name, math.prod(shape), _float_name(dtype), dtype))
+            continue
+        settings = quantization.get(layer) if isinstance(quantization.get(layer), dict) else {}
+        group_size = int(settings.get("group_size", quantization.get("group_size", 64)))
+        columns = scales[1][-1] * group_size
+        bits = shape[-1] * 32 // columns
+        num_elements = math.prod(shape[:-1]) * columns
+        tensors.append(WeightTensor(name, num_elements, f"{bits}-bit", scales[0], bits, group_size))
+    return tuple(tensors)
+
+
+def _float_name(dtype: mx.Dtype) -> str:
+    return {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}.get(dtype, str(dtype))

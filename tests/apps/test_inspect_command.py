@@ -1,0 +1,153 @@
+"""`mlxcel inspect` and the memory check `generate` and `serve` run before loading."""
+
+import io
+import json
+import socket
+
+import mlx.core as mx
+import pytest
+
+from mlxcel.cli import main, make_parser
+from mlxcel.flags import RunError, resolve_defaults
+from mlxcel.generate_command import FLAGS as GENERATE_FLAGS
+from mlxcel.memory_preflight import check_memory
+from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.loading.loader import load_model
+from mlxcel_models.memory import MemoryBudget
+
+REFUSAL = "mlxcel: error: the model and one sequence of the context size need "
+
+
+def run_cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), environ=environ or {}, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_inspect_json_reports_the_tiny_models_shape_weights_and_kv_cache(tiny_gguf):
+    code, out, err = run_cli("inspect", "-m", str(tiny_gguf), "-c", "100", "-np", "3", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["format"], report["architecture"]) == ("gguf", "llama")
+    assert (report["layers"], report["heads"], report["kv_heads"], report["head_dim"]) == (
+        2, 4, 2, 16,
+    )  # fmt: skip
+    assert (report["context_length"], report["ctx_size"], report["parallel"]) == (256, 100, 3)
+    loaded = load_model(tiny_gguf, compute=ComputeOptions.for_device(mx.default_device()))
+    assert report["weights"]["resident_bytes"] == loaded.config.weight_bytes
+    assert report["parameters"] == loaded.config.num_parameters
+    rows = {row["type"]: row for row in report["kv_cache"]}
+    assert list(rows) == ["auto", "f32", "f16", "bf16", "q8_0", "q4_0", "turbo2", "turbo3",
+                          "turbo4"]  # fmt: skip
+    # float32 on the CPU: 2 layers x 2 heads x (16 + 16) features x 4 bytes
+    assert rows["auto"]["bytes_per_token"] == 512
+    assert rows["auto"]["context_bytes"] == (7 + 1) * 16 * 512
+    assert rows["auto"]["parallel_bytes"] == (3 * 7 + 1) * 16 * 512
+    assert "multiple of 32" in rows["q8_0"]["error"]
+    memory = report["memory"]
+    assert memory["kv_cache"] == rows["auto"]["context_bytes"]
+    assert memory["total"] == memory["weights"] + memory["kv_cache"] + memory["activations"]
+    assert report["fits"] == "all"
+    assert report["margin_bytes"] == memory["usable"] - memory["total_parallel"]
+
+
+def test_inspect_text_names_the_chosen_cache_types_and_a_verdict(tiny_gguf):
+    code, out, _ = run_cli("inspect", "-m", str(tiny_gguf), "-ctk", "f16", "-ctv", "turbo4")
+    assert code == 0
+    assert "2 layers, 4 heads, 2 KV heads, head dim 16" in out
+    assert "(-ctk f16, -ctv turbo4)" in out
+    assert "  q8_0     n/a: cache type q8_0 needs a head dim" in out
+    assert out.splitlines()[-1].startswith("verdict       fits: 4 sequences of 4096 tokens")
+
+
+def test_inspect_says_when_the_context_does_not_fit_and_still_exits_0(tiny_gguf):
+    code, out, _ = run_cli("inspect", "-m", str(tiny_gguf), "-c", "100000000", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["fits"] == "none" and report["margin_bytes"] < 0
+
+
+def test_inspect_refuses_a_missing_or_corrupt_model_in_one_line(tmp_path, tiny_gguf):
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(tiny_gguf.read_bytes()[:100])
+    for path, message in ((tmp_path / "absent.gguf", "model not found"),
+                          (corrupt, "corrupt or truncated GGUF header")):  # fmt: skip
+        code, out, err = run_cli("inspect", "-m", str(path))
+        assert code == 1 and out == ""
+        assert err.startswith("mlxcel: error: ") and message in err
+        assert err.count("\n") == 1
+
+
+def test_generate_refuses_a_context_that_does_not_fit_before_loading(tiny_gguf):
+    code, out, err = run_cli("generate", "-m", str(tiny_gguf), "-p", "hi", "-c", "100000000")
+    assert code == 1 and out == ""
+    assert err.startswith(REFUSAL) and err.count("\n") == 1
+    assert "lower -c/--ctx-size" in err and "--no-memory-check" in err
+    assert "loading" not in err
+
+
+def starved(*extra: str) -> list[str]:
+    """A run whose budget cannot hold the weights, while the engine, told its number of KV
+    blocks, does not plan from memory and starts all the same."""
+    return ["generate", "-m", "MODEL", "-p", "hello", "-no-cnv", "--temp", "0", "-n", "3",
+            "-c", "64", "--gpu-memory-utilization", "0.000001", "--kv-cache-blocks", "16",
+            *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "environ"),
+    [(("--no-memory-check",), {}), ((), {"LLAMA_ARG_NO_MEMORY_CHECK": "1"})],
+)
+def test_no_memory_check_starts_what_the_check_would_refuse(tiny_gguf, extra, environ):
+    argv = [str(tiny_gguf) if a == "MODEL" else a for a in starved(*extra)]
+    refused = run_cli(*[str(tiny_gguf) if a == "MODEL" else a for a in starved()])
+    assert refused[0] == 1 and refused[2].startswith(REFUSAL)
+    code, out, err = run_cli(*argv, environ=environ)
+    assert code == 0, err
+    assert out.strip()
+
+
+def test_estimate_memory_prints_the_breakdown_and_still_runs(tiny_gguf):
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "-p", "hi", "-no-cnv", "-n", "2", "--estimate-memory"
+    )
+    assert code == 0, err
+    first = err.splitlines()[0]
+    assert first.startswith("mlxcel: memory: needs ") and "weights " in first
+    assert "usable (90% of " in first
+
+
+def test_the_check_reads_the_budget_it_is_given(tiny_gguf):
+    args = make_parser("generate").parse_args(["generate", "-m", str(tiny_gguf), "-p", "x"])
+    resolve_defaults(args, GENERATE_FLAGS, {"LLAMA_ARG_ESTIMATE_MEMORY": "1"})
+    err = io.StringIO()
+    check_memory(args, err, budget=MemoryBudget(2**40, 2**40, 0.9))
+    assert "mlxcel: memory: needs " in err.getvalue()
+    with pytest.raises(RunError, match=r"but 1\.0 MiB is available"):
+        check_memory(args, io.StringIO(), budget=MemoryBudget(2**40, 2**20, 0.9))
+
+
+def test_serve_refuses_before_listening(tiny_gguf):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["serve", "-m", str(tiny_gguf), "-c", "100000000", "--port", str(port)]
+    code, _, err = run_cli(*argv)
+    assert code == 1
+    assert err.startswith(REFUSAL) and "listening" not in err
+
+
+@pytest.mark.slow
+def test_the_default_model_fits_and_its_estimate_is_what_loading_holds():
+    code, out, err = run_cli("inspect", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["fits"] == "all"
+    assert report["margin_bytes"] > report["memory"]["total_parallel"]
+    mx.synchronize()
+    before = mx.get_active_memory()
+    loaded = load_model(report["model"])
+    held = mx.get_active_memory() - before
+    # Exact on this CPU (docs/memory.md); 1% leaves room for allocator rounding elsewhere.
+    assert abs(report["weights"]["resident_bytes"] - held) <= 0.01 * held
+    assert loaded.config.weight_bytes == report["weights"]["resident_bytes"]

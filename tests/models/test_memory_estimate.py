@@ -1,0 +1,136 @@
+"""Memory estimates from headers: weights, KV bytes per token and the budget, checked
+against counts made from the tiny models' configs and against what loading really holds."""
+
+import struct
+
+import mlx.core as mx
+import pytest
+
+from mlxcel_core.cache.paged import PagedKVStorage
+from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
+from mlxcel_core.engine.memory import profile_model
+from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.loader import load_model
+from mlxcel_models.memory import (
+    ContextRequest,
+    MemoryBudget,
+    estimate_memory,
+    estimate_weights,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    kv_layers,
+    read_model_inventory,
+)
+
+from factories import TinyConfig, byte_level_vocab, write_gguf_model, write_safetensors_model
+
+GPU_LIKE = ComputeOptions()  # what Metal and CUDA use: the file's dtypes, quantized kept
+CPU_DENSE = ComputeOptions(float_dtype=mx.float32, dense_weights_max_bytes=2**40)
+CPU_QUANTIZED = ComputeOptions(float_dtype=mx.float32, dequantize_min_rows=4,
+                               dense_weights_max_bytes=0)  # fmt: skip
+# head dim 32: every cache type can store it.
+WIDE_HEADS = TinyConfig(hidden_size=128, num_heads=4, num_kv_heads=2, intermediate_size=96)
+
+
+def parameter_counts(config: TinyConfig) -> tuple[int, int]:
+    """(matrix values, norm values) of a tiny llama with tied embeddings."""
+    D, F = config.hidden_size, config.intermediate_size
+    kv_rows = config.num_kv_heads * config.head_dim
+    vocab = len(byte_level_vocab()[0])
+    per_layer = D * D + 2 * kv_rows * D + D * D + 3 * D * F
+    return vocab * D + config.num_layers * per_layer, D + 2 * D * config.num_layers
+
+
+@pytest.mark.parametrize(("matrix_type", "bits"), [("Q8_0", 8), ("Q4_1", 4), ("Q4_0", 4)])
+def test_gguf_weights_follow_the_devices_compute_options(tmp_path, matrix_type, bits):
+    path = write_gguf_model(tmp_path / "tiny.gguf", WIDE_HEADS, matrix_type)
+    inventory = read_model_inventory(path)
+    matrices, norms = parameter_counts(WIDE_HEADS)
+    groups = matrices // 32
+    expected = {
+        # codes, then a float16 scale and bias per 32 values; float32 norms
+        GPU_LIKE: matrices * bits // 8 + 2 * groups * 2 + norms * 4,
+        CPU_DENSE: (matrices + norms) * 4,
+        CPU_QUANTIZED: matrices * bits // 8 + 2 * groups * 4 + norms * 4,
+    }
+    for options, resident in expected.items():
+        estimate = estimate_weights(inventory, options)
+        assert estimate.num_parameters == matrices + norms
+        assert estimate.resident_bytes == resident
+        assert estimate.dense == (options is CPU_DENSE)
+        loaded = load_model(path, compute=options)
+        assert loaded.config.weight_bytes == resident
+        assert loaded.config.num_parameters == matrices + norms
+    assert estimate_weights(inventory, GPU_LIKE).file_bytes == path.stat().st_size
+
+
+def test_safetensors_weights_skip_the_tied_head_and_keep_float32(tmp_path):
+    folder = write_safetensors_model(tmp_path / "hf", WIDE_HEADS)
+    inventory = read_model_inventory(folder)
+    matrices, norms = parameter_counts(WIDE_HEADS)
+    for options in (GPU_LIKE, CPU_DENSE):
+        estimate = estimate_weights(inventory, options)
+        assert estimate.resident_bytes == (matrices + norms) * 4
+        assert load_model(folder, compute=options).config.weight_bytes == estimate.resident_bytes
+    arch = inventory.architecture
+    assert (arch.num_layers, arch.num_kv_heads, arch.head_dim) == (2, 2, 32)
+    assert arch.context_length == WIDE_HEADS.context_length
+
+
+@pytest.mark.parametrize("options", [GPU_LIKE, CPU_DENSE])
+def test_kv_geometry_matches_the_engines_profiling_pass(tiny_gguf, options):
+    layers = kv_layers(read_model_inventory(tiny_gguf), options)
+    profile = profile_model(load_model(tiny_gguf, compute=options).model, 4)
+    assert layers == profile.layers
+
+
+@pytest.mark.parametrize("cache_type", CACHE_TYPES)
+def test_kv_bytes_per_token_match_the_pools_the_engine_allocates(tmp_path, cache_type):
+    path = write_gguf_model(tmp_path / "tiny.gguf", WIDE_HEADS)
+    layers = kv_layers(read_model_inventory(path), CPU_DENSE)
+    per_token = kv_bytes_per_token(layers, cache_type, cache_type)
+    storage = PagedKVStorage(layers, 16, 64, cache_type_k=cache_type, cache_type_v=cache_type)
+    storage.ensure_capacity(3)
+    measured = sum(array.nbytes for array in storage.arrays())
+    assert measured == storage.capacity_blocks * 16 * per_token
+    expected_vector = {"auto": 128, "f32": 128, "f16": 64, "bf16": 64, "q8_0": 34,
+                       "q4_0": 18, "turbo2": 10, "turbo3": 14, "turbo4": 18}  # fmt: skip
+    assert per_token == 2 * 2 * 2 * expected_vector[cache_type]  # layers x heads x (K + V)
+
+
+def test_a_cache_type_the_head_dim_cannot_take_is_refused(tiny_gguf):
+    layers = kv_layers(read_model_inventory(tiny_gguf), CPU_DENSE)  # head dim 16
+    with pytest.raises(CacheTypeError, match="multiple of 32"):
+        kv_bytes_per_token(layers, "q8_0", "auto")
+
+
+def test_one_context_counts_the_engines_blocks_and_the_trained_context_for_zero(tiny_gguf):
+    inventory = read_model_inventory(tiny_gguf)
+    assert kv_cache_bytes(512, 100, 16) == (7 + 1) * 16 * 512
+    assert kv_cache_bytes(512, 100, 16, num_sequences=4) == (28 + 1) * 16 * 512
+    estimate = estimate_memory(inventory, ContextRequest(context_size=0), CPU_DENSE)
+    assert estimate.kv_cache == kv_cache_bytes(512, 256, 16)  # trained context: 256
+    assert estimate.weights == estimate_weights(inventory, CPU_DENSE).resident_bytes
+    longer = estimate_memory(inventory, ContextRequest(context_size=4096), CPU_DENSE)
+    assert longer.activations > estimate.activations and longer.total > estimate.total
+
+
+def test_missing_and_corrupt_models_are_model_load_errors(tmp_path, tiny_gguf):
+    with pytest.raises(ModelLoadError, match="model not found"):
+        read_model_inventory(tmp_path / "absent.gguf")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(tiny_gguf.read_bytes()[:200])
+    with pytest.raises(ModelLoadError, match="corrupt or truncated GGUF header"):
+        read_model_inventory(truncated)
+    folder = write_safetensors_model(tmp_path / "hf")
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 50) + b"{not json")
+    with pytest.raises(ModelLoadError, match="corrupt or truncated safetensors header"):
+        read_model_inventory(folder)
+
+
+def test_the_budget_is_the_engines_share_capped_by_what_is_available():
+    assert MemoryBudget(100, 1000, 0.9).usable_bytes == 90
+    assert MemoryBudget(100, 50, 0.9).usable_bytes == 50
+    with pytest.raises(ValueError, match=r"utilization must be in \(0, 1\]"):
+        MemoryBudget(100, 50, 1.5)
