@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 import socket
 
 import mlx.core as mx
@@ -115,6 +116,22 @@ def test_estimate_memory_prints_the_breakdown_and_still_runs(tiny_gguf):
     first = err.splitlines()[0]
     assert first.startswith("mlxcel: memory: needs ") and "weights " in first
     assert "usable (90% of " in first
+
+
+def test_a_draft_model_adds_its_weights_and_kv_cache(tiny_gguf):
+    def estimate_line(*extra: str) -> str:
+        args = make_parser("generate").parse_args(
+            ["generate", "-m", str(tiny_gguf), "-p", "x", "--estimate-memory", *extra]
+        )
+        resolve_defaults(args, GENERATE_FLAGS, {})
+        err = io.StringIO()
+        check_memory(args, err)
+        return err.getvalue()
+
+    alone, with_draft = estimate_line(), estimate_line("-md", str(tiny_gguf))
+    weights = re.search(r"weights ([\d.]+) KiB \+ KV ([\d.]+) MiB", alone).groups()
+    doubled = re.search(r"weights ([\d.]+) KiB \+ KV ([\d.]+) MiB", with_draft).groups()
+    assert [float(x) for x in doubled] == pytest.approx([2 * float(x) for x in weights], rel=0.01)
 
 
 def test_the_check_reads_the_budget_it_is_given(tiny_gguf):

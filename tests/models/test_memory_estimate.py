@@ -1,10 +1,14 @@
 """Memory estimates from headers: weights, KV bytes per token and the budget, checked
 against counts made from the tiny models' configs and against what loading really holds."""
 
+import json
 import struct
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
@@ -76,6 +80,26 @@ def test_safetensors_weights_skip_the_tied_head_and_keep_float32(tmp_path):
     arch = inventory.architecture
     assert (arch.num_layers, arch.num_kv_heads, arch.head_dim) == (2, 2, 32)
     assert arch.context_length == WIDE_HEADS.context_length
+
+
+def test_mlx_lm_quantized_folders_count_codes_scales_and_biases(tmp_path):
+    folder = write_safetensors_model(tmp_path / "hf", WIDE_HEADS)
+    module, config = mlx_lm_load_model(folder)
+    nn.quantize(module, group_size=32, bits=4)
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(module.parameters())))
+    config["quantization"] = {"group_size": 32, "bits": 4}
+    (folder / "config.json").write_text(json.dumps(config))
+    inventory = read_model_inventory(folder)
+    matrices, norms = parameter_counts(WIDE_HEADS)
+    groups = matrices // 32
+    expected = {  # the folder's scales and biases are float32
+        GPU_LIKE: matrices // 2 + 2 * groups * 4 + norms * 4,
+        CPU_DENSE: (matrices + norms) * 4,
+    }
+    for options, resident in expected.items():
+        assert estimate_weights(inventory, options).resident_bytes == resident
+        assert load_model(folder, compute=options).config.weight_bytes == resident
+    assert {t.stored_type for t in inventory.tensors} == {"4-bit", "F32"}
 
 
 @pytest.mark.parametrize("options", [GPU_LIKE, CPU_DENSE])

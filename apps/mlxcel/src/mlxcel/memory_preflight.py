@@ -14,7 +14,7 @@ from typing import TextIO
 
 import mlx.core as mx
 
-from mlxcel.flags import Flag, RunError, UsageError
+from mlxcel.flags import Flag, RunError, UsageError, flag_error
 from mlxcel_core.cache.quant import AUTO
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
@@ -64,7 +64,14 @@ def context_request_from(args: argparse.Namespace) -> ContextRequest:
             cache_type_v=args.cache_type_v,
         )
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        raise flag_error(str(error), _FLAG_NAMES) from error
+
+
+_FLAG_NAMES = {
+    "context_size": "-c/--ctx-size",
+    "chunk_tokens": "-ub/--ubatch-size",
+    "block_size": "--block-size",
+}
 
 
 def estimate_for_start(args: argparse.Namespace) -> MemoryEstimate:
