@@ -109,6 +109,20 @@ def test_kv_geometry_matches_the_engines_profiling_pass(tiny_gguf, options):
     assert layers == profile.layers
 
 
+def test_a_bfloat16_folder_keeps_bfloat16_keys_where_the_files_dtypes_are_kept(tmp_path):
+    folder = write_safetensors_model(tmp_path / "hf", WIDE_HEADS)
+    weights = mx.load(str(folder / "model.safetensors"))
+    bf16 = {name: array.astype(mx.bfloat16) for name, array in weights.items()}
+    mx.save_safetensors(str(folder / "model.safetensors"), bf16)
+    inventory = read_model_inventory(folder)
+    for options, dtype in ((GPU_LIKE, mx.bfloat16), (CPU_DENSE, mx.float32)):
+        layers = kv_layers(inventory, options)
+        assert layers[0].dtype == dtype
+        assert layers == profile_model(load_model(folder, compute=options).model, 4).layers
+    matrices, norms = parameter_counts(WIDE_HEADS)
+    assert estimate_weights(inventory, GPU_LIKE).resident_bytes == (matrices + norms) * 2
+
+
 @pytest.mark.parametrize("cache_type", CACHE_TYPES)
 def test_kv_bytes_per_token_match_the_pools_the_engine_allocates(tmp_path, cache_type):
     path = write_gguf_model(tmp_path / "tiny.gguf", WIDE_HEADS)

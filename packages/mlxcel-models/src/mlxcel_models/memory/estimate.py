@@ -77,7 +77,7 @@ def activation_dtype(inventory: ModelInventory, options: ComputeOptions) -> mx.D
     compute dtype, or the type the key path's weights promote to (MLX's promotion rules)."""
     if options.float_dtype is not None:
         return options.float_dtype
-    return functools.reduce(mx.result_type, inventory.key_path_dtypes, mx.float16)
+    return functools.reduce(mx.result_type, inventory.key_path_dtypes or (mx.float32,))
 
 
 def kv_layers(inventory: ModelInventory, options: ComputeOptions) -> tuple[LayerGeometry, ...]:

@@ -231,7 +231,8 @@ def _safetensors_weights(
     with tied embeddings, the LM head; a layer with `.scales` is quantized (mlx-lm's format:
     packed uint32 codes, then float scales and biases per group)."""
     skipped = {name for name in entries if name.endswith("rotary_emb.inv_freq")}
-    if config.get("tie_word_embeddings", False):
+    # mlx-lm's llama and qwen2 arguments default to tied embeddings.
+    if config.get("tie_word_embeddings", True):
         skipped.add("lm_head.weight")
     quantization = config.get("quantization") or {}
     tensors = []
