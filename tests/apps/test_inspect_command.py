@@ -12,9 +12,12 @@ from mlxcel.cli import main, make_parser
 from mlxcel.flags import RunError, resolve_defaults
 from mlxcel.generate_command import FLAGS as GENERATE_FLAGS
 from mlxcel.memory_preflight import check_memory
+from mlxcel.store_flags import resolve_store_flags
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.memory import MemoryBudget
+
+from hf_hub_server import HubServer, folder_files
 
 REFUSAL = "mlxcel: error: the model and one sequence of the context size need "
 
@@ -79,6 +82,23 @@ def test_inspect_refuses_a_missing_or_corrupt_model_in_one_line(tmp_path, tiny_g
         assert err.count("\n") == 1
 
 
+def test_a_hugging_face_id_is_inspected_and_checked_from_the_store(tmp_path, tiny_safetensors):
+    with HubServer() as hub:
+        hub.add_repo("test-org/tiny", folder_files(tiny_safetensors))
+        environ = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"),
+                   "MLXCEL_CACHE_DIR": str(tmp_path / "mlxcel")}  # fmt: skip
+        code, out, err = run_cli("inspect", "-m", "test-org/tiny", "--json", environ=environ)
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["model"] == str(tmp_path / "mlxcel" / "models" / "test-org" / "tiny")
+        assert report["format"] == "safetensors" and report["layers"] == 2
+        hub.requests.clear()
+        argv = ["generate", "-m", "test-org/tiny", "-p", "hi", "-c", "100000000"]
+        code, _, err = run_cli(*argv, environ=environ)
+        assert code == 1 and err.startswith(REFUSAL)
+        assert hub.requests == []  # found in the store
+
+
 def test_generate_refuses_a_context_that_does_not_fit_before_loading(tiny_gguf):
     code, out, err = run_cli("generate", "-m", str(tiny_gguf), "-p", "hi", "-c", "100000000")
     assert code == 1 and out == ""
@@ -124,6 +144,7 @@ def test_a_draft_model_adds_its_weights_and_kv_cache(tiny_gguf):
             ["generate", "-m", str(tiny_gguf), "-p", "x", "--estimate-memory", *extra]
         )
         resolve_defaults(args, GENERATE_FLAGS, {})
+        resolve_store_flags(args, {})
         err = io.StringIO()
         check_memory(args, err)
         return err.getvalue()
@@ -137,6 +158,7 @@ def test_a_draft_model_adds_its_weights_and_kv_cache(tiny_gguf):
 def test_the_check_reads_the_budget_it_is_given(tiny_gguf):
     args = make_parser("generate").parse_args(["generate", "-m", str(tiny_gguf), "-p", "x"])
     resolve_defaults(args, GENERATE_FLAGS, {"LLAMA_ARG_ESTIMATE_MEMORY": "1"})
+    resolve_store_flags(args, {})
     err = io.StringIO()
     check_memory(args, err, budget=MemoryBudget(2**40, 2**40, 0.9))
     assert "mlxcel: memory: needs " in err.getvalue()
@@ -144,14 +166,16 @@ def test_the_check_reads_the_budget_it_is_given(tiny_gguf):
         check_memory(args, io.StringIO(), budget=MemoryBudget(2**40, 2**20, 0.9))
 
 
-def test_serve_refuses_before_listening(tiny_gguf):
+def test_serve_refuses_before_loading_and_stops(tiny_gguf):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     argv = ["serve", "-m", str(tiny_gguf), "-c", "100000000", "--port", str(port)]
     code, _, err = run_cli(*argv)
     assert code == 1
-    assert err.startswith(REFUSAL) and "listening" not in err
+    listening, refusal = err.splitlines()
+    assert listening == f"mlxcel: listening on http://127.0.0.1:{port}"
+    assert refusal.startswith(REFUSAL.strip())
 
 
 @pytest.mark.slow

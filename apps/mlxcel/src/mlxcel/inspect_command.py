@@ -32,6 +32,7 @@ from mlxcel.memory_preflight import (
     describe_budget,
     format_bytes,
 )
+from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
@@ -49,12 +50,14 @@ from mlxcel_models.memory import (
     kv_layers,
     read_model_inventory,
 )
+from mlxcel_models.store import resolve_model
 
 _ESTIMATE_FLAGS = {
     "parallel", "ubatch_size", "block_size", "memory_utilization", "cache_type_k", "cache_type_v",
 }  # fmt: skip
 FLAGS = (
     MODEL_FLAG,
+    *STORE_FLAGS,
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     *(flag for flag in ENGINE_FLAGS if flag.dest in _ESTIMATE_FLAGS),
@@ -114,16 +117,22 @@ def _kv_table(
 
 
 def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, Any]:
-    """Everything `inspect` reports, as plain data (its `--json` output).
+    """Everything `inspect` reports, as plain data (its `--json` output). A Hugging Face
+    id is resolved through `args.model_store` (downloaded if the store lacks it).
 
     Raises:
-        ModelLoadError: the model is missing, corrupt or unsupported.
+        ModelLoadError: the model is missing, corrupt or unsupported, or an id cannot be
+            fetched.
         UsageError: a flag is out of range, or -ctk/-ctv cannot store the model's head dim.
     """
     if args.parallel < 1:
         raise UsageError(f"-np/--parallel must be >= 1, got {args.parallel}")
     request = context_request_from(args)
-    inventory = read_model_inventory(default_model_path() if args.model is None else args.model)
+    if args.model is None:
+        path = default_model_path()
+    else:
+        path = resolve_model(args.model, args.model_store, revision=args.revision)
+    inventory = read_model_inventory(path)
     options = ComputeOptions.for_device(mx.default_device())
     tokens = request.tokens(inventory)
     try:
@@ -268,6 +277,7 @@ def _verdict_text(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
+    resolve_store_flags(args, environ)
     report = inspect_model(args, device_memory_budget_from(args))
     if args.json:
         print(json.dumps(report, indent=2), file=out)

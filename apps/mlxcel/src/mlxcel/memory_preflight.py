@@ -26,6 +26,7 @@ from mlxcel_models.memory import (
     estimate_memory,
     read_model_inventory,
 )
+from mlxcel_models.store import resolve_model
 
 MEMORY_FLAGS = (
     Flag(("--estimate-memory",), "estimate_memory", bool, False,
@@ -76,21 +77,27 @@ _FLAG_NAMES = {
 
 def estimate_for_start(args: argparse.Namespace) -> MemoryEstimate:
     """What the model `-m` (and the draft model `-md`, if any) will take with one sequence
-    of `-c` tokens, on this device, from their headers.
+    of `-c` tokens, on this device, from their headers. A Hugging Face id is resolved
+    through `args.model_store` first, downloaded if the store does not hold it yet.
 
     Raises:
-        ModelLoadError: a model is missing, corrupt or unsupported.
+        ModelLoadError: a model is missing, corrupt or unsupported, or an id cannot be
+            fetched.
         UsageError: a KV cache type cannot store the model's head dim.
     """
     options = ComputeOptions.for_device(mx.default_device())
     request = context_request_from(args)
-    path = default_model_path() if args.model is None else args.model
+    if args.model is None:
+        path = default_model_path()
+    else:
+        path = resolve_model(args.model, args.model_store, revision=args.revision)
     try:
         estimate = estimate_memory(read_model_inventory(path), request, options)
         if args.model_draft is not None:
             # The draft's KV is kept in its own dtype, whatever -ctk/-ctv say.
             draft_request = replace(request, cache_type_k=AUTO, cache_type_v=AUTO)
-            draft = estimate_memory(read_model_inventory(args.model_draft), draft_request, options)
+            draft_path = resolve_model(args.model_draft, args.model_store)
+            draft = estimate_memory(read_model_inventory(draft_path), draft_request, options)
             estimate = estimate.beside(draft)
     except ValueError as error:
         raise UsageError(str(error)) from error
@@ -120,7 +127,7 @@ def check_memory(
     """Refuse to start when the model and one sequence of `-c` tokens do not fit.
 
     Args:
-        args: resolved `generate` / `serve` flags.
+        args: resolved `generate` / `serve` flags, `args.model_store` set.
         err: where `--estimate-memory` prints the estimate.
         budget: the memory to check against; None asks the device
             (`device_memory_budget` with `--gpu-memory-utilization`).

@@ -172,8 +172,11 @@ def _exit_process(error: BaseException) -> None:
     os._exit(70)
 
 
-def _loader(args: argparse.Namespace) -> Callable[[], tuple[LoadedModel, LoadedModel | None]]:
-    """Loads the model and adapters the flags name, then the draft model, on the calling
+def _loader(
+    args: argparse.Namespace, err: TextIO
+) -> Callable[[], tuple[LoadedModel, LoadedModel | None]]:
+    """Checks that the models fit in memory (`check_memory`, its estimate on `err`), then
+    loads the model and adapters the flags name, then the draft model, on the calling
     thread's stream.
 
     Raises:
@@ -184,6 +187,7 @@ def _loader(args: argparse.Namespace) -> Callable[[], tuple[LoadedModel, LoadedM
     check_draft_model_path(args)
 
     def load() -> tuple[LoadedModel, LoadedModel | None]:
+        check_memory(args, err)
         with thread_stream():
             loaded = load_for_command(
                 args.model,
@@ -212,7 +216,8 @@ async def serve_until_stopped(
             server stops).
         UsageError: the draft model does not fit the model, or a KV cache type cannot store
             the model's head dim.
-        RunError: the KV cache cannot hold one sequence of the context size.
+        RunError: the models and one sequence of the context size do not fit in memory
+            (estimated before loading), or the KV cache cannot hold one such sequence.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -224,7 +229,7 @@ async def serve_until_stopped(
         try:
             loaded, draft = load_models()
             state.set_ready(serving_model(loaded, settings, draft))
-        except (ModelLoadError, UsageError) as error:
+        except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
         except InsufficientMemoryError as error:
@@ -260,8 +265,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     settings = settings_from(args)
-    load_models = _loader(args)
-    check_memory(args, err)
+    load_models = _loader(args, err)
     state = ServerState()
     app = create_app(state, settings)
     config = Config()
