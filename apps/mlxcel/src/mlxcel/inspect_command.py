@@ -62,7 +62,7 @@ FLAGS = (
     BATCH_SIZE_FLAG,
     *(flag for flag in ENGINE_FLAGS if flag.dest in _ESTIMATE_FLAGS),
     Flag(("--json",), "json", bool, False, "print one JSON object instead of text",
-         is_switch=True),
+         env="MLXCEL_JSON", is_switch=True),
 )  # fmt: skip
 
 

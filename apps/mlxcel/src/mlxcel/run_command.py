@@ -39,6 +39,7 @@ from mlxcel.flags import (
 )
 from mlxcel.generate_command import check_length_flags, generate_one
 from mlxcel.loading import load_for_command
+from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.repl import run_repl
 from mlxcel.repl_input import PipedReader, TerminalReader, terminal_history
 from mlxcel.speculative_flags import check_draft_model_path
@@ -50,6 +51,7 @@ HISTORY_FILE_NAME = "run_history"
 FLAGS = (
     MODEL_FLAG,
     *STORE_FLAGS,
+    *MEMORY_FLAGS,
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     Flag(("-p", "--prompt"), "prompt", str, None,
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=1)
     check_draft_model_path(args)
+    check_memory(args, err)
     template = chat_template_from(args)
     system = system_messages(args)
     prompt = None if args.prompt is None else check_text(args.prompt, "prompt")
