@@ -298,11 +298,11 @@ def test_invalid_files_fail_before_loading_with_their_line(tmp_path, text, line,
         (one_edit("op: scale", "tensors: model.norm.weight", "layers: 0", "factor: 2"), 3,
          "pattern 'model.norm.weight' matches no tensor in layers 0"),
         (one_edit("op: prune", "layers: [0, 1-5]"), 3,
-         "layers 1-5 is outside the model, which has 2 layers (0-1)"),
+         "layers 1-5: outside the model, which has 2 layers (0-1)"),
         (one_edit("op: prune", "heads: [1,\n      4]"), 4,
-         "heads 4 is outside the model, which has 4 heads (0-3)"),
+         "heads 4: outside the model, which has 4 heads (0-3)"),
         (one_edit("op: prune", "channels: 128"), 3,
-         "channels 128 is outside the model, which has 128 channels (0-127)"),
+         "channels 128: outside the model, which has 128 channels (0-127)"),
     ],
 )  # fmt: skip
 def test_edits_that_do_not_fit_the_model_name_their_line(
@@ -315,15 +315,15 @@ def test_edits_that_do_not_fit_the_model_name_their_line(
 
 
 def test_another_checkpoint_of_other_shapes_is_refused(tmp_path, tiny_safetensors):
-    write_safetensors_model(tmp_path / "narrow", TinyConfig(hidden_size=32))
-    path = surgery_file(
-        tmp_path, one_edit("op: interpolate", "layers: 0", "from: narrow", "alpha: 0.5")
-    )
-    with pytest.raises(
-        SurgeryError,
-        match=r"surgery.yaml:2: model\.layers\.0\.\S+ has shape \(\d+, 64\) in the model but",
-    ):
+    narrow = write_safetensors_model(tmp_path / "narrow", TinyConfig(hidden_size=32))
+    up = "model.layers.0.mlp.up_proj.weight"
+    text = one_edit("op: interpolate", f"tensors: {up}", "from: narrow", "alpha: 0.5")
+    path = surgery_file(tmp_path, text)
+    with pytest.raises(SurgeryError) as caught:
         load_model(tiny_safetensors, surgery=read_surgery_file(path))
+    assert str(caught.value) == (
+        f"{path}:2: {up} has shape (128, 64) in the model but (128, 32) in {narrow}"
+    )
 
 
 def test_an_unreadable_file_is_named(tmp_path):

@@ -151,9 +151,10 @@ def _check_shape(
     edit: Edit, name: str, shape: tuple[int, ...], source_name: str, source_shape: tuple
 ) -> None:
     if tuple(source_shape) != shape:
+        theirs = "" if source_name == name else f" ({source_name})"
         raise SurgeryError(
-            f"{edit.where}: {name} has shape {shape} in the model but {source_name} has "
-            f"shape {tuple(source_shape)} in {edit.source}"
+            f"{edit.where}: {name} has shape {shape} in the model but "
+            f"{tuple(source_shape)} in {edit.source}{theirs}"
         )
 
 

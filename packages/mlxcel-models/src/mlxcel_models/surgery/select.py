@@ -18,7 +18,7 @@ def check_ranges(ranges: Sequence[IndexRange], count: int, what: str) -> None:
     for index_range in ranges:
         if index_range.last >= count:
             raise SurgeryError(
-                f"{index_range.where}: {what} {index_range} is outside the model, which has "
+                f"{index_range.where}: {what} {index_range}: outside the model, which has "
                 f"{count} {what} (0-{count - 1})"
             )
 
