@@ -86,7 +86,7 @@ def apply_surgery(
     applied = []
     for edit, changes in zip(plan.edits, transforms, strict=True):
         for name, transform in changes.items():
-            tensors.write(name, transform(tensors.read(name)))
+            tensors.update(name, transform)
         effective = EffectiveEdit(edit.where, _op_name(edit), _detail(edit), len(changes))
         logger.info("surgery %s", effective)
         applied.append(effective)

@@ -1,13 +1,15 @@
-"""A model's tensors by mlx-lm name, read and written as float32 arrays.
+"""A model's tensors by mlx-lm name, read and updated as float32 arrays.
 
 Affine-quantized layers (`QuantizedLinear`, `QuantizedEmbedding`) show their weight as one
-tensor, `NAME.weight`, dequantized on read; a write requantizes it with the layer's group
-size and bits. Groups whose values the write leaves unchanged keep their packed values,
+tensor, `NAME.weight`, dequantized on read; an update requantizes it with the layer's group
+size and bits. Groups whose values the update leaves unchanged keep their packed values,
 scales and biases exactly, so an edit of some rows or columns costs no precision elsewhere;
 groups it changes are rounded to the quantization grid (zeros stay exact).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -71,15 +73,17 @@ class ModelTensors:
             bits=layer.bits,
         ).astype(mx.float32)
 
-    def write(self, name: str, value: mx.array) -> None:
-        """Set the tensor to `value` (its logical shape, any float dtype), cast to the
-        tensor's dtype or requantized."""
+    def update(self, name: str, transform: Callable[[mx.array], mx.array]) -> None:
+        """Set the tensor to `transform` of its float32 value (same shape, any float
+        dtype), cast to the tensor's dtype or requantized."""
+        before = self.read(name)
+        value = transform(before)
         owner, _, attribute = name.rpartition(".")
         layer = self._quantized.get(name)
         if layer is None:
             self._modules[owner][attribute] = value.astype(self._arrays[name].dtype)
         else:
-            _requantize(layer, value.astype(mx.float32), self.read(name))
+            _requantize(layer, value.astype(mx.float32), before)
         self._arrays[name] = self._modules[owner][attribute]
 
 
