@@ -1,5 +1,6 @@
 """`--surgery` and `MLXCEL_SURGERY` through `main(argv)` on the tiny float32 llama: generate,
-bench and serve apply or refuse the file, and errors are one line with the file's line."""
+run, bench and serve apply or refuse the file, and errors are one line with the file's
+line."""
 
 from __future__ import annotations
 
@@ -56,6 +57,16 @@ def test_surgery_changes_the_output_to_the_edited_models(
 def test_the_environment_mirror_applies_the_file(tiny_safetensors, other_seed, replace_all):
     environ = {"MLXCEL_SURGERY": str(replace_all)}
     assert generate(tiny_safetensors, environ=environ) == generate(other_seed)
+
+
+def test_run_applies_the_surgery(tiny_safetensors, other_seed, replace_all):
+    def answer(model: Path, *flags: str) -> str:
+        argv = ("run", str(model), "-p", "hello", "--temp", "0", "-n", "8", *flags)
+        code, out, err = run_cli(*argv)
+        assert code == 0, err
+        return out
+
+    assert answer(tiny_safetensors, "--surgery", str(replace_all)) == answer(other_seed)
 
 
 def test_bench_applies_the_surgery(tiny_safetensors, replace_all, capsys):

@@ -1,5 +1,6 @@
 """`--surgery FILE` (`MLXCEL_SURGERY`): weight edits applied while the model loads, shared by
-`generate`, `serve` and `bench`. They apply to the model `-m` names, not to a draft model."""
+`generate`, `run`, `serve` and `bench`. They apply to the model `-m` names, not to a draft
+model."""
 
 from __future__ import annotations
 
