@@ -31,6 +31,7 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_for_command
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
+from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.compute import ComputeOptions
@@ -46,6 +47,7 @@ BENCH_FLAGS = (
     Flag(("--compare",), "compare", bool, False,
          "also run mlx-lm's generate_step on the same weights and print the ratios",
          is_switch=True),
+    SURGERY_FLAG,
 )  # fmt: skip
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
@@ -153,10 +155,15 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     ):
         if value < low:
             raise UsageError(f"{name} must be >= {low}, got {value}")
+    surgery = surgery_plan_from(args)
     results = []
     if args.compare:
         reference = load_for_command(
-            args.model, store=args.model_store, revision=args.revision, compute=ComputeOptions()
+            args.model,
+            store=args.model_store,
+            revision=args.revision,
+            compute=ComputeOptions(),
+            surgery=surgery,
         )
         prompt = _random_prompt(reference, args.n_prompt)
         stream = _mlx_lm_stream(reference, args.batch_size, args.n_gen)
@@ -164,7 +171,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         del reference, stream
         gc.collect()
         mx.clear_cache()
-    loaded = load_for_command(args.model, store=args.model_store, revision=args.revision)
+    loaded = load_for_command(
+        args.model, store=args.model_store, revision=args.revision, surgery=surgery
+    )
     prompt = _random_prompt(loaded, args.n_prompt)
     results.insert(0, measure("mlxcel", _mlxcel_stream(loaded, args.batch_size), prompt, args))
     print(format_results(results, args), file=out)

@@ -41,6 +41,7 @@ from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
+from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.engine import EngineConfig
 from mlxcel_core.generate import GenerationStats
 from mlxcel_core.sampling import SamplingParams
@@ -66,6 +67,7 @@ FLAGS = (
     *ENGINE_FLAGS,
     *MEMORY_FLAGS,
     *ADAPTER_FLAGS,
+    SURGERY_FLAG,
     *SAMPLING_FLAGS,
 )
 
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=len(prompts))
     check_draft_model_path(args)
+    surgery = surgery_plan_from(args)
     check_memory(args, err)
     loaded = load_for_command(
         args.model,
@@ -152,6 +155,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         revision=args.revision,
         adapters=adapters,
         fuse_adapters=args.lora_fuse,
+        surgery=surgery,
     )
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):

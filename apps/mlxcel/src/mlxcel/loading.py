@@ -8,12 +8,13 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from mlxcel_models.backend import select_backend
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loaded import LoadedModel
-from mlxcel_models.loading.loader import load_model
 from mlxcel_models.lora import AdapterSpec, apply_adapters
 from mlxcel_models.store import StoreConfig, resolve_model
+from mlxcel_models.surgery import SurgeryPlan
 
 PROGRESS_DELAY_SECONDS = 1.0
 
@@ -26,9 +27,11 @@ def load_for_command(
     compute: ComputeOptions | None = None,
     adapters: Sequence[AdapterSpec] = (),
     fuse_adapters: bool = False,
+    surgery: SurgeryPlan | None = None,
 ) -> LoadedModel:
-    """Load `model` (or the default model), showing progress on stderr after a second,
-    then attach its LoRA `adapters` (fused into the weights with `fuse_adapters`).
+    """Load `model` (or the default model) through the selected backend, showing progress
+    on stderr after a second and the `surgery` edits applied, one line each, then attach
+    its LoRA `adapters` (fused into the weights with `fuse_adapters`).
 
     A Hugging Face id in `model` is resolved through `store` at `revision` first (found in
     the store or the Hugging Face cache, else downloaded with huggingface_hub's progress
@@ -36,7 +39,8 @@ def load_for_command(
 
     Raises:
         ModelLoadError: as `load_model` does, or the id cannot be fetched;
-            `AdapterLoadError` for a bad adapter.
+            `AdapterLoadError` for a bad adapter, `SurgeryError` for surgery that does not
+            fit the model.
     """
     path = default_model_path() if model is None else resolve_model(model, store, revision=revision)
     with tqdm(
@@ -47,5 +51,9 @@ def load_for_command(
             bar.total = total
             bar.update(done - bar.n)
 
-        loaded = load_model(path, progress=progress, compute=compute)
+        loaded = select_backend().load_model(
+            path, progress=progress, compute=compute, surgery=surgery
+        )
+    for edit in loaded.surgery:
+        print(f"mlxcel: surgery {edit}", file=sys.stderr)
     return apply_adapters(loaded, adapters, fuse=fuse_adapters)

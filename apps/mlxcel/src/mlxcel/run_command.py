@@ -44,6 +44,7 @@ from mlxcel.repl import run_repl
 from mlxcel.repl_input import PipedReader, TerminalReader, terminal_history
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
+from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 
 CACHE_DIR_VARIABLE = "MLXCEL_CACHE_DIR"
 HISTORY_FILE_NAME = "run_history"
@@ -60,6 +61,7 @@ FLAGS = (
     *CHAT_FLAGS,
     *ENGINE_FLAGS,
     *ADAPTER_FLAGS,
+    SURGERY_FLAG,
     *SAMPLING_FLAGS,
 )  # fmt: skip
 
@@ -90,12 +92,14 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     template = chat_template_from(args)
     system = system_messages(args)
     prompt = None if args.prompt is None else check_text(args.prompt, "prompt")
+    surgery = surgery_plan_from(args)
     loaded = load_for_command(
         args.model,
         store=args.model_store,
         revision=args.revision,
         adapters=adapters,
         fuse_adapters=args.lora_fuse,
+        surgery=surgery,
     )
     check_chat_template(loaded.tokenizer, template)
     if prompt is not None:

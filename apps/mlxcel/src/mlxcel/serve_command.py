@@ -41,6 +41,7 @@ from mlxcel.loading import load_for_command
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
+from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.engine import Engine, InsufficientMemoryError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
@@ -87,6 +88,7 @@ FLAGS = (
     *ENGINE_FLAGS,
     *MEMORY_FLAGS,
     *ADAPTER_FLAGS,
+    SURGERY_FLAG,
     *SERVER_FLAGS,
     *SAMPLING_FLAGS,
 )
@@ -182,9 +184,11 @@ def _loader(
     Raises:
         UsageError: the adapter flags conflict.
         InputError: an adapter folder or the draft model does not exist.
+        SurgeryError: the `--surgery` file cannot be read or is invalid.
     """
     adapters = adapter_specs_from(args)
     check_draft_model_path(args)
+    surgery = surgery_plan_from(args)
 
     def load() -> tuple[LoadedModel, LoadedModel | None]:
         check_memory(args, err)
@@ -195,6 +199,7 @@ def _loader(
                 revision=args.revision,
                 adapters=adapters,
                 fuse_adapters=args.lora_fuse,
+                surgery=surgery,
             )
             return loaded, load_draft_model(args, loaded)
 

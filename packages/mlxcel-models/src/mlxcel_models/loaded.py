@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from mlxcel_models.detection import ModelSource
 from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.metadata import FamilyMetadata
+from mlxcel_models.surgery import EffectiveEdit
 from mlxcel_models.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class LoadedModel:
         source: where it was loaded from.
         load_seconds: wall time of the load, weights evaluated.
         adapters: the LoRA adapters attached by `apply_adapters`, or None.
+        surgery: the weight edits applied while loading (`--surgery`), in order.
     """
 
     model: MlxLmLanguageModel
@@ -54,6 +56,7 @@ class LoadedModel:
     source: ModelSource
     load_seconds: float
     adapters: LoraAdapters | None = None
+    surgery: tuple[EffectiveEdit, ...] = ()
 
     @property
     def row_adapters(self) -> LoraAdapters | None:

@@ -28,6 +28,7 @@ from mlxcel_models.loading.gguf_model import (
     quantization_of,
 )
 from mlxcel_models.metadata import FamilyMetadata, WeightFormat, family_for
+from mlxcel_models.surgery import SurgeryPlan, apply_surgery
 from mlxcel_models.tokenizer import Tokenizer
 
 LoadProgress = Callable[[int, int], None]
@@ -39,6 +40,7 @@ def load_model(
     *,
     progress: LoadProgress | None = None,
     compute: ComputeOptions | None = None,
+    surgery: SurgeryPlan | None = None,
 ) -> LoadedModel:
     """Load a GGUF file or a Hugging Face / mlx-lm safetensors folder.
 
@@ -47,26 +49,44 @@ def load_model(
         progress: optional callback reporting weight evaluation per layer.
         compute: activation dtype and prefill tactic; None picks the measured best for the
             default device (`ComputeOptions.for_device`).
+        surgery: weight edits applied after `compute`, before the weights are evaluated;
+            the checkpoints it reads are loaded the same way, with the same options.
 
     Raises:
         ModelLoadError: missing or corrupt files, an unsupported model type or
-            quantization; the message names the problem in one line.
+            quantization; the message names the problem in one line. `SurgeryError`
+            for surgery that does not fit the model.
     """
     start = time.perf_counter()
-    source = detect_model(path)
-    family = family_for(source.model_type, source.weight_format)
-    if source.weight_format is WeightFormat.GGUF:
-        module, tokenizer, context_length = _load_gguf(source, family)
-    else:
-        module, tokenizer, context_length = _load_safetensors(source)
-    apply_compute_options(module, compute or ComputeOptions.for_device(mx.default_device()))
+    options = compute or ComputeOptions.for_device(mx.default_device())
+    module, tokenizer, context_length, source, family = _read_model(path, options)
+    edits = ()
+    if surgery is not None:
+        edits = apply_surgery(
+            module, surgery, read_checkpoint=lambda other: _read_model(other, options)[0]
+        )
     model = MlxLmLanguageModel(module)
     try:
         _evaluate_weights(module, progress)
     except RuntimeError as error:
         raise ModelLoadError(f"{source.path}: cannot read the weights: {error}") from error
     config = _model_config(module, model.num_layers, context_length)
-    return LoadedModel(model, tokenizer, config, family, source, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return LoadedModel(model, tokenizer, config, family, source, seconds, surgery=edits)
+
+
+def _read_model(
+    path: str | Path, options: ComputeOptions
+) -> tuple[nn.Module, Tokenizer, int, ModelSource, FamilyMetadata]:
+    """The model at `path` with `options` applied, its weights not yet evaluated."""
+    source = detect_model(path)
+    family = family_for(source.model_type, source.weight_format)
+    if source.weight_format is WeightFormat.GGUF:
+        module, tokenizer, context_length = _load_gguf(source, family)
+    else:
+        module, tokenizer, context_length = _load_safetensors(source)
+    apply_compute_options(module, options)
+    return module, tokenizer, context_length, source, family
 
 
 def _mlx_lm_model(config: dict[str, Any]) -> nn.Module:
