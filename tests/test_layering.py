@@ -18,7 +18,9 @@ ALLOWED = {
         "mlxcel_core", "mlxcel_models",
     },
     "packages/mlxcel-vision": _MLX | {"PIL", "mlxcel_vision"},
-    "packages/mlxcel-audio": _MLX | {"soundfile", "mlxcel_audio"},
+    "packages/mlxcel-audio": _MLX | {
+        "soundfile", "av", "soxr", "onnx", "piper", "tokenizers", "mlxcel_audio",
+    },
     "packages/mlxcel-distributed": _MLX | {"mlxcel_distributed"},
     "packages/mlxcel-server": {
         "mlx", "numpy", "quart", "pydantic", "werkzeug", "prometheus_client", "llguidance",
