@@ -30,12 +30,15 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_for_command
+from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel_core.engine import EngineConfig, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig, GenerationStats
+from mlxcel_core.reasoning import ReasoningPhase, ReasoningTracker
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.tokenizer import resolve_chat_template
+from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax, opening_phase
 
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),
@@ -55,11 +58,20 @@ PROMPT_FLAGS = (
          "raw completion: send the prompt as it is, without the chat template",
          is_switch=True),
 )  # fmt: skip
+REASONING_FLAGS = (
+    Flag(("--show-reasoning",), "show_reasoning", bool, False,
+         "print the model's reasoning (dimmed on a terminal) before its answer",
+         env="MLXCEL_SHOW_REASONING", is_switch=True),
+    Flag(("--reasoning-budget",), "reasoning_budget", int, -1,
+         "most reasoning tokens, then the answer; -1 = no limit, 0 = no reasoning",
+         env="LLAMA_ARG_THINK_BUDGET"),
+)  # fmt: skip
 FLAGS = (
     MODEL_FLAG,
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     *PROMPT_FLAGS,
+    *REASONING_FLAGS,
     *ENGINE_FLAGS,
     *ADAPTER_FLAGS,
     *SAMPLING_FLAGS,
@@ -135,8 +147,15 @@ def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) ->
     if args.system_prompt is not None:
         system_prompt = _check_text(args.system_prompt, "system prompt")
         messages.insert(0, {"role": "system", "content": system_prompt})
+    syntax = find_reasoning_syntax(tokenizer, template)
+    # As llama-server does for a zero budget: the template's own switch, where it has one.
+    kwargs = {"enable_thinking": False} if args.reasoning_budget == 0 else {}
     try:
-        return tokenizer.encode_chat(messages, chat_template=template)
+        return tokenizer.encode_chat(
+            messages,
+            chat_template=template,
+            template_kwargs=kwargs if syntax is not None and syntax.thinking_switch else None,
+        )
     except ValueError as error:
         raise InputError(str(error)) from error
 
@@ -170,6 +189,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         raise UsageError(f"-c/--ctx-size must be >= 0, got {args.ctx_size}")
     if args.batch_size < 1:
         raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
+    if args.reasoning_budget < -1:
+        raise UsageError(f"--reasoning-budget must be -1 or >= 0, got {args.reasoning_budget}")
     adapters = adapter_specs_from(args)
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=len(prompts))
@@ -208,6 +229,20 @@ def _generate_one(
             f"the prompt has {len(tokens)} tokens but the context size is {context_size}; "
             "shorten the prompt or raise -c/--ctx-size"
         )
+    syntax = find_reasoning_syntax(tokenizer, _chat_template(args))
+    phase = ReasoningPhase.BEFORE
+    constraint = None
+    if syntax is not None:
+        phase = opening_phase(tokenizer, tokens, syntax.markers)
+        if args.reasoning_budget >= 0:
+            constraint = ReasoningTracker(syntax.tokens, phase=phase, budget=args.reasoning_budget)
+    display = ReasoningDisplay(
+        out,
+        None if syntax is None else syntax.markers,
+        phase,
+        show=args.show_reasoning,
+        dim=stream_is_terminal(out),
+    )
     request = EngineRequest(
         prompt_ids=tuple(tokens),
         sampling=params,
@@ -216,8 +251,11 @@ def _generate_one(
             max_tokens=args.n_predict,
             stop_token_ids=tokenizer.eos_token_ids,
         ),
-        detokenizer=tokenizer.make_detokenizer(),
+        detokenizer=tokenizer.make_detokenizer(
+            skip_special_tokens=syntax is None or not syntax.markers_are_special
+        ),
         dry_breaker_ids=tokenizer.token_ids_containing(params.dry_sequence_breakers),
+        constraint=constraint,
     )
     engine = open_engine(args, loaded, engine_config, context_size=context_size)
     try:
@@ -227,9 +265,9 @@ def _generate_one(
             output = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
             if output.error is not None:
                 raise RunError(f"generation failed: {output.error}")
-            out.write(output.text)
-            out.flush()
+            display.write(output.text)
             if output.stats is not None:
+                display.finish()
                 out.write("\n")
                 out.flush()
                 print(format_stats(output.stats, loaded.load_seconds), file=err)

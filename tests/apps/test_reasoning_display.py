@@ -1,0 +1,89 @@
+"""Hiding or showing a reply's reasoning: the display module, and `mlxcel generate` on a
+thinking model whose engine follows a script."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import pytest
+from reasoning_factories import THINKING_TEMPLATE, SuccessorModel, chain, make_tokenizer
+from test_cli import assert_one_line_error, run_cli
+
+from mlxcel import generate_command
+from mlxcel.reasoning_display import DIM, RESET, ReasoningDisplay
+from mlxcel_core.reasoning import ReasoningMarkers, ReasoningPhase
+from mlxcel_models.loading.loader import load_model
+
+THINK = ReasoningMarkers("<think>", "</think>")
+REPLY = "<think>\nCheck.\n</think>\n\nDone."
+
+
+def display(text: str, *, piece: int = 3, markers=THINK, **options) -> str:
+    out = io.StringIO()
+    shown = ReasoningDisplay(out, markers, ReasoningPhase.BEFORE, **options)
+    for start in range(0, len(text), piece):
+        shown.write(text[start : start + piece])
+    shown.finish()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("piece", [1, 3, 100])
+def test_reasoning_is_hidden_by_default(piece):
+    assert display(REPLY, piece=piece) == "Done."
+
+
+@pytest.mark.parametrize("piece", [1, 3, 100])
+def test_shown_reasoning_precedes_the_answer_plainly(piece):
+    assert display(REPLY, piece=piece, show=True) == "Check.\n\nDone."
+
+
+def test_shown_reasoning_is_dimmed_for_a_terminal():
+    out = display(REPLY, piece=100, show=True, dim=True)
+    assert out == f"{DIM}Check.{RESET}\n\nDone."
+
+
+def test_without_markers_the_text_prints_as_it_is():
+    assert display(REPLY, markers=None) == REPLY
+
+
+@pytest.fixture(scope="module")
+def thinking_model(tiny_gguf):
+    """The tiny model with a thinking template, its network replaced by one that replies
+    `Plan</think>OK` after the template's `<think>\\n`."""
+    tokenizer = make_tokenizer(tiny_gguf, THINKING_TEMPLATE)
+    reply = [*tokenizer.encode("Plan</think>OK")]
+    (newline,) = tokenizer.encode("\n")
+    (im_end,) = tokenizer.encode("<|im_end|>")
+    model = SuccessorModel(chain(newline, reply), tokenizer.vocab_size, im_end)
+    return dataclasses.replace(load_model(tiny_gguf), model=model, tokenizer=tokenizer)
+
+
+@pytest.fixture
+def generate(monkeypatch, thinking_model, tiny_gguf):
+    monkeypatch.setattr(generate_command, "load_for_command", lambda *_, **__: thinking_model)
+
+    def run(*flags: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+        argv = ("generate", "-m", str(tiny_gguf), "-p", "Hi", "--temp", "0", "-n", "16")
+        return run_cli(*argv, *flags, environ=environ)
+
+    return run
+
+
+def test_generate_hides_the_reasoning(generate):
+    code, out, _ = generate()
+    assert (code, out) == (0, "OK\n")
+
+
+def test_generate_shows_the_reasoning_when_asked(generate):
+    assert generate("--show-reasoning")[1] == "Plan\n\nOK\n"
+    assert generate(environ={"MLXCEL_SHOW_REASONING": "1"})[1] == "Plan\n\nOK\n"
+
+
+def test_generate_reasoning_budget(generate):
+    assert generate("--show-reasoning", "--reasoning-budget", "1")[1] == "P\n\nOK\n"
+
+
+def test_generate_rejects_a_bad_budget(generate):
+    code, _, err = generate("--reasoning-budget", "-2")
+    assert_one_line_error(code, err, 2, "--reasoning-budget must be -1 or >= 0")
