@@ -1,5 +1,5 @@
-"""Hiding or showing a reply's reasoning: the display module, and `mlxcel generate` on a
-thinking model whose engine follows a script."""
+"""Hiding or showing a reply's reasoning: the display module, `mlxcel generate` on a thinking
+model whose engine follows a script, and `mlxcel serve`'s reasoning flags."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import pytest
 from reasoning_factories import THINKING_TEMPLATE, SuccessorModel, chain, make_tokenizer
 from test_cli import assert_one_line_error, run_cli
 
-from mlxcel import generate_command
+from mlxcel import generate_command, serve_command
+from mlxcel.cli import make_parser
+from mlxcel.flags import UsageError, resolve_defaults
 from mlxcel.reasoning_display import DIM, RESET, ReasoningDisplay
 from mlxcel_core.reasoning import ReasoningMarkers, ReasoningPhase
 from mlxcel_models.loading.loader import load_model
+from mlxcel_server.reasoning import ReasoningFormat
 
 THINK = ReasoningMarkers("<think>", "</think>")
 REPLY = "<think>\nCheck.\n</think>\n\nDone."
@@ -87,3 +90,32 @@ def test_generate_reasoning_budget(generate):
 def test_generate_rejects_a_bad_budget(generate):
     code, _, err = generate("--reasoning-budget", "-2")
     assert_one_line_error(code, err, 2, "--reasoning-budget must be -1 or >= 0")
+
+
+def serve_settings(argv, environ):
+    args = make_parser("serve").parse_args(["serve", *argv])
+    resolve_defaults(args, serve_command.FLAGS, environ)
+    return serve_command.settings_from(args)
+
+
+def test_serve_reasoning_flags_and_their_environment_mirrors():
+    default = serve_settings([], {})
+    assert (default.reasoning_format, default.reasoning_budget) == (ReasoningFormat.AUTO, -1)
+    chosen = serve_settings(["--reasoning-format", "none", "--reasoning-budget", "0"], {})
+    assert (chosen.reasoning_format, chosen.reasoning_budget) == (ReasoningFormat.NONE, 0)
+    environ = {"LLAMA_ARG_THINK": "deepseek-legacy", "LLAMA_ARG_THINK_BUDGET": "64"}
+    mirrored = serve_settings([], environ)
+    assert mirrored.reasoning_format is ReasoningFormat.DEEPSEEK_LEGACY
+    assert mirrored.reasoning_budget == 64
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--reasoning-format", "think"], "--reasoning-format must be one of none, deepseek"),
+        (["--reasoning-budget", "-5"], "--reasoning-budget must be -1 or >= 0, got -5"),
+    ],
+)
+def test_serve_refuses_bad_reasoning_flags(argv, message):
+    with pytest.raises(UsageError, match=message):
+        serve_settings(argv, {})

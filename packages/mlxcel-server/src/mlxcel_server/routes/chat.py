@@ -211,7 +211,8 @@ async def _events(
                 continue
             delta = ChatDelta(
                 role="assistant" if first else None,
-                content=content,
+                # A piece of reasoning alone carries no content, as llama-server sends it.
+                content=None if piece.reasoning and not content else content,
                 reasoning_content=piece.reasoning or None,
             )
             choice = ChatChunkChoice(index=output.index, delta=delta)
