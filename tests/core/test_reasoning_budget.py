@@ -183,3 +183,37 @@ def test_the_budget_holds_under_speculative_decoding(model):
         (outputs,) = generate_all(engine, [request])
     assert token_ids(outputs) == [20, 21, END_THINK, *ANSWER]
     assert outputs[-1].stats.draft_tokens > 0
+
+
+# Channel style, as gpt-oss: <|channel|> analysis ... <|end|> <|start|> <|channel|> final ...
+CHANNEL, ANALYSIS, END, FRAMING, FINAL = 5, 6, 7, 9, 8
+CHANNEL_TOKENS = ReasoningTokens((CHANNEL, ANALYSIS), (END,), (CHANNEL, FINAL))
+
+
+def test_channel_style_counts_both_analysis_messages_and_finds_the_answer():
+    tracker = ReasoningTracker(CHANNEL_TOKENS)
+    reply = [CHANNEL, ANALYSIS, 20, 21, END, FRAMING, CHANNEL, ANALYSIS, 22, END]
+    run(tracker, [*reply, FRAMING, CHANNEL, FINAL, 30])
+    assert tracker.num_reasoning_tokens == 3
+    assert tracker.phase is ReasoningPhase.ANSWER
+
+
+def test_channel_style_budget_spans_every_analysis_message():
+    tracker = ReasoningTracker(CHANNEL_TOKENS, budget=3)
+    reply = [CHANNEL, ANALYSIS, 20, 21, END, FRAMING, CHANNEL, ANALYSIS, 22, 23, 24]
+    out = run(tracker, [*reply, FRAMING, CHANNEL, FINAL, 30])
+    assert out == [*reply[:9], END, 24, FRAMING, CHANNEL, FINAL, 30]
+    assert tracker.phase is ReasoningPhase.ANSWER
+
+
+def test_channel_style_grammar_waits_for_the_final_message():
+    grammar = OnlyEven()
+    tracker = ReasoningTracker(CHANNEL_TOKENS, inner=grammar)
+    allowed = tracker.allowed_mask(VOCAB)
+    assert allowed[CHANNEL].item() and allowed[30].item() and not allowed[FRAMING].item()
+    run(tracker, [CHANNEL])
+    assert tracker.allowed_mask(VOCAB).tolist() == [t in (ANALYSIS, FINAL) for t in range(VOCAB)]
+    run(tracker, [ANALYSIS, 21, END, FRAMING, CHANNEL, FINAL])
+    assert grammar.advanced == [] and not tracker.allowed_mask(VOCAB)[31].item()
+    run(tracker, [30])
+    assert grammar.advanced == [30]

@@ -47,7 +47,9 @@ def test_channel_markers_are_special_tokens(tiny_gguf):
     )
     syntax = find_reasoning_syntax(tokenizer)
     assert syntax.markers == CHANNEL_MARKERS and syntax.markers_are_special
-    assert syntax.tokens.reopens and not syntax.thinking_switch
+    assert not syntax.thinking_switch
+    final = tokenizer.encode("<|channel|>final<|message|>")
+    assert syntax.tokens.answer_start_ids == tuple(final)
     assert tokenizer.decode(syntax.tokens.end_ids, skip_special_tokens=False) == "<|end|>"
 
 

@@ -3,12 +3,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Sequence
 
 import pytest
 from reasoning_clients import ANSWER, ASK, REASONING, joined, scripted_engine, with_tokenizer
-from reasoning_factories import OPEN_THINKING_TEMPLATE, THINKING_TEMPLATE
+from reasoning_factories import (
+    HARMONY_TEMPLATE,
+    HARMONY_TOKENS,
+    OPEN_THINKING_TEMPLATE,
+    THINKING_TEMPLATE,
+    make_tokenizer,
+)
 from test_chat_tools import WEATHER_TOOL, ScriptedEngine
+
+from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
+from mlxcel_core.generate import FinishReason, GenerationStats
 
 CHAT = "/v1/chat/completions"
 
@@ -202,3 +213,41 @@ def test_reasoning_sent_back_renders_through_the_template(make_replay_client):
     assert "<think>\nGreet back.\n</think>Hello" in prompt
     user_reasoning = [{"role": "user", "content": "x", "reasoning_content": "y"}]
     assert client.post(CHAT, {"messages": user_reasoning}).status == 400
+
+
+class TokenReplayEngine:
+    """Replays fixed token ids through each request's own detokenizer, so that how the
+    request decodes (special tokens kept or not) shapes the text."""
+
+    def __init__(self, reply_ids: Sequence[int]) -> None:
+        self.reply_ids = reply_ids
+
+    def submit(self, requests: Sequence[EngineRequest], sink: OutputSink) -> RequestHandle:
+        for request in requests:
+            for token in self.reply_ids:
+                text = request.detokenizer.add_token(token)
+                sink.put(EngineOutput(index=request.index, text=text, token_id=token))
+            stats = GenerationStats(len(request.prompt_ids), 0.01, len(self.reply_ids), 0.01, 0)
+            rest = request.detokenizer.finalize()
+            sink.put(EngineOutput(request.index, rest, None, FinishReason.STOP, stats))
+        return RequestHandle(1)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        return None
+
+
+def test_channel_markers_that_are_special_tokens(make_client, tiny_gguf, tiny_loaded):
+    tokenizer = make_tokenizer(
+        tiny_gguf, HARMONY_TEMPLATE, user_tokens=(), special_tokens=HARMONY_TOKENS
+    )
+    reply = (
+        "<|channel|>analysis<|message|>Two and two.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Four."
+    )
+    engine = TokenReplayEngine(tokenizer.encode(reply))
+    loaded = dataclasses.replace(tiny_loaded, tokenizer=tokenizer)
+    body = chat(make_client(1024, loaded=loaded, engine=engine)).json()
+    message = body["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Two and two.", "Four.")
+    reasoning_tokens = len(tokenizer.encode("Two and two."))
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == reasoning_tokens

@@ -19,20 +19,21 @@ class ReasoningTokens:
     Attributes:
         start_ids: the tokens that open the span (often one special token).
         end_ids: the tokens that close it; a spent budget forces them.
-        reopens: whether a closed span may be followed by another (channel-style formats,
-            where framing sits between the reasoning and the answer).
+        answer_start_ids: for channel-style formats, the tokens that open the answer after
+            framing (gpt-oss's `<|channel|>final<|message|>`); empty when the answer follows
+            `end_ids` directly. Between the span and them, another span may open.
 
     Raises:
-        ValueError: a marker has no tokens.
+        ValueError: `start_ids` or `end_ids` is empty.
     """
 
     start_ids: tuple[int, ...]
     end_ids: tuple[int, ...]
-    reopens: bool = False
+    answer_start_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "start_ids", tuple(self.start_ids))
-        object.__setattr__(self, "end_ids", tuple(self.end_ids))
+        for name in ("start_ids", "end_ids", "answer_start_ids"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.start_ids or not self.end_ids:
             raise ValueError(f"reasoning markers must have tokens, got {self!r}")
 
@@ -40,8 +41,8 @@ class ReasoningTokens:
 @dataclass(frozen=True)
 class _State:
     phase: ReasoningPhase
-    num_tokens: int  # tokens seen inside the span, the end marker's matched part included
-    progress: int  # leading tokens of the awaited marker matched so far
+    num_tokens: int  # tokens seen inside spans, the end marker's matched part included
+    progress: tuple[int, ...]  # per awaited marker, its leading tokens matched so far
     fed_inner: bool  # whether the step that led here advanced the inner constraint
 
 
@@ -51,8 +52,9 @@ class ReasoningTracker:
     Inside the span every token is allowed until `budget` reasoning tokens have been drawn;
     then only the end marker's tokens are, one by one, and the answer continues after them
     (as llama.cpp's reasoning budget does). An `inner` constraint (a grammar) applies to
-    the answer only; before a span opens, it applies together with the start marker, so
-    the model may still open one (once it starts to, it must finish the marker).
+    the answer only; before a span opens, it applies together with the opening markers, so
+    the model may still open one (once it starts to, it must finish the marker). Framing
+    between a channel-style span and its answer is not constrained.
 
     Without a budget or inner constraint it allows everything and only counts, so the same
     class measures `reasoning_tokens` from a stream of token ids.
@@ -61,7 +63,7 @@ class ReasoningTracker:
         tokens: the marker token ids.
         phase: where the reply starts (`REASONING` when the prompt opened the span,
             `ANSWER` when it closed it).
-        budget: most reasoning tokens, or None for no limit.
+        budget: most reasoning tokens (over all spans), or None for no limit.
         inner: the answer's constraint, or None.
 
     Raises:
@@ -81,7 +83,7 @@ class ReasoningTracker:
         self._tokens = tokens
         self._budget = budget
         self._inner = inner
-        self._state = _State(phase, 0, 0, False)
+        self._state = self._entering(phase, 0, fed_inner=False)
         self._history: list[_State] = []
 
     @property
@@ -90,32 +92,51 @@ class ReasoningTracker:
 
     @property
     def num_reasoning_tokens(self) -> int:
-        """Tokens drawn inside the span so far, markers excluded."""
+        """Tokens drawn inside spans so far, markers excluded."""
         state = self._state
-        in_end_marker = state.progress if state.phase is ReasoningPhase.REASONING else 0
+        in_end_marker = state.progress[0] if state.phase is ReasoningPhase.REASONING else 0
         return state.num_tokens - in_end_marker
 
-    def _awaited(self) -> Sequence[int]:
-        if self._state.phase is ReasoningPhase.REASONING:
-            return self._tokens.end_ids
-        return self._tokens.start_ids
+    def _awaited(self, phase: ReasoningPhase) -> list[tuple[tuple[int, ...], ReasoningPhase]]:
+        """The markers that end `phase`, each with the phase it leads to."""
+        tokens = self._tokens
+        answer = (
+            [(tokens.answer_start_ids, ReasoningPhase.ANSWER)] if tokens.answer_start_ids else []
+        )
+        if phase is ReasoningPhase.REASONING:
+            after = ReasoningPhase.BETWEEN if tokens.answer_start_ids else ReasoningPhase.ANSWER
+            return [(tokens.end_ids, after)]
+        if phase is ReasoningPhase.ANSWER:
+            return []
+        return [(tokens.start_ids, ReasoningPhase.REASONING), *answer]
+
+    def _entering(self, phase: ReasoningPhase, num_tokens: int, *, fed_inner: bool) -> _State:
+        return _State(phase, num_tokens, (0,) * len(self._awaited(phase)), fed_inner)
+
+    def _budget_spent(self) -> bool:
+        return self._budget is not None and self.num_reasoning_tokens >= self._budget
 
     def allowed_mask(self, vocab_size: int) -> mx.array:
         """(V,) bool: the tokens allowed next (see the class)."""
         state = self._state
+        everything = mx.ones((vocab_size,), dtype=mx.bool_)
         if state.phase is ReasoningPhase.ANSWER:
-            if self._inner is not None:
-                return self._inner.allowed_mask(vocab_size)
-            return mx.ones((vocab_size,), dtype=mx.bool_)
+            return everything if self._inner is None else self._inner.allowed_mask(vocab_size)
         if state.phase is ReasoningPhase.REASONING:
-            if self._budget is not None and self.num_reasoning_tokens >= self._budget:
-                return _only(self._tokens.end_ids[state.progress], vocab_size)
-            return mx.ones((vocab_size,), dtype=mx.bool_)
+            if self._budget_spent():
+                return _only([self._tokens.end_ids[state.progress[0]]], vocab_size)
+            return everything
         if self._inner is None or state.phase is ReasoningPhase.BETWEEN:
-            return mx.ones((vocab_size,), dtype=mx.bool_)
-        if state.progress > 0:
-            return _only(self._tokens.start_ids[state.progress], vocab_size)
-        return self._inner.allowed_mask(vocab_size) | _only(self._tokens.start_ids[0], vocab_size)
+            return everything
+        awaited = self._awaited(state.phase)
+        if any(state.progress):
+            return _only(
+                [ids[p] for (ids, _), p in zip(awaited, state.progress, strict=True) if p],
+                vocab_size,
+            )
+        return self._inner.allowed_mask(vocab_size) | _only(
+            [ids[0] for ids, _ in awaited], vocab_size
+        )
 
     def advance(self, token_id: int) -> None:
         """Record the token drawn.
@@ -124,28 +145,33 @@ class ReasoningTracker:
             ValueError: the budget or the inner constraint does not allow `token_id`.
         """
         state = self._state
-        awaited = self._awaited()
-        progress = _match(awaited, state.progress, token_id)
-        if state.phase is ReasoningPhase.REASONING:
-            forced = self._budget is not None and self.num_reasoning_tokens >= self._budget
-            if forced and progress != state.progress + 1:
-                raise ValueError(f"the reasoning budget is spent; token {token_id} cannot follow")
-            new = _State(state.phase, state.num_tokens + 1, progress, False)
-            if progress == len(awaited):
-                after = ReasoningPhase.BETWEEN if self._tokens.reopens else ReasoningPhase.ANSWER
-                new = _State(after, state.num_tokens + 1 - progress, 0, False)
-        elif state.phase is ReasoningPhase.ANSWER:
+        if state.phase is ReasoningPhase.ANSWER:
             if self._inner is not None:
                 self._inner.advance(token_id)
-            new = _State(state.phase, state.num_tokens, 0, self._inner is not None)
-        elif progress == len(awaited):
-            new = _State(ReasoningPhase.REASONING, state.num_tokens, 0, False)
-        elif progress > 0 or self._inner is None or state.phase is ReasoningPhase.BETWEEN:
-            new = _State(state.phase, state.num_tokens, progress, False)
-        else:
+            new = self._entering(state.phase, state.num_tokens, fed_inner=self._inner is not None)
+            self._history.append(state)
+            self._state = new
+            return
+        awaited = self._awaited(state.phase)
+        progress = tuple(
+            _match(ids, p, token_id) for (ids, _), p in zip(awaited, state.progress, strict=True)
+        )
+        inside = state.phase is ReasoningPhase.REASONING
+        if inside and self._budget_spent() and progress[0] != state.progress[0] + 1:
+            raise ValueError(f"the reasoning budget is spent; token {token_id} cannot follow")
+        num_tokens = state.num_tokens + inside
+        done = [
+            (ids, phase) for (ids, phase), p in zip(awaited, progress, strict=True) if p == len(ids)
+        ]
+        if done:
+            ids, phase = done[0]
+            new = self._entering(phase, num_tokens - (len(ids) if inside else 0), fed_inner=False)
+        elif state.phase is ReasoningPhase.BEFORE and self._inner is not None and not any(progress):
             # Answer text before any span: the answer has begun, under its constraint.
             self._inner.advance(token_id)
-            new = _State(ReasoningPhase.ANSWER, state.num_tokens, 0, True)
+            new = self._entering(ReasoningPhase.ANSWER, num_tokens, fed_inner=True)
+        else:
+            new = _State(state.phase, num_tokens, progress, False)
         self._history.append(state)
         self._state = new
 
@@ -176,5 +202,7 @@ def _match(marker: Sequence[int], progress: int, token_id: int) -> int:
     return 1 if marker[0] == token_id else 0
 
 
-def _only(token_id: int, vocab_size: int) -> mx.array:
-    return mx.arange(vocab_size) == token_id
+def _only(token_ids: Sequence[int], vocab_size: int) -> mx.array:
+    mask = mx.zeros((vocab_size,), dtype=mx.bool_)
+    mask[mx.array(token_ids)] = True
+    return mask

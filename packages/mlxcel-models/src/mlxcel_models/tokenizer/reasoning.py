@@ -68,12 +68,17 @@ def find_reasoning_syntax(
     markers = find_reasoning_markers(template)
     if markers is None:
         return None
-    start_ids = tuple(tokenizer.encode(markers.start, add_special_tokens=False))
-    end_ids = tuple(tokenizer.encode(markers.end, add_special_tokens=False))
+
+    def ids(text: str | None) -> tuple[int, ...]:
+        return () if text is None else tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    tokens = ReasoningTokens(ids(markers.start), ids(markers.end), ids(markers.answer_start))
     return ReasoningSyntax(
         markers=markers,
-        tokens=ReasoningTokens(start_ids, end_ids, reopens=markers.answer_start is not None),
-        markers_are_special=any(tokenizer.decode([i]) == "" for i in (*start_ids, *end_ids)),
+        tokens=tokens,
+        markers_are_special=any(
+            tokenizer.decode([i]) == "" for i in (*tokens.start_ids, *tokens.end_ids)
+        ),
         thinking_switch=template is not None and "enable_thinking" in template,
     )
 
