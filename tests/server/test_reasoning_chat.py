@@ -141,6 +141,13 @@ def test_format_none_leaves_the_text_untouched(make_thinking_client, where):
     assert not joined(deltas, "reasoning_content")
 
 
+def test_a_budget_holds_under_format_none(make_thinking_client):
+    client = make_thinking_client(reasoning_format="none", reasoning_budget=2)
+    body = chat(client).json()
+    assert body["choices"][0]["message"]["content"] == "Pl</think>OK"
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 2
+
+
 def test_format_deepseek_legacy_fills_both(make_thinking_client):
     message = chat(make_thinking_client(), reasoning_format="deepseek-legacy").json()
     message = message["choices"][0]["message"]

@@ -151,7 +151,9 @@ def prepare(
     matcher = make_matcher(fields.response_format, tokenizer, param=format_param)
     scales = adapter_scales(fields, model.loaded.adapters)
     # Special-token markers (gpt-oss's) must reach the text to be split out of it.
-    keep_markers = reasoning is not None and reasoning.syntax.markers_are_special
+    keep_markers = (
+        reasoning is not None and reasoning.splits and reasoning.syntax.markers_are_special
+    )
 
     def constraint() -> TokenConstraint | None:
         grammar = None if matcher is None else GrammarConstraint(matcher.deep_copy())

@@ -8,7 +8,7 @@ answer only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -46,15 +46,20 @@ class ReasoningPlan:
 
     Attributes:
         syntax: the model's reasoning markers.
-        legacy: keep the raw text in the content too (`deepseek-legacy`).
+        reasoning_format: the request's format, `auto` resolved.
         phase: where each reply starts (see `opening_phase`).
         budget: most reasoning tokens per reply, or None for no limit.
     """
 
     syntax: ReasoningSyntax
-    legacy: bool
+    reasoning_format: ReasoningFormat
     phase: ReasoningPhase
     budget: int | None
+
+    @property
+    def splits(self) -> bool:
+        """Whether replies are split into reasoning and content (any format but `none`)."""
+        return self.reasoning_format is not ReasoningFormat.NONE
 
     def make_constraint(self, inner: TokenConstraint | None) -> TokenConstraint | None:
         """A choice's engine constraint: the budget, and `inner` (a grammar) held back
@@ -83,20 +88,22 @@ def make_plan(
     reasoning_format: ReasoningFormat,
     budget: int,
     tokenizer: Tokenizer,
-    prompt_ids: list[int],
+    prompt_ids: Sequence[int],
 ) -> ReasoningPlan | None:
-    """The reasoning plan of a request, or None when replies are plain text (no markers
-    in the template, or format `none`).
+    """The reasoning plan of a request, or None when replies are plain text: no markers in
+    the template, or format `none` without a budget (a budget holds under `none` too).
 
     Args:
         budget: -1 for no limit, else the most reasoning tokens per reply.
         prompt_ids: the rendered prompt, whose end tells where replies start.
     """
-    if syntax is None or reasoning_format is ReasoningFormat.NONE:
+    if syntax is None or (reasoning_format is ReasoningFormat.NONE and budget < 0):
         return None
+    if reasoning_format is ReasoningFormat.AUTO:
+        reasoning_format = ReasoningFormat.DEEPSEEK
     return ReasoningPlan(
         syntax=syntax,
-        legacy=reasoning_format is ReasoningFormat.DEEPSEEK_LEGACY,
+        reasoning_format=reasoning_format,
         phase=opening_phase(tokenizer, prompt_ids, syntax.markers),
         budget=None if budget < 0 else budget,
     )
@@ -104,20 +111,22 @@ def make_plan(
 
 class ReplyReader:
     """Splits one choice's outputs into reasoning and content, and counts its reasoning
-    tokens; with no plan, everything is content.
+    tokens; with no plan, or format `none`, everything is content.
 
     Args:
         plan: the request's reasoning plan, or None.
     """
 
     def __init__(self, plan: ReasoningPlan | None) -> None:
-        self._plan = plan
-        self._splitter = (
-            None if plan is None else ReasoningSplitter(plan.syntax.markers, plan.phase)
-        )
         self._tracker = (
             None if plan is None else ReasoningTracker(plan.syntax.tokens, phase=plan.phase)
         )
+        self._splitter = (
+            ReasoningSplitter(plan.syntax.markers, plan.phase)
+            if plan is not None and plan.splits
+            else None
+        )
+        self._legacy = plan is not None and plan.reasoning_format is ReasoningFormat.DEEPSEEK_LEGACY
 
     @property
     def num_reasoning_tokens(self) -> int:
@@ -125,14 +134,14 @@ class ReplyReader:
 
     def read(self, output: EngineOutput) -> ReasoningDelta:
         """What `output` adds; on the choice's last output, everything still held back."""
-        if self._splitter is None or self._tracker is None or self._plan is None:
-            return ReasoningDelta(content=output.text)
-        if output.token_id is not None:
+        if self._tracker is not None and output.token_id is not None:
             self._tracker.advance(output.token_id)
+        if self._splitter is None:
+            return ReasoningDelta(content=output.text)
         delta = self._splitter.feed(output.text)
         if output.finished:
             rest = self._splitter.finish()
             delta = ReasoningDelta(delta.reasoning + rest.reasoning, delta.content + rest.content)
-        if self._plan.legacy:
+        if self._legacy:
             return ReasoningDelta(delta.reasoning, output.text)
         return delta
