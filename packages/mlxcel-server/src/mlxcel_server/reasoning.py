@@ -63,9 +63,9 @@ class ReasoningPlan:
 
     def make_constraint(self, inner: TokenConstraint | None) -> TokenConstraint | None:
         """A choice's engine constraint: the budget, and `inner` (a grammar) held back
-        until the answer; None when neither applies."""
-        if self.budget is None and inner is None:
-            return None
+        until the answer; `inner` alone when the reply starts in the answer."""
+        if self.phase is ReasoningPhase.ANSWER or (self.budget is None and inner is None):
+            return inner
         return ReasoningTracker(
             self.syntax.tokens, phase=self.phase, budget=self.budget, inner=inner
         )
