@@ -63,6 +63,21 @@ def test_without_reasoning_only_the_message(make_thinking_client):
     assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
 
 
+def test_legacy_format_gives_the_reasoning_item_and_the_answer(make_thinking_client):
+    client = make_thinking_client(reasoning_format="deepseek-legacy")
+    for response in (create(client).json(), stream_final(client)):
+        reasoning, message = response["output"]
+        assert reasoning["content"][0]["text"] == REASONING
+        assert message["content"][0]["text"] == ANSWER
+
+
+def stream_final(client) -> dict:
+    (final,) = [
+        d for n, d in named_events(create(client, stream=True).body) if n == "response.completed"
+    ]
+    return final["response"]
+
+
 def test_a_budget_applies(make_thinking_client):
     response = create(make_thinking_client(reasoning_budget=1)).json()
     reasoning, message = response["output"]

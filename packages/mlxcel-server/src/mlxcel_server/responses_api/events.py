@@ -117,12 +117,12 @@ class _Items:
         )
         return events
 
-    def reasoning_item(self, status: str = "completed") -> ReasoningItem | None:
+    def reasoning_item(self) -> ReasoningItem | None:
         if self.reasoning is None:
             return None
         text = "".join(self.reasoning)
         return ReasoningItem(
-            id=self.target.reasoning_id, status=status, content=[ReasoningTextPart(text=text)]
+            id=self.target.reasoning_id, status="completed", content=[ReasoningTextPart(text=text)]
         )
 
     def close_reasoning(self) -> list[bytes]:

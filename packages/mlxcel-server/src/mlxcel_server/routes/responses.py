@@ -12,7 +12,7 @@ from quart import Blueprint, Response, jsonify
 from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
-from mlxcel_server.reasoning import make_plan, template_kwargs
+from mlxcel_server.reasoning import ReasoningFormat, make_plan, template_kwargs
 from mlxcel_server.responses_api.conversation import ChatTurn, input_turns, make_chat
 from mlxcel_server.responses_api.events import StreamTarget, response_events
 from mlxcel_server.responses_api.objects import (
@@ -86,7 +86,11 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         kwargs = template_kwargs(None, syntax, budget)
         ids = await _encode(model, make_chat(body.instructions, turns), kwargs)
         generation.check_prompt(ids, model.context_size, "input")
-        plan = make_plan(syntax, settings.reasoning_format, budget, tokenizer, ids)
+        # Reasoning has its own output item here: there is no raw text to keep beside it.
+        reasoning_format = settings.reasoning_format
+        if reasoning_format is ReasoningFormat.DEEPSEEK_LEGACY:
+            reasoning_format = ReasoningFormat.DEEPSEEK
+        plan = make_plan(syntax, reasoning_format, budget, tokenizer, ids)
         text_format = _text_format(body)
         fields = GenerationFields(
             model=body.model,
