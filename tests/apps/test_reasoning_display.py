@@ -1,10 +1,12 @@
 """Hiding or showing a reply's reasoning: the display module, `mlxcel generate` on a thinking
-model whose engine follows a script, and `mlxcel serve`'s reasoning flags."""
+model whose engine follows a script (one prompt or a prompts file), and `mlxcel serve`'s
+reasoning flags."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import json
 
 import pytest
 from reasoning_factories import THINKING_TEMPLATE, SuccessorModel, chain, make_tokenizer
@@ -85,6 +87,23 @@ def test_generate_shows_the_reasoning_when_asked(generate):
 
 def test_generate_reasoning_budget(generate):
     assert generate("--show-reasoning", "--reasoning-budget", "1")[1] == "P\n\nOK\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "reasoning"), [((), "Plan"), (("--reasoning-budget", "2"), "Pl")]
+)
+def test_batch_replies_keep_the_reasoning_apart(
+    monkeypatch, thinking_model, tiny_gguf, tmp_path, flags, reasoning
+):
+    monkeypatch.setattr(generate_command, "load_for_command", lambda *_, **__: thinking_model)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hi\nHello\n")
+    code, out, _ = run_cli(
+        "generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "--temp", "0", *flags
+    )
+    assert code == 0
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert [(r["reasoning"], r["text"]) for r in replies] == [(reasoning, "OK")] * 2
 
 
 def test_generate_rejects_a_bad_budget(generate):

@@ -1,7 +1,8 @@
 """`mlxcel generate --prompts-file FILE`: many prompts at once on the continuous-batching engine.
 
 Each non-blank line of the file is one prompt. The replies are written to stdout as JSON
-lines in the file's order; throughput goes to stderr.
+lines in the file's order (a reasoning model's reasoning in `reasoning`, apart from `text`);
+throughput goes to stderr.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import TextIO
 
 from mlxcel.engine_flags import open_engine
 from mlxcel.flags import InputError, RunError
+from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import EngineConfig, EngineOutput, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.reasoning import ReasoningSplitter
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
 
@@ -40,11 +43,15 @@ def run_batch(
     engine_config: EngineConfig,
     prompts: list[str],
     token_ids: list[list[int]],
+    reasoning: list[ReplyReasoning],
     params: SamplingParams,
     out: TextIO,
     err: TextIO,
 ) -> int:
     """Generate every prompt's reply together; write one JSON line per prompt, in order.
+
+    `reasoning` gives each prompt's reasoning settings (its budget; its reasoning is
+    written apart from its text).
 
     Raises:
         InputError: a prompt does not fit the context.
@@ -75,15 +82,16 @@ def run_batch(
                     prompt_ids=tuple(ids),
                     sampling=params,
                     generation=config,
-                    detokenizer=tokenizer.make_detokenizer(),
+                    detokenizer=reasoning[index].make_detokenizer(tokenizer),
                     dry_breaker_ids=breakers,
                     index=index,
+                    constraint=reasoning[index].make_constraint(),
                 )
                 for index, ids in enumerate(token_ids)
             ],
             sink,
         )
-        replies = _write_in_order(sink, prompts, out)
+        replies = _write_in_order(sink, prompts, reasoning, out)
     finally:
         engine.shutdown()
     seconds = time.perf_counter() - start
@@ -105,25 +113,44 @@ def run_batch(
     return 0
 
 
-def _write_in_order(sink: OutputQueue, prompts: list[str], out: TextIO) -> list[dict]:
-    """Collect every reply and write each as soon as those before it are written.
+def _write_in_order(
+    sink: OutputQueue, prompts: list[str], reasoning: list[ReplyReasoning], out: TextIO
+) -> list[dict]:
+    """Collect every reply and write each as soon as those before it are written; a reply
+    of a reasoning model has its reasoning apart from its `text`.
 
     Raises:
         RunError: a reply failed.
     """
     texts: dict[int, list[str]] = {index: [] for index in range(len(prompts))}
+    thoughts: dict[int, list[str]] = {index: [] for index in range(len(prompts))}
+    splitters = {
+        index: ReasoningSplitter(each.markers, each.phase)
+        for index, each in enumerate(reasoning)
+        if each.markers is not None
+    }
     replies: dict[int, dict] = {}
     written = 0
     while written < len(prompts):
         output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
         if output.error is not None:
             raise RunError(f"prompt {output.index + 1} failed: {output.error}")
-        texts[output.index].append(output.text)
+        splitter = splitters.get(output.index)
+        if splitter is None:
+            texts[output.index].append(output.text)
+        else:
+            deltas = [splitter.feed(output.text)]
+            if output.finished:
+                deltas.append(splitter.finish())
+            for delta in deltas:
+                thoughts[output.index].append(delta.reasoning)
+                texts[output.index].append(delta.content)
         if output.finish_reason is not None and output.stats is not None:
             replies[output.index] = {
                 "index": output.index,
                 "prompt": prompts[output.index],
                 "text": "".join(texts[output.index]),
+                **({"reasoning": "".join(thoughts[output.index])} if splitter else {}),
                 "finish_reason": output.finish_reason.value,
                 "prompt_tokens": output.stats.prompt_tokens,
                 "cached_tokens": output.stats.cached_tokens,

@@ -31,14 +31,14 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_for_command
 from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
+from mlxcel.reply_reasoning import ReplyReasoning, reply_reasoning
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel_core.engine import EngineConfig, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig, GenerationStats
-from mlxcel_core.reasoning import ReasoningPhase, ReasoningTracker
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.tokenizer import resolve_chat_template
-from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax, opening_phase
+from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),
@@ -201,10 +201,16 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         if not tokens:
             where = "" if args.prompts_file is None else f" on line {line}"
             raise InputError(f"the prompt{where} is empty: it encodes to no tokens")
+    template = _chat_template(args)
+    reasoning = [
+        reply_reasoning(loaded.tokenizer, template, ids, args.reasoning_budget) for ids in token_ids
+    ]
     if args.prompts_file is not None:
-        return run_batch(args, loaded, engine_config, prompts, token_ids, params, out, err)
+        return run_batch(
+            args, loaded, engine_config, prompts, token_ids, reasoning, params, out, err
+        )
     (tokens,) = token_ids
-    return _generate_one(args, loaded, engine_config, tokens, params, out, err)
+    return _generate_one(args, loaded, engine_config, tokens, reasoning[0], params, out, err)
 
 
 def _generate_one(
@@ -212,11 +218,13 @@ def _generate_one(
     loaded: LoadedModel,
     engine_config: EngineConfig,
     tokens: list[int],
+    reasoning: ReplyReasoning,
     params: SamplingParams,
     out: TextIO,
     err: TextIO,
 ) -> int:
-    """Stream one reply from the engine to `out`; timings to `err`.
+    """Stream one reply from the engine to `out`, its reasoning hidden unless
+    `--show-reasoning`; timings to `err`.
 
     Raises:
         InputError: the prompt does not fit the context.
@@ -229,17 +237,10 @@ def _generate_one(
             f"the prompt has {len(tokens)} tokens but the context size is {context_size}; "
             "shorten the prompt or raise -c/--ctx-size"
         )
-    syntax = find_reasoning_syntax(tokenizer, _chat_template(args))
-    phase = ReasoningPhase.BEFORE
-    constraint = None
-    if syntax is not None:
-        phase = opening_phase(tokenizer, tokens, syntax.markers)
-        if args.reasoning_budget >= 0:
-            constraint = ReasoningTracker(syntax.tokens, phase=phase, budget=args.reasoning_budget)
     display = ReasoningDisplay(
         out,
-        None if syntax is None else syntax.markers,
-        phase,
+        reasoning.markers,
+        reasoning.phase,
         show=args.show_reasoning,
         dim=stream_is_terminal(out),
     )
@@ -251,11 +252,9 @@ def _generate_one(
             max_tokens=args.n_predict,
             stop_token_ids=tokenizer.eos_token_ids,
         ),
-        detokenizer=tokenizer.make_detokenizer(
-            skip_special_tokens=syntax is None or not syntax.markers_are_special
-        ),
+        detokenizer=reasoning.make_detokenizer(tokenizer),
         dry_breaker_ids=tokenizer.token_ids_containing(params.dry_sequence_breakers),
-        constraint=constraint,
+        constraint=reasoning.make_constraint(),
     )
     engine = open_engine(args, loaded, engine_config, context_size=context_size)
     try:
