@@ -90,7 +90,12 @@ def test_generate_reasoning_budget(generate):
 
 
 @pytest.mark.parametrize(
-    ("flags", "reasoning"), [((), "Plan"), (("--reasoning-budget", "2"), "Pl")]
+    ("flags", "reasoning"),
+    [
+        ((), None),
+        (("--show-reasoning",), "Plan"),
+        (("--show-reasoning", "--reasoning-budget", "2"), "Pl"),
+    ],
 )
 def test_batch_replies_keep_the_reasoning_apart(
     monkeypatch, thinking_model, tiny_gguf, tmp_path, flags, reasoning
@@ -103,7 +108,7 @@ def test_batch_replies_keep_the_reasoning_apart(
     )
     assert code == 0
     replies = [json.loads(line) for line in out.splitlines()]
-    assert [(r["reasoning"], r["text"]) for r in replies] == [(reasoning, "OK")] * 2
+    assert [(r.get("reasoning"), r["text"]) for r in replies] == [(reasoning, "OK")] * 2
 
 
 def test_generate_rejects_a_bad_budget(generate):

@@ -1,8 +1,8 @@
 """`mlxcel generate --prompts-file FILE`: many prompts at once on the continuous-batching engine.
 
 Each non-blank line of the file is one prompt. The replies are written to stdout as JSON
-lines in the file's order (a reasoning model's reasoning in `reasoning`, apart from `text`);
-throughput goes to stderr.
+lines in the file's order (a reasoning model's reasoning left out of `text`, and given as
+`reasoning` with `--show-reasoning`); throughput goes to stderr.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def run_batch(
 ) -> int:
     """Generate every prompt's reply together; write one JSON line per prompt, in order.
 
-    `reasoning` gives each prompt's reasoning settings (its budget; its reasoning is
-    written apart from its text).
+    `reasoning` gives each prompt's reasoning settings: its budget, and the markers that
+    keep the reasoning out of its text (written apart with `--show-reasoning`).
 
     Raises:
         InputError: a prompt does not fit the context.
@@ -91,7 +91,7 @@ def run_batch(
             ],
             sink,
         )
-        replies = _write_in_order(sink, prompts, reasoning, out)
+        replies = _write_in_order(sink, prompts, reasoning, args.show_reasoning, out)
     finally:
         engine.shutdown()
     seconds = time.perf_counter() - start
@@ -114,10 +114,15 @@ def run_batch(
 
 
 def _write_in_order(
-    sink: OutputQueue, prompts: list[str], reasoning: list[ReplyReasoning], out: TextIO
+    sink: OutputQueue,
+    prompts: list[str],
+    reasoning: list[ReplyReasoning],
+    show_reasoning: bool,
+    out: TextIO,
 ) -> list[dict]:
-    """Collect every reply and write each as soon as those before it are written; a reply
-    of a reasoning model has its reasoning apart from its `text`.
+    """Collect every reply and write each as soon as those before it are written; a
+    reasoning model's reasoning is left out of `text`, and written as `reasoning` when
+    `show_reasoning` is set.
 
     Raises:
         RunError: a reply failed.
@@ -150,7 +155,11 @@ def _write_in_order(
                 "index": output.index,
                 "prompt": prompts[output.index],
                 "text": "".join(texts[output.index]),
-                **({"reasoning": "".join(thoughts[output.index])} if splitter else {}),
+                **(
+                    {"reasoning": "".join(thoughts[output.index])}
+                    if splitter is not None and show_reasoning
+                    else {}
+                ),
                 "finish_reason": output.finish_reason.value,
                 "prompt_tokens": output.stats.prompt_tokens,
                 "cached_tokens": output.stats.cached_tokens,
