@@ -68,7 +68,9 @@ class ReasoningSplitter:
             closed it (thinking disabled), else `BEFORE`.
     """
 
-    def __init__(self, markers: ReasoningMarkers, phase: ReasoningPhase = ReasoningPhase.BEFORE):
+    def __init__(
+        self, markers: ReasoningMarkers, phase: ReasoningPhase = ReasoningPhase.BEFORE
+    ) -> None:
         self._markers = markers
         self.phase = phase
         self._pending = ""
