@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlxcel.chat_prompt import encode_conversation
+from mlxcel.reply_reasoning import reply_reasoning
 from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel_core.engine import Engine
 from mlxcel_core.generate import GenerationStats
@@ -119,6 +120,7 @@ class ChatSession:
             self._settings.params,
             context_size=context_size,
             max_tokens=self._settings.max_tokens,
+            reasoning=reply_reasoning(self._tokenizer, self._settings.chat_template, tokens, -1),
         )
         pieces: list[str] = []
 
