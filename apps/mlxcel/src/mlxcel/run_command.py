@@ -123,22 +123,31 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         max_tokens=args.n_predict,
         chat_template=template,
         system_messages=tuple(system),
+        reasoning_budget=args.reasoning_budget,
     )
     engine = open_engine(args, loaded, engine_config, context_size=context_size)
     try:
         session = ChatSession(engine, loaded.tokenizer, settings)
-        return _chat(session, environ, out, err)
+        return _chat(session, args.show_reasoning, environ, out, err)
     finally:
         engine.shutdown()
 
 
-def _chat(session: ChatSession, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+def _chat(
+    session: ChatSession,
+    show_reasoning: bool,
+    environ: Mapping[str, str],
+    out: TextIO,
+    err: TextIO,
+) -> int:
     """The chat loop on a terminal when stdin and `out` are one, else on piped lines."""
     try:
         if not (sys.stdin.isatty() and out.isatty()):
-            return run_repl(session, PipedReader(sys.stdin), out, err)
+            reader = PipedReader(sys.stdin)
+            return run_repl(session, reader, out, err, show_reasoning=show_reasoning)
         with terminal_history(history_path(environ)):
-            return run_repl(session, TerminalReader(), out, err)
+            reader = TerminalReader()
+            return run_repl(session, reader, out, err, show_reasoning=show_reasoning)
     except UnicodeDecodeError as error:
         raise InputError(f"the input is not valid UTF-8 text ({error.reason})") from error
 
