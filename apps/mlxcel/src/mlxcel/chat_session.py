@@ -131,11 +131,11 @@ class ChatSession:
             InputError: the chat template cannot render the conversation.
             RunError: generation failed.
         """
+        settings = self._settings
         tokens = self.prompt_tokens(message)
-        context_size = self._settings.context_size
+        context_size = settings.context_size
         if len(tokens) >= context_size:
             raise ConversationTooLongError(len(tokens), context_size)
-        settings = self._settings
         reasoning = reply_reasoning(
             self._tokenizer, settings.chat_template, tokens, settings.reasoning_budget
         )

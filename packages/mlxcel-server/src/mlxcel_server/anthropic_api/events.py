@@ -15,6 +15,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
 from mlxcel_core.engine import EngineOutput
 from mlxcel_core.generate import FinishReason, GenerationStats
@@ -87,14 +88,18 @@ _EMPTY_BLOCKS = {
 
 class _StreamedBlocks:
     """The thinking and text blocks as their pieces arrive: each opened with its first
-    piece, closed when the next kind of block starts or the reply ends."""
+    piece, closed when the next kind of block starts or the reply ends.
+
+    Attributes:
+        count: the blocks opened so far (the next block's index).
+    """
 
     def __init__(self) -> None:
         self.count = 0
         self._open: str | None = None
 
-    def add(self, kind: str, piece: str) -> list[bytes]:
-        """Events for a piece of `kind` ("thinking" or "text"); none for an empty piece."""
+    def add(self, kind: Literal["thinking", "text"], piece: str) -> list[bytes]:
+        """Events for a piece of `kind`; none for an empty piece."""
         if not piece:
             return []
         events = []
