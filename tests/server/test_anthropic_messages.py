@@ -207,7 +207,12 @@ def test_ending_names_the_stop_sequence_met_first(
         ({"temperature": 1.5}, "temperature"),
         ({"top_p": -0.1}, "top_p"),
         ({"stop_sequences": [""]}, "stop_sequences"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "unsupported parameter"),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+            "max_tokens must be greater than thinking.budget_tokens",
+        ),
+        ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "budget_tokens"),
+        ({"thinking": {"type": "adaptive"}}, "thinking"),
         ({"frequency_penalty": 1.0}, "unsupported parameter"),
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "any"}}, "constrained decoding"),
         ({"messages": [{"role": "user", "content": [IMAGE]}]}, "image blocks are not supported"),

@@ -1,7 +1,8 @@
 """`mlxcel generate --prompts-file FILE`: many prompts at once on the continuous-batching engine.
 
 Each non-blank line of the file is one prompt. The replies are written to stdout as JSON
-lines in the file's order; throughput goes to stderr.
+lines in the file's order (a reasoning model's reasoning left out of `text`, and given as
+`reasoning` with `--show-reasoning`); throughput goes to stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TextIO
 
 from mlxcel.engine_flags import open_engine
 from mlxcel.flags import InputError, RunError
+from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import EngineConfig, EngineOutput, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
@@ -40,11 +42,15 @@ def run_batch(
     engine_config: EngineConfig,
     prompts: list[str],
     token_ids: list[list[int]],
+    reasoning: list[ReplyReasoning],
     params: SamplingParams,
     out: TextIO,
     err: TextIO,
 ) -> int:
     """Generate every prompt's reply together; write one JSON line per prompt, in order.
+
+    `reasoning` gives each prompt's reasoning settings: its budget, and the markers that
+    keep the reasoning out of its text (written apart with `--show-reasoning`).
 
     Raises:
         InputError: a prompt does not fit the context.
@@ -75,15 +81,16 @@ def run_batch(
                     prompt_ids=tuple(ids),
                     sampling=params,
                     generation=config,
-                    detokenizer=tokenizer.make_detokenizer(),
+                    detokenizer=reasoning[index].make_detokenizer(tokenizer),
                     dry_breaker_ids=breakers,
                     index=index,
+                    constraint=reasoning[index].make_constraint(),
                 )
                 for index, ids in enumerate(token_ids)
             ],
             sink,
         )
-        replies = _write_in_order(sink, prompts, out)
+        replies = _write_in_order(sink, prompts, reasoning, args.show_reasoning, out)
     finally:
         engine.shutdown()
     seconds = time.perf_counter() - start
@@ -105,25 +112,53 @@ def run_batch(
     return 0
 
 
-def _write_in_order(sink: OutputQueue, prompts: list[str], out: TextIO) -> list[dict]:
-    """Collect every reply and write each as soon as those before it are written.
+def _write_in_order(
+    sink: OutputQueue,
+    prompts: list[str],
+    reasoning: list[ReplyReasoning],
+    show_reasoning: bool,
+    out: TextIO,
+) -> list[dict]:
+    """Collect every reply and write each as soon as those before it are written; a
+    reasoning model's reasoning is left out of `text`, and written as `reasoning` when
+    `show_reasoning` is set.
 
     Raises:
         RunError: a reply failed.
     """
     texts: dict[int, list[str]] = {index: [] for index in range(len(prompts))}
+    thoughts: dict[int, list[str]] = {index: [] for index in range(len(prompts))}
+    splitters = {
+        index: splitter
+        for index, each in enumerate(reasoning)
+        if (splitter := each.make_splitter()) is not None
+    }
     replies: dict[int, dict] = {}
     written = 0
     while written < len(prompts):
         output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
         if output.error is not None:
             raise RunError(f"prompt {output.index + 1} failed: {output.error}")
-        texts[output.index].append(output.text)
+        splitter = splitters.get(output.index)
+        if splitter is None:
+            texts[output.index].append(output.text)
+        else:
+            deltas = [splitter.feed(output.text)]
+            if output.finished:
+                deltas.append(splitter.finish())
+            for delta in deltas:
+                thoughts[output.index].append(delta.reasoning)
+                texts[output.index].append(delta.content)
         if output.finish_reason is not None and output.stats is not None:
             replies[output.index] = {
                 "index": output.index,
                 "prompt": prompts[output.index],
                 "text": "".join(texts[output.index]),
+                **(
+                    {"reasoning": "".join(thoughts[output.index])}
+                    if splitter is not None and show_reasoning
+                    else {}
+                ),
                 "finish_reason": output.finish_reason.value,
                 "prompt_tokens": output.stats.prompt_tokens,
                 "cached_tokens": output.stats.cached_tokens,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mlxcel.flags import Flag, InputError, UsageError, pick_one
 from mlxcel_models.tokenizer import Tokenizer, resolve_chat_template
@@ -87,10 +88,14 @@ def check_chat_template(tokenizer: Tokenizer, template: str | None) -> None:
 
 
 def encode_conversation(
-    tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]], template: str | None
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, str]],
+    template: str | None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of `messages` rendered with `template` (None: the model's), ending with
-    the header of the assistant's turn.
+    the header of the assistant's turn; `template_kwargs` are the template's extra
+    variables (`enable_thinking`).
 
     Raises:
         UsageError: there is no chat template.
@@ -98,6 +103,8 @@ def encode_conversation(
     """
     check_chat_template(tokenizer, template)
     try:
-        return tokenizer.encode_chat(messages, chat_template=template)
+        return tokenizer.encode_chat(
+            messages, chat_template=template, template_kwargs=template_kwargs
+        )
     except ValueError as error:
         raise InputError(str(error)) from error

@@ -38,6 +38,14 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_for_command
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
+from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
+from mlxcel.reply_reasoning import (
+    REASONING_FLAGS,
+    ReplyReasoning,
+    check_reasoning_budget,
+    reply_reasoning,
+    thinking_template_kwargs,
+)
 from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
@@ -64,6 +72,7 @@ FLAGS = (
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     *PROMPT_FLAGS,
+    *REASONING_FLAGS,
     *ENGINE_FLAGS,
     *MEMORY_FLAGS,
     *ADAPTER_FLAGS,
@@ -105,7 +114,8 @@ def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) ->
             raise UsageError("-sys/--system-prompt needs the chat template: drop -no-cnv")
         return tokenizer.encode(prompt)
     messages = [*system_messages(args), {"role": "user", "content": prompt}]
-    return encode_conversation(tokenizer, messages, template)
+    kwargs = thinking_template_kwargs(tokenizer, template, args.reasoning_budget)
+    return encode_conversation(tokenizer, messages, template, kwargs)
 
 
 def format_stats(stats: GenerationStats, load_seconds: float) -> str:
@@ -143,6 +153,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     prompts = _read_prompts(args)
     params = sampling_params_from(args)
     check_length_flags(args)
+    check_reasoning_budget(args)
     adapters = adapter_specs_from(args)
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=len(prompts))
@@ -162,10 +173,16 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         if not tokens:
             where = "" if args.prompts_file is None else f" on line {line}"
             raise InputError(f"the prompt{where} is empty: it encodes to no tokens")
+    template = chat_template_from(args)
+    reasoning = [
+        reply_reasoning(loaded.tokenizer, template, ids, args.reasoning_budget) for ids in token_ids
+    ]
     if args.prompts_file is not None:
-        return run_batch(args, loaded, engine_config, prompts, token_ids, params, out, err)
+        return run_batch(
+            args, loaded, engine_config, prompts, token_ids, reasoning, params, out, err
+        )
     (tokens,) = token_ids
-    return generate_one(args, loaded, engine_config, tokens, params, out, err)
+    return generate_one(args, loaded, engine_config, tokens, reasoning[0], params, out, err)
 
 
 def generate_one(
@@ -173,11 +190,13 @@ def generate_one(
     loaded: LoadedModel,
     engine_config: EngineConfig,
     tokens: list[int],
+    reasoning: ReplyReasoning,
     params: SamplingParams,
     out: TextIO,
     err: TextIO,
 ) -> int:
-    """Stream one reply from the engine to `out`; timings to `err`.
+    """Stream one reply from the engine to `out`, its reasoning hidden unless
+    `--show-reasoning`; timings to `err`.
 
     Raises:
         InputError: the prompt does not fit the context.
@@ -190,13 +209,26 @@ def generate_one(
             "shorten the prompt or raise -c/--ctx-size"
         )
     request = make_reply_request(
-        loaded.tokenizer, tokens, params, context_size=context_size, max_tokens=args.n_predict
+        loaded.tokenizer,
+        tokens,
+        params,
+        context_size=context_size,
+        max_tokens=args.n_predict,
+        reasoning=reasoning,
+    )
+    display = ReasoningDisplay(
+        out,
+        reasoning.markers,
+        reasoning.phase,
+        show=args.show_reasoning,
+        dim=stream_is_terminal(out),
     )
     engine = open_engine(args, loaded, engine_config, context_size=context_size)
     try:
-        final = stream_reply(engine, request, lambda text: _write_now(out, text))
+        final = stream_reply(engine, request, display.write)
     finally:
         engine.shutdown()
+    display.finish()
     _write_now(out, "\n")
     print(format_stats(final.stats, loaded.load_seconds), file=err)
     return 0

@@ -12,6 +12,7 @@ from typing import TextIO
 from mlxcel.chat_prompt import check_text
 from mlxcel.chat_session import ChatSession, ConversationTooLongError
 from mlxcel.flags import InputError
+from mlxcel.reasoning_display import ReplyPrinter, stream_is_terminal
 from mlxcel.repl_input import LineReader, read_entry
 
 HELP = '''\
@@ -25,8 +26,17 @@ EXIT_COMMANDS = ("/exit", "/bye")
 CONTEXT_ADVICE = "/clear to start over, or raise -c/--ctx-size"
 
 
-def run_repl(session: ChatSession, reader: LineReader, out: TextIO, err: TextIO) -> int:
-    """Answer each message `reader` gives until `/exit`, `/bye` or the end of input.
+def run_repl(
+    session: ChatSession,
+    reader: LineReader,
+    out: TextIO,
+    err: TextIO,
+    *,
+    show_reasoning: bool = False,
+) -> int:
+    """Answer each message `reader` gives until `/exit`, `/bye` or the end of input; a
+    reasoning model's reasoning is hidden, or shown before each answer with
+    `show_reasoning` (dimmed when `out` is a terminal).
 
     Returns:
         The exit code, 0.
@@ -47,7 +57,8 @@ def run_repl(session: ChatSession, reader: LineReader, out: TextIO, err: TextIO)
             continue
         if not entry.is_command:
             if entry.text.strip():
-                _answer(session, entry.text, out, err)
+                printer = ReplyPrinter(out, show=show_reasoning, dim=stream_is_terminal(out))
+                _answer(session, entry.text, printer, out, err)
             continue
         command = entry.text.strip()
         if command in EXIT_COMMANDS:
@@ -61,10 +72,12 @@ def run_repl(session: ChatSession, reader: LineReader, out: TextIO, err: TextIO)
             print(f"unknown command {command}; /help lists the commands", file=err)
 
 
-def _answer(session: ChatSession, message: str, out: TextIO, err: TextIO) -> None:
+def _answer(
+    session: ChatSession, message: str, printer: ReplyPrinter, out: TextIO, err: TextIO
+) -> None:
     try:
         check_text(message, "message")
-        result = session.send(message, lambda text: show_reply_text(out, text))
+        result = session.send(message, printer.write_answer, printer.write_reasoning)
     except InputError as error:
         print(f"{error}; it was not sent", file=err)
         return
@@ -73,14 +86,13 @@ def _answer(session: ChatSession, message: str, out: TextIO, err: TextIO) -> Non
         return
     except KeyboardInterrupt:
         # A Ctrl-C while the conversation renders, before the reply streams: nothing sent.
-        show_reply_text(out, "\n")
+        _end_reply(out)
         return
-    show_reply_text(out, "\n")
+    _end_reply(out)
     if result.filled_context:
         print(f"the reply stopped at the end of the context; {CONTEXT_ADVICE}", file=err)
 
 
-def show_reply_text(out: TextIO, text: str) -> None:
-    """Show a piece of a reply at once."""
-    out.write(text)
+def _end_reply(out: TextIO) -> None:
+    out.write("\n")
     out.flush()

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from mlxcel.batch_generate import OUTPUT_TIMEOUT_SECONDS
 from mlxcel.flags import RunError
+from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import Engine, EngineOutput, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
@@ -23,9 +24,11 @@ def make_reply_request(
     *,
     context_size: int,
     max_tokens: int,
+    reasoning: ReplyReasoning,
 ) -> EngineRequest:
     """An engine request for the reply to prompt `tokens`, stopping at the model's end
-    tokens, after `max_tokens` tokens (-1: none) or at `context_size` tokens in all."""
+    tokens, after `max_tokens` tokens (-1: none) or at `context_size` tokens in all; its
+    reasoning bounded by `reasoning.budget`, its text keeping the reasoning markers."""
     return EngineRequest(
         prompt_ids=tuple(tokens),
         sampling=params,
@@ -34,8 +37,9 @@ def make_reply_request(
             max_tokens=max_tokens,
             stop_token_ids=tokenizer.eos_token_ids,
         ),
-        detokenizer=tokenizer.make_detokenizer(),
+        detokenizer=reasoning.make_detokenizer(tokenizer),
         dry_breaker_ids=tokenizer.token_ids_containing(params.dry_sequence_breakers),
+        constraint=reasoning.make_constraint(),
     )
 
 

@@ -42,6 +42,12 @@ from mlxcel.loading import load_for_command
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.repl import run_repl
 from mlxcel.repl_input import PipedReader, TerminalReader, terminal_history
+from mlxcel.reply_reasoning import (
+    REASONING_FLAGS,
+    check_reasoning_budget,
+    reply_reasoning,
+    thinking_template_kwargs,
+)
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
@@ -59,6 +65,7 @@ FLAGS = (
          "answer this prompt once, as `generate` does, and exit"),
     N_PREDICT_FLAG,
     *CHAT_FLAGS,
+    *REASONING_FLAGS,
     *ENGINE_FLAGS,
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_store_flags(args, environ)
     params = sampling_params_from(args)
     check_length_flags(args)
+    check_reasoning_budget(args)
     adapters = adapter_specs_from(args)
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=1)
@@ -104,8 +112,10 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     check_chat_template(loaded.tokenizer, template)
     if prompt is not None:
         messages = [*system, {"role": "user", "content": prompt}]
-        tokens = encode_conversation(loaded.tokenizer, messages, template)
-        return generate_one(args, loaded, engine_config, tokens, params, out, err)
+        kwargs = thinking_template_kwargs(loaded.tokenizer, template, args.reasoning_budget)
+        tokens = encode_conversation(loaded.tokenizer, messages, template, kwargs)
+        reasoning = reply_reasoning(loaded.tokenizer, template, tokens, args.reasoning_budget)
+        return generate_one(args, loaded, engine_config, tokens, reasoning, params, out, err)
     context_size = args.ctx_size or loaded.config.context_length
     settings = ChatSettings(
         params=params,
@@ -113,22 +123,31 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         max_tokens=args.n_predict,
         chat_template=template,
         system_messages=tuple(system),
+        reasoning_budget=args.reasoning_budget,
     )
     engine = open_engine(args, loaded, engine_config, context_size=context_size)
     try:
         session = ChatSession(engine, loaded.tokenizer, settings)
-        return _chat(session, environ, out, err)
+        return _chat(session, args.show_reasoning, environ, out, err)
     finally:
         engine.shutdown()
 
 
-def _chat(session: ChatSession, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+def _chat(
+    session: ChatSession,
+    show_reasoning: bool,
+    environ: Mapping[str, str],
+    out: TextIO,
+    err: TextIO,
+) -> int:
     """The chat loop on a terminal when stdin and `out` are one, else on piped lines."""
     try:
         if not (sys.stdin.isatty() and out.isatty()):
-            return run_repl(session, PipedReader(sys.stdin), out, err)
+            reader = PipedReader(sys.stdin)
+            return run_repl(session, reader, out, err, show_reasoning=show_reasoning)
         with terminal_history(history_path(environ)):
-            return run_repl(session, TerminalReader(), out, err)
+            reader = TerminalReader()
+            return run_repl(session, reader, out, err, show_reasoning=show_reasoning)
     except UnicodeDecodeError as error:
         raise InputError(f"the input is not valid UTF-8 text ({error.reason})") from error
 

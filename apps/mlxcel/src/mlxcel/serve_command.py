@@ -47,6 +47,7 @@ from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
+from mlxcel_server.reasoning import ReasoningFormat
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,12 @@ SERVER_FLAGS = (
     Flag(("--props",), "props", bool, False,
          "llama-server's switch for POST /props; mlxcel refuses property changes either way",
          env="LLAMA_ARG_ENDPOINT_PROPS", is_switch=True),
+    Flag(("--reasoning-format",), "reasoning_format", str, "auto",
+         "where reasoning goes: none (left in content), deepseek (reasoning_content), "
+         "deepseek-legacy (both), auto", env="LLAMA_ARG_THINK"),
+    Flag(("--reasoning-budget",), "reasoning_budget", int, -1,
+         "most reasoning tokens per reply, then the answer; -1 = no limit, 0 = no reasoning",
+         env="LLAMA_ARG_THINK_BUDGET"),
 )  # fmt: skip
 FLAGS = (
     MODEL_FLAG,
@@ -127,6 +134,13 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         raise UsageError(f"--port must be in [1, 65535], got {args.port}")
     if args.timeout < 1:
         raise UsageError(f"--timeout must be >= 1 second, got {args.timeout}")
+    if args.reasoning_format not in set(ReasoningFormat):
+        raise UsageError(
+            f"--reasoning-format must be one of {', '.join(ReasoningFormat)}, "
+            f"got {args.reasoning_format!r}"
+        )
+    if args.reasoning_budget < -1:
+        raise UsageError(f"--reasoning-budget must be -1 or >= 0, got {args.reasoning_budget}")
     try:
         return ServerSettings(
             model_alias=args.alias,
@@ -139,6 +153,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             endpoint_metrics=args.metrics,
             endpoint_slots=args.slots,
             endpoint_props=args.props,
+            reasoning_format=ReasoningFormat(args.reasoning_format),
+            reasoning_budget=args.reasoning_budget,
         )
     except ValueError as error:
         raise UsageError(str(error)) from error

@@ -23,7 +23,9 @@ from mlxcel_core.engine import (
 )
 from mlxcel_core.generate import ContextOverflowError, GenerationStats
 from mlxcel_core.logprobs import TokenLogprobs
+from mlxcel_core.sampling import TokenConstraint
 from mlxcel_server.errors import ApiError, invalid
+from mlxcel_server.reasoning import ReasoningPlan, ReplyReader
 from mlxcel_server.request_params import (
     adapter_scales,
     check_n,
@@ -51,6 +53,7 @@ class Prepared:
         response_id: the id the reply carries.
         created: Unix time (seconds) of the request.
         model_id: the model name the reply carries.
+        reasoning: how the replies are read for reasoning; None for plain text.
     """
 
     requests: tuple[EngineRequest, ...]
@@ -59,6 +62,7 @@ class Prepared:
     response_id: str
     created: int
     model_id: str
+    reasoning: ReasoningPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,12 @@ class ChoiceResult:
 
     Attributes:
         index: the choice's index.
-        text: its whole text.
+        text: its whole text; its answer only when the reply was read for reasoning.
         finish_reason: OpenAI's `finish_reason`.
         stats: its timings.
         logprobs: one entry per generated token shown, when the request asked for them.
+        reasoning: its reasoning text, markers removed.
+        reasoning_tokens: tokens generated inside its reasoning span.
     """
 
     index: int
@@ -78,6 +84,8 @@ class ChoiceResult:
     finish_reason: str
     stats: GenerationStats
     logprobs: tuple[TokenLogprobs, ...] = ()
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
 
 def check_model_name(model: ServingModel, name: str | None) -> None:
@@ -113,14 +121,18 @@ def prepare(
     id_prefix: str,
     num_top_logprobs: int | None = None,
     format_param: str = "response_format",
+    reasoning: ReasoningPlan | None = None,
 ) -> Prepared:
     """Build one engine request per choice of each prompt.
 
-    With a `response_format` other than text, each choice gets its own grammar constraint.
+    With a `response_format` other than text, each choice gets its own grammar constraint;
+    with a reasoning plan, the grammar applies to the answer only and a reasoning budget
+    is enforced per choice.
 
     Args:
         num_top_logprobs: None for no log probabilities, else the alternatives per token.
         format_param: the request field `fields.response_format` came from, named in errors.
+        reasoning: how the replies are read for reasoning, or None.
 
     Raises:
         ApiError: 400 naming the field at fault.
@@ -138,15 +150,24 @@ def prepare(
     )
     matcher = make_matcher(fields.response_format, tokenizer, param=format_param)
     scales = adapter_scales(fields, model.loaded.adapters)
+    # Special-token markers (gpt-oss's) must reach the text to be split out of it.
+    keep_markers = (
+        reasoning is not None and reasoning.splits and reasoning.syntax.markers_are_special
+    )
+
+    def constraint() -> TokenConstraint | None:
+        grammar = None if matcher is None else GrammarConstraint(matcher.deep_copy())
+        return grammar if reasoning is None else reasoning.make_constraint(grammar)
+
     requests = tuple(
         EngineRequest(
             prompt_ids=tuple(ids),
             sampling=choice_sampling(params, choice),
             generation=config,
-            detokenizer=tokenizer.make_detokenizer(),
+            detokenizer=tokenizer.make_detokenizer(skip_special_tokens=not keep_markers),
             dry_breaker_ids=breakers,
             index=prompt_index * fields.n + choice,
-            constraint=None if matcher is None else GrammarConstraint(matcher.deep_copy()),
+            constraint=constraint(),
             adapter_scales=scales,
         )
         for prompt_index, ids in enumerate(prompts)
@@ -159,6 +180,7 @@ def prepare(
         response_id=f"{id_prefix}-{uuid.uuid4().hex}",
         created=int(time.time()),
         model_id=model.model_id,
+        reasoning=reasoning,
     )
 
 
@@ -221,11 +243,16 @@ async def collect(model: ServingModel, prepared: Prepared) -> list[ChoiceResult]
     Raises:
         ApiError: 503 on overload or shutdown; 500 when generation fails.
     """
+    readers: dict[int, ReplyReader] = {}
     texts: dict[int, list[str]] = {}
+    thoughts: dict[int, list[str]] = {}
     logprobs: dict[int, list[TokenLogprobs]] = {}
     results: list[ChoiceResult] = []
     async for output in await stream(model, prepared):
-        texts.setdefault(output.index, []).append(output.text)
+        reader = readers.setdefault(output.index, ReplyReader(prepared.reasoning))
+        delta = reader.read(output)
+        texts.setdefault(output.index, []).append(delta.content)
+        thoughts.setdefault(output.index, []).append(delta.reasoning)
         if output.logprobs is not None:
             logprobs.setdefault(output.index, []).append(output.logprobs)
         if output.finish_reason is not None and output.stats is not None:
@@ -236,6 +263,8 @@ async def collect(model: ServingModel, prepared: Prepared) -> list[ChoiceResult]
                     output.finish_reason,
                     output.stats,
                     tuple(logprobs.get(output.index, ())),
+                    "".join(thoughts[output.index]),
+                    reader.num_reasoning_tokens,
                 )
             )
     return sorted(results, key=lambda result: result.index)

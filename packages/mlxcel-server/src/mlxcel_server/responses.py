@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, RootModel
+from pydantic import BaseModel, RootModel, SerializerFunctionWrapHandler, model_serializer
 
 from mlxcel_core.generate import GenerationStats
 from mlxcel_server.logprobs import ChatLogprobs, CompletionLogprobs
@@ -15,11 +15,27 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+    completion_tokens_details: CompletionTokensDetails = CompletionTokensDetails()
+
+
+class _OmitsNoReasoning(BaseModel):
+    """Leaves `reasoning_content` out when there is none, as llama-server does."""
+
+    @model_serializer(mode="wrap")
+    def _omit_no_reasoning(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if data.get("reasoning_content") is None:
+            data.pop("reasoning_content", None)
+        return data
 
 
 class Timings(BaseModel):
@@ -49,9 +65,10 @@ class ToolCallOut(BaseModel):
     function: FunctionCallOut
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(_OmitsNoReasoning):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
 
@@ -81,9 +98,10 @@ class ToolCallDelta(BaseModel):
     function: FunctionCallOut
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(_OmitsNoReasoning):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -123,7 +141,13 @@ class Completion(BaseModel):
     timings: Timings | None = None
 
 
-def make_usage(prompt_tokens: int, stats: Sequence[GenerationStats], num_choices: int) -> Usage:
+def make_usage(
+    prompt_tokens: int,
+    stats: Sequence[GenerationStats],
+    num_choices: int,
+    *,
+    reasoning_tokens: int = 0,
+) -> Usage:
     """Usage of one request: its prompts once, and the tokens every choice generated.
 
     Args:
@@ -131,6 +155,7 @@ def make_usage(prompt_tokens: int, stats: Sequence[GenerationStats], num_choices
         stats: every choice's statistics, in choice order (prompt i's j-th choice at
             `i * num_choices + j`).
         num_choices: choices per prompt (`n`).
+        reasoning_tokens: of the generated tokens, those inside reasoning spans.
 
     `cached_tokens` counts, like `prompt_tokens`, each prompt once: its first choice's
     prefix-cache hit (later choices of the same prompt hit the blocks the first computed).
@@ -142,6 +167,7 @@ def make_usage(prompt_tokens: int, stats: Sequence[GenerationStats], num_choices
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning_tokens),
     )
 
 

@@ -59,7 +59,8 @@ class ChatMessage(_Strict):
 
     `developer` is OpenAI's newer name for `system`. Only an assistant message may leave its
     content out (it then usually carries `tool_calls`); an empty string is content. A `tool`
-    message answers the call named by its `tool_call_id`.
+    message answers the call named by its `tool_call_id`. An assistant message may carry
+    the `reasoning_content` of a reply sent back; templates that render it (Qwen3) see it.
     """
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -67,6 +68,7 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _fields_fit_the_role(self) -> ChatMessage:
@@ -76,6 +78,8 @@ class ChatMessage(_Strict):
             raise ValueError("an assistant message needs content or tool_calls")
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("only an assistant message may carry tool_calls")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise ValueError("only an assistant message may carry reasoning_content")
         if (self.tool_call_id is not None) != (self.role == "tool"):
             raise ValueError("a tool message needs tool_call_id, and only a tool message has one")
         return self
@@ -99,6 +103,8 @@ class ChatMessage(_Strict):
             message["tool_calls"] = [call.template_dict() for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 
@@ -210,6 +216,9 @@ class ChatCompletionRequest(GenerationFields):
 
     `tool_choice` defaults to "auto" with tools and "none" without; `parallel_tool_calls:
     false` keeps only a reply's first call.
+    `reasoning_format` overrides the server's `--reasoning-format` for this request, and
+    `chat_template_kwargs` passes extra variables to the chat template (`enable_thinking`),
+    as llama-server accepts them.
     """
 
     messages: list[ChatMessage]
@@ -218,6 +227,8 @@ class ChatCompletionRequest(GenerationFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(GenerationFields):

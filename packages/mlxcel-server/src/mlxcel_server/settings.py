@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from mlxcel_core.engine import EngineConfig
 from mlxcel_core.sampling import SamplingParams
+from mlxcel_server.reasoning import ReasoningFormat
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class ServerSettings:
         endpoint_slots: serve `GET /slots` (`--slots`); off answers 501.
         endpoint_props: llama-server's `--props` (allow `POST /props`); mlxcel refuses
             property changes either way, with a message saying which.
+        reasoning_format: where replies' reasoning goes (`--reasoning-format`); requests
+            may override it with `reasoning_format`.
+        reasoning_budget: most reasoning tokens per reply (`--reasoning-budget`); -1 means
+            no limit, 0 disables reasoning.
 
     Raises:
         ValueError: a value is out of range; the message names the field.
@@ -44,8 +49,11 @@ class ServerSettings:
     endpoint_metrics: bool = False
     endpoint_slots: bool = False
     endpoint_props: bool = False
+    reasoning_format: ReasoningFormat = ReasoningFormat.AUTO
+    reasoning_budget: int = -1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "reasoning_format", ReasoningFormat(self.reasoning_format))
         if self.context_size < 0:
             raise ValueError(f"context_size must be >= 0, got {self.context_size}")
         if self.n_predict < -1:
@@ -54,5 +62,7 @@ class ServerSettings:
             raise ValueError("api_keys must not hold an empty key")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 or >= 0, got {self.reasoning_budget}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")

@@ -1,10 +1,12 @@
 """The `/v1/messages` event stream: named SSE events in Anthropic's order.
 
 `message_start`, `ping`, then each content block as `content_block_start`, its
-`content_block_delta`s (`text_delta` for text, one `input_json_delta` holding a tool call's
-whole input) and `content_block_stop`; then `message_delta` (stop reason, stop sequence and
-the final usage) and `message_stop`. A failure while generating ends the stream with an
-`error` event.
+`content_block_delta`s and `content_block_stop`; then `message_delta` (stop reason, stop
+sequence and the final usage) and `message_stop`. The blocks, in order: a reasoning model's
+thinking (`thinking_delta`s, then an empty `signature_delta` just before its stop, as
+Anthropic sends the signature), the text (`text_delta`s), and the tool calls (one
+`input_json_delta` holding a call's whole input). A failure while generating ends the
+stream with an `error` event.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
 from mlxcel_core.engine import EngineOutput
 from mlxcel_core.generate import FinishReason, GenerationStats
@@ -20,12 +23,14 @@ from mlxcel_server.anthropic_api.errors import anthropic_error_body
 from mlxcel_server.anthropic_api.objects import (
     MessageObject,
     TextContent,
+    ThinkingContent,
     Usage,
     make_tool_use_content,
     make_usage,
 )
 from mlxcel_server.anthropic_api.stop_reason import EndingTracker
 from mlxcel_server.errors import ApiError
+from mlxcel_server.reasoning import ReasoningPlan, ReplyReader
 from mlxcel_server.routes.chat import ToolUse
 from mlxcel_server.tool_calls import ParsedToolCall, ToolCallStream
 
@@ -46,6 +51,7 @@ class StreamTarget:
         prompt_tokens: prompt tokens.
         tool_use: how the reply is read for tool calls; None for plain text.
         tracker: follows the reply's tokens to tell its stop reason.
+        reasoning: how the reply is read for reasoning; None for plain text.
     """
 
     message_id: str
@@ -53,6 +59,7 @@ class StreamTarget:
     prompt_tokens: int
     tool_use: ToolUse | None
     tracker: EndingTracker
+    reasoning: ReasoningPlan | None = None
 
 
 def _message_start(target: StreamTarget) -> bytes:
@@ -71,6 +78,49 @@ def _block_start(index: int, block: dict) -> bytes:
 
 def _delta(index: int, delta: dict) -> bytes:
     return encode_event("content_block_delta", {"index": index, "delta": delta})
+
+
+_EMPTY_BLOCKS = {
+    "thinking": ThinkingContent(thinking="").model_dump(),
+    "text": TextContent(text="").model_dump(),
+}
+
+
+class _StreamedBlocks:
+    """The thinking and text blocks as their pieces arrive: each opened with its first
+    piece, closed when the next kind of block starts or the reply ends.
+
+    Attributes:
+        count: the blocks opened so far (the next block's index).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._open: str | None = None
+
+    def add(self, kind: Literal["thinking", "text"], piece: str) -> list[bytes]:
+        """Events for a piece of `kind`; none for an empty piece."""
+        if not piece:
+            return []
+        events = []
+        if kind != self._open:
+            events += self.close()
+            self._open = kind
+            self.count += 1
+            events.append(_block_start(self.count - 1, _EMPTY_BLOCKS[kind]))
+        events.append(_delta(self.count - 1, {"type": f"{kind}_delta", kind: piece}))
+        return events
+
+    def close(self) -> list[bytes]:
+        """Events closing the open block, if any."""
+        if self._open is None:
+            return []
+        index = self.count - 1
+        events = []
+        if self._open == "thinking":
+            events.append(_delta(index, {"type": "signature_delta", "signature": ""}))
+        self._open = None
+        return [*events, encode_event("content_block_stop", {"index": index})]
 
 
 def _tool_use_events(first_index: int, calls: tuple[ParsedToolCall, ...]) -> list[bytes]:
@@ -104,7 +154,9 @@ async def message_events(
     """
     tool_use = target.tool_use
     splitter = None if tool_use is None else ToolCallStream(tool_use.tool_format)
-    started = text_open = False
+    reader = ReplyReader(target.reasoning)
+    blocks = _StreamedBlocks()
+    started = False
     calls: tuple[ParsedToolCall, ...] = ()
     finish_reason, stats = FinishReason.STOP, None
     try:
@@ -119,7 +171,10 @@ async def message_events(
                     yield _message_start(target)
                     yield encode_event("ping", {})
                 target.tracker.add(output)
-                text = output.text
+                piece = reader.read(output)
+                for event in blocks.add("thinking", piece.reasoning):
+                    yield event
+                text = piece.content
                 if tool_use is not None and splitter is not None:
                     # Tool markup is held back until the reply ends, then sent as tool_use.
                     text = splitter.feed(text)
@@ -127,11 +182,8 @@ async def message_events(
                         reply = splitter.finish()
                         calls = tuple(tool_use.kept(reply.tool_calls))
                         text += reply.content or ""
-                if text:
-                    if not text_open:
-                        text_open = True
-                        yield _block_start(0, TextContent(text="").model_dump())
-                    yield _delta(0, {"type": "text_delta", "text": text})
+                for event in blocks.add("text", text):
+                    yield event
                 if output.finish_reason is not None and output.stats is not None:
                     finish_reason, stats = output.finish_reason, output.stats
     except ApiError as error:
@@ -139,9 +191,7 @@ async def message_events(
         return
     # The engine ends every reply with a finish reason and statistics, or an error.
     assert stats is not None
-    if text_open:
-        yield encode_event("content_block_stop", {"index": 0})
-    for event in _tool_use_events(int(text_open), calls):
+    for event in [*blocks.close(), *_tool_use_events(blocks.count, calls)]:
         yield event
     yield _message_delta(target, finish_reason, stats, calls_tools=bool(calls))
     yield encode_event("message_stop", {})

@@ -14,6 +14,15 @@ from mlxcel_server.routes.chat import ToolUse
 from mlxcel_server.tool_calls import ParsedToolCall, parse_tool_calls
 
 
+class ThinkingContent(BaseModel):
+    """A reply's reasoning. `signature` is always empty: thinking blocks sent back are left
+    out of the prompt, so there is nothing for a signature to verify."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
 class TextContent(BaseModel):
     type: Literal["text"] = "text"
     text: str
@@ -42,7 +51,7 @@ class MessageObject(BaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[TextContent | ToolUseContent]
+    content: list[ThinkingContent | TextContent | ToolUseContent]
     stop_reason: StopReason | None = None
     stop_sequence: str | None = None
     usage: Usage
@@ -68,8 +77,11 @@ def make_tool_use_content(call: ParsedToolCall) -> ToolUseContent:
     )
 
 
-def make_content(text: str, tool_use: ToolUse | None) -> list[TextContent | ToolUseContent]:
-    """A whole reply's content blocks: its text (if any), then its tool calls (if any)."""
+def make_content(
+    text: str, tool_use: ToolUse | None, reasoning: str = ""
+) -> list[ThinkingContent | TextContent | ToolUseContent]:
+    """A whole reply's content blocks: its reasoning (if any), its text (if any), then its
+    tool calls (if any), read from the text alone."""
     reply_text: str | None = text
     calls: tuple[ParsedToolCall, ...] = ()
     if tool_use is not None:
@@ -77,5 +89,6 @@ def make_content(text: str, tool_use: ToolUse | None) -> list[TextContent | Tool
         calls = tuple(tool_use.kept(reply.tool_calls))
         if calls:
             reply_text = reply.content
+    thoughts = [ThinkingContent(thinking=reasoning)] if reasoning else []
     texts = [TextContent(text=reply_text)] if reply_text else []
-    return [*texts, *map(make_tool_use_content, calls)]
+    return [*thoughts, *texts, *map(make_tool_use_content, calls)]

@@ -1,8 +1,8 @@
 """`POST /v1/messages` bodies as pydantic models, following Anthropic's schema.
 
 As in `mlxcel_server.schemas`, types are strict and unknown fields are refused; a field
-mlxcel does not implement (`thinking`, `service_tier`, server tools, ...) is not declared, so
-a request that sends it gets a 400 naming it. `cache_control` is accepted wherever Anthropic
+mlxcel does not implement (`service_tier`, server tools, ...) is not declared, so a request
+that sends it gets a 400 naming it. `cache_control` is accepted wherever Anthropic
 allows it: the prefix cache reuses a repeated prompt prefix without being asked.
 """
 
@@ -123,6 +123,23 @@ ToolChoice = Annotated[
 ]
 
 
+class EnabledThinking(_Strict):
+    """Reasoning on, at most `budget_tokens` tokens of it per reply (Anthropic's minimum of
+    1,024 is not imposed: small budgets suit small local models)."""
+
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1)
+
+
+class DisabledThinking(_Strict):
+    """Reasoning off."""
+
+    type: Literal["disabled"]
+
+
+ThinkingConfig = Annotated[EnabledThinking | DisabledThinking, Field(discriminator="type")]
+
+
 class Metadata(_Strict):
     """An opaque id of the end user, for the caller's own records."""
 
@@ -138,6 +155,7 @@ class PromptFields(_Strict):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     cache_control: CacheControl | None = None
+    thinking: ThinkingConfig | None = None
 
     def system_text(self) -> str | None:
         """`system` as one string; text blocks are joined with newlines."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mlxcel_server.errors import invalid
-from mlxcel_server.responses_api.request import ResponseRequest
+from mlxcel_server.responses_api.request import InputMessage, ResponseRequest
 
 # The chat templates know no `developer` role; OpenAI treats it as the system's.
 _TEMPLATE_ROLES = {"developer": "system"}
@@ -26,7 +26,8 @@ class ChatTurn:
 
 
 def input_turns(body: ResponseRequest) -> tuple[ChatTurn, ...]:
-    """The request's `input` as chat turns; a string is one user message.
+    """The request's `input` as chat turns; a string is one user message, reasoning items
+    are left out.
 
     Raises:
         ApiError: 400 naming `input` when it is an empty list.
@@ -35,7 +36,11 @@ def input_turns(body: ResponseRequest) -> tuple[ChatTurn, ...]:
         return (ChatTurn("user", body.input),)
     if not body.input:
         raise invalid("input must hold at least one message", "input")
-    return tuple(ChatTurn(_TEMPLATE_ROLES.get(m.role, m.role), m.text()) for m in body.input)
+    return tuple(
+        ChatTurn(_TEMPLATE_ROLES.get(m.role, m.role), m.text())
+        for m in body.input
+        if isinstance(m, InputMessage)
+    )
 
 
 def make_chat(instructions: str | None, turns: tuple[ChatTurn, ...]) -> list[dict[str, str]]:

@@ -27,6 +27,25 @@ class OutputMessage(BaseModel):
     content: list[OutputTextPart]
 
 
+class ReasoningTextPart(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """The reasoning item that precedes the message: the model's reasoning as one
+    `reasoning_text` part (none while it starts); mlxcel writes no summaries."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    status: Status
+    summary: list = []
+    content: list[ReasoningTextPart]
+
+
+OutputItem = ReasoningItem | OutputMessage
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
     cache_write_tokens: int = 0
@@ -65,7 +84,7 @@ class ResponseObject(BaseModel):
     created_at: int
     status: Status
     model: str
-    output: list[OutputMessage]
+    output: list[OutputItem]
     incomplete_details: IncompleteDetails | None = None
     error: None = None
     instructions: str | None = None
@@ -81,15 +100,27 @@ class ResponseObject(BaseModel):
     usage: ResponseUsage | None = None
 
 
-def make_response_usage(input_tokens: int, stats: GenerationStats) -> ResponseUsage:
-    """Usage of a one-message response with its choice's statistics."""
+def make_response_usage(
+    input_tokens: int, stats: GenerationStats, reasoning_tokens: int = 0
+) -> ResponseUsage:
+    """Usage of a one-message response with its choice's statistics; `reasoning_tokens`
+    of its output tokens were reasoning."""
     output_tokens = stats.generated_tokens
     return ResponseUsage(
         input_tokens=input_tokens,
         input_tokens_details=InputTokensDetails(cached_tokens=stats.cached_tokens),
         output_tokens=output_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning_tokens),
         total_tokens=input_tokens + output_tokens,
     )
+
+
+def message_of(response: ResponseObject) -> OutputMessage:
+    """The assistant message of a finished response (its last output item)."""
+    message = response.output[-1]
+    if not isinstance(message, OutputMessage):
+        raise ValueError(f"the response {response.id} has no message item")
+    return message
 
 
 def finish_response(
@@ -100,6 +131,8 @@ def finish_response(
     finish_reason: str,
     input_tokens: int,
     stats: GenerationStats,
+    reasoning: ReasoningItem | None = None,
+    reasoning_tokens: int = 0,
 ) -> ResponseObject:
     """`draft` finished with its one message: `incomplete` when the token limit ended it.
 
@@ -110,16 +143,18 @@ def finish_response(
         finish_reason: the choice's OpenAI `finish_reason` (`stop` or `length`).
         input_tokens: prompt tokens.
         stats: the choice's statistics (tokens generated, prefix-cache hits).
+        reasoning: the reasoning item before the message, or None when it had none.
+        reasoning_tokens: of the generated tokens, those that were reasoning.
     """
     status: Status = "incomplete" if finish_reason == "length" else "completed"
     message = OutputMessage(id=message_id, status=status, content=[OutputTextPart(text=text)])
     return draft.model_copy(
         update={
             "status": status,
-            "output": [message],
+            "output": [message] if reasoning is None else [reasoning, message],
             "incomplete_details": (
                 IncompleteDetails(reason="max_output_tokens") if status == "incomplete" else None
             ),
-            "usage": make_response_usage(input_tokens, stats),
+            "usage": make_response_usage(input_tokens, stats, reasoning_tokens),
         }
     )

@@ -50,6 +50,18 @@ class InputMessage(_Strict):
         return "\n".join(part.text for part in self.content)
 
 
+class ReasoningInput(_Strict):
+    """A reasoning item of an earlier reply, sent back with its output as OpenAI's clients
+    do; it is accepted and not rendered (reasoning templates drop earlier turns' reasoning)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] = []
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
 class TextFormat(_Strict):
     """`text.format`: free text, any JSON object, or JSON following a schema.
 
@@ -97,7 +109,7 @@ class ResponseRequest(_Strict):
     """
 
     model: str | None = None
-    input: str | list[InputMessage]
+    input: str | list[InputMessage | ReasoningInput]
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None

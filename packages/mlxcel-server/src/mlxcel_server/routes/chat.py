@@ -6,15 +6,18 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
 from mlxcel_core.generate import GenerationStats
 from mlxcel_models.tokenizer import Tokenizer
+from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
 from mlxcel_server.logprobs import make_chat_logprobs
+from mlxcel_server.reasoning import ReasoningFormat, ReplyReader, make_plan, template_kwargs
 from mlxcel_server.request_params import chat_num_top_logprobs
 from mlxcel_server.responses import (
     AssistantMessage,
@@ -99,12 +102,17 @@ def make_tool_use(body: ChatCompletionRequest, chat_template: str | None) -> Too
 
 
 async def encode_messages(
-    model: ServingModel, messages: list[ChatMessage], *, tools: Sequence[dict] | None = None
+    model: ServingModel,
+    messages: list[ChatMessage],
+    *,
+    tools: Sequence[dict] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of the conversation through the model's chat template (off the event loop).
 
     Args:
         tools: function definitions the template renders, or None for none.
+        template_kwargs: extra template variables (`enable_thinking`), or None.
 
     Raises:
         ApiError: 400 for no messages, or when the template rejects the conversation.
@@ -114,7 +122,10 @@ async def encode_messages(
     conversation = [m.template_dict() for m in messages]
     try:
         return await asyncio.to_thread(
-            model.loaded.tokenizer.encode_chat, conversation, tools=tools
+            model.loaded.tokenizer.encode_chat,
+            conversation,
+            tools=tools,
+            template_kwargs=template_kwargs,
         )
     except ValueError as error:
         raise invalid(str(error), "messages") from error
@@ -129,17 +140,23 @@ def _function(call: ParsedToolCall) -> FunctionCallOut:
 
 
 def make_message(
-    text: str, finish_reason: str, tool_use: ToolUse | None
+    text: str, finish_reason: str, tool_use: ToolUse | None, reasoning: str | None = None
 ) -> tuple[AssistantMessage, str]:
-    """A finished reply as a message and its finish reason ("tool_calls" when it calls)."""
+    """A finished reply as a message and its finish reason ("tool_calls" when it calls).
+
+    Tool calls are read from `text`, the answer, never from the `reasoning`.
+    """
     if tool_use is None:
-        return AssistantMessage(content=text), finish_reason
+        return AssistantMessage(content=text, reasoning_content=reasoning), finish_reason
     reply = parse_tool_calls(text, tool_use.tool_format)
     calls = tool_use.kept(reply.tool_calls)
     if not calls:
-        return AssistantMessage(content=text), finish_reason
+        return AssistantMessage(content=text, reasoning_content=reasoning), finish_reason
     tool_calls = [ToolCallOut(id=_call_id(), function=_function(call)) for call in calls]
-    return AssistantMessage(content=reply.content, tool_calls=tool_calls), "tool_calls"
+    message = AssistantMessage(
+        content=reply.content, reasoning_content=reasoning, tool_calls=tool_calls
+    )
+    return message, "tool_calls"
 
 
 def _chunk(prepared: generation.Prepared, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
@@ -171,25 +188,33 @@ async def _events(
     tool_use: ToolUse | None,
 ) -> AsyncIterator[bytes]:
     started: set[int] = set()
+    readers: dict[int, ReplyReader] = {}
     splitters: dict[int, ToolCallStream] = {}
     stats: dict[int, GenerationStats] = {}
     try:
         async for output in outputs:
             first = output.index not in started
             started.add(output.index)
-            content = output.text
+            reader = readers.setdefault(output.index, ReplyReader(prepared.reasoning))
+            piece = reader.read(output)
+            content = piece.content
             calls: Sequence[ParsedToolCall] = ()
             if tool_use is not None:
                 # Tool markup is held back until the reply ends, then sent as tool calls.
                 splitter = splitters.setdefault(output.index, ToolCallStream(tool_use.tool_format))
-                content = splitter.feed(output.text)
+                content = splitter.feed(content)
                 if output.finished:
                     reply = splitter.finish()
                     calls = tool_use.kept(reply.tool_calls)
                     content += reply.content or ""
-            if not (first or content or output.finished or output.logprobs):
+            if not (first or content or piece.reasoning or output.finished or output.logprobs):
                 continue
-            delta = ChatDelta(role="assistant" if first else None, content=content)
+            delta = ChatDelta(
+                role="assistant" if first else None,
+                # A piece of reasoning alone carries no content, as llama-server sends it.
+                content=None if piece.reasoning and not content else content,
+                reasoning_content=piece.reasoning or None,
+            )
             choice = ChatChunkChoice(index=output.index, delta=delta)
             if output.logprobs is not None:
                 choice.logprobs = make_chat_logprobs([output.logprobs], tokenizer)
@@ -211,7 +236,10 @@ async def _events(
     if include_usage:
         final = _chunk(prepared, [])
         final.usage = make_usage(
-            prepared.prompt_tokens, [stats[i] for i in sorted(stats)], prepared.num_choices
+            prepared.prompt_tokens,
+            [stats[i] for i in sorted(stats)],
+            prepared.num_choices,
+            reasoning_tokens=sum(reader.num_reasoning_tokens for reader in readers.values()),
         )
         final.timings = make_timings(list(stats.values()))
         yield encode_event(final)
@@ -232,18 +260,31 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         tools = None
         if tool_use is not None and body.tools is not None:
             tools = [tool.template_dict() for tool in body.tools]
-        ids = await encode_messages(model, body.messages, tools=tools)
+        syntax = find_reasoning_syntax(tokenizer)
+        budget = settings.reasoning_budget
+        kwargs = template_kwargs(body.chat_template_kwargs, syntax, budget)
+        ids = await encode_messages(model, body.messages, tools=tools, template_kwargs=kwargs)
         generation.check_prompt(ids, model.context_size, "messages")
         num_top = chat_num_top_logprobs(body)
+        reasoning_format = ReasoningFormat(body.reasoning_format or settings.reasoning_format)
+        plan = make_plan(syntax, reasoning_format, budget, tokenizer, ids)
         prepared = generation.prepare(
-            [ids], body, model, settings, id_prefix="chatcmpl", num_top_logprobs=num_top
+            [ids],
+            body,
+            model,
+            settings,
+            id_prefix="chatcmpl",
+            num_top_logprobs=num_top,
+            reasoning=plan,
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             outputs = await generation.stream(model, prepared)
             return sse_response(_events(prepared, outputs, include_usage, tokenizer, tool_use))
         results = await generation.collect(model, prepared)
-        messages = [make_message(r.text, r.finish_reason, tool_use) for r in results]
+        messages = [
+            make_message(r.text, r.finish_reason, tool_use, r.reasoning or None) for r in results
+        ]
         completion = ChatCompletion(
             id=prepared.response_id,
             created=prepared.created,
@@ -258,7 +299,10 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 for r, (message, finish_reason) in zip(results, messages, strict=True)
             ],
             usage=make_usage(
-                prepared.prompt_tokens, [r.stats for r in results], prepared.num_choices
+                prepared.prompt_tokens,
+                [r.stats for r in results],
+                prepared.num_choices,
+                reasoning_tokens=sum(r.reasoning_tokens for r in results),
             ),
             timings=make_timings([r.stats for r in results]),
         )

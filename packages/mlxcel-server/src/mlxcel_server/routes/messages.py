@@ -1,5 +1,6 @@
 """`POST /v1/messages` and `POST /v1/messages/count_tokens` (and their unversioned paths):
-Anthropic's Messages API, run as the chat completion it translates to."""
+Anthropic's Messages API, run as the chat completion it translates to; a reasoning model's
+reasoning comes back as a thinking block."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
 from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.anthropic_api.conversation import chat_request, generation_request
 from mlxcel_server.anthropic_api.events import StreamTarget, message_events
@@ -20,8 +22,18 @@ from mlxcel_server.anthropic_api.objects import (
     make_message_id,
     make_usage,
 )
-from mlxcel_server.anthropic_api.request import CountTokensRequest, MessagesRequest
+from mlxcel_server.anthropic_api.request import (
+    CountTokensRequest,
+    MessagesRequest,
+    ThinkingConfig,
+)
 from mlxcel_server.anthropic_api.stop_reason import EndingTracker
+from mlxcel_server.anthropic_api.thinking import (
+    check_thinking_budget,
+    reasoning_budget,
+    reasoning_format,
+)
+from mlxcel_server.reasoning import ReasoningPlan, ReplyReader, make_plan, template_kwargs
 from mlxcel_server.routes.chat import ToolUse, encode_messages, make_tool_use
 from mlxcel_server.schemas import ChatCompletionRequest
 from mlxcel_server.settings import ServerSettings
@@ -31,21 +43,30 @@ from mlxcel_server.validation import parse_body
 
 
 async def _encode_prompt(
-    model: ServingModel, chat: ChatCompletionRequest
-) -> tuple[list[int], ToolUse | None]:
-    """The prompt's token ids through the chat path's template rendering, and its tool use.
+    model: ServingModel,
+    chat: ChatCompletionRequest,
+    thinking: ThinkingConfig | None,
+    settings: ServerSettings,
+) -> tuple[list[int], ToolUse | None, ReasoningPlan | None]:
+    """The prompt's token ids through the chat path's template rendering, its tool use,
+    and how its reply is read for reasoning.
 
     Raises:
         ApiError: 404 for another model's name; 400 for tools or tool blocks the model's
             chat template cannot render, or a conversation it rejects.
     """
     generation.check_model_name(model, chat.model)
-    tool_use = make_tool_use(chat, model.loaded.tokenizer.chat_template)
+    tokenizer = model.loaded.tokenizer
+    tool_use = make_tool_use(chat, tokenizer.chat_template)
     tools = None
     if tool_use is not None and chat.tools is not None:
         tools = [tool.template_dict() for tool in chat.tools]
-    ids = await encode_messages(model, chat.messages, tools=tools)
-    return ids, tool_use
+    syntax = find_reasoning_syntax(tokenizer)
+    budget = reasoning_budget(thinking, settings)
+    kwargs = template_kwargs(None, syntax, budget)
+    ids = await encode_messages(model, chat.messages, tools=tools, template_kwargs=kwargs)
+    plan = make_plan(syntax, reasoning_format(thinking, settings), budget, tokenizer, ids)
+    return ids, tool_use, plan
 
 
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
@@ -55,19 +76,20 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     @blueprint.post("/messages")
     async def create_message() -> Response:
         body = await parse_body(MessagesRequest)
+        check_thinking_budget(body)
         model = state.require_model()
         chat = generation_request(body)
-        ids, tool_use = await _encode_prompt(model, chat)
+        ids, tool_use, plan = await _encode_prompt(model, chat, body.thinking, settings)
         generation.check_prompt(ids, model.context_size, "messages")
-        prepared = generation.prepare([ids], chat, model, settings, id_prefix="msg")
+        prepared = generation.prepare([ids], chat, model, settings, id_prefix="msg", reasoning=plan)
         message_id = make_message_id()
         tracker = EndingTracker(model.loaded.tokenizer, body.stop_sequences or ())
         outputs = await generation.stream(model, prepared)
         if body.stream:
-            target = StreamTarget(message_id, model.model_id, len(ids), tool_use, tracker)
+            target = StreamTarget(message_id, model.model_id, len(ids), tool_use, tracker, plan)
             return sse_response(message_events(target, outputs))
-        text, finish_reason, stats = await _collect(outputs, tracker)
-        content = make_content(text, tool_use)
+        text, reasoning, finish_reason, stats = await _collect(outputs, tracker, ReplyReader(plan))
+        content = make_content(text, tool_use, reasoning)
         calls_tools = any(isinstance(block, ToolUseContent) for block in content)
         ending = tracker.ending(finish_reason, calls_tools=calls_tools)
         message = MessageObject(
@@ -85,24 +107,27 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     async def count_tokens() -> Response:
         body = await parse_body(CountTokensRequest)
         model = state.require_model()
-        ids, _ = await _encode_prompt(model, chat_request(body))
+        ids, _, _ = await _encode_prompt(model, chat_request(body), body.thinking, settings)
         return jsonify({"input_tokens": len(ids)})
 
     return blueprint
 
 
 async def _collect(
-    outputs: AsyncIterator[EngineOutput], tracker: EndingTracker
-) -> tuple[str, FinishReason, GenerationStats]:
-    """A whole reply's text, finish reason and statistics."""
+    outputs: AsyncIterator[EngineOutput], tracker: EndingTracker, reader: ReplyReader
+) -> tuple[str, str, FinishReason, GenerationStats]:
+    """A whole reply's answer text, reasoning text, finish reason and statistics."""
     texts: list[str] = []
+    thoughts: list[str] = []
     finish_reason, stats = FinishReason.STOP, None
     async with contextlib.aclosing(outputs):
         async for output in outputs:
             tracker.add(output)
-            texts.append(output.text)
+            piece = reader.read(output)
+            texts.append(piece.content)
+            thoughts.append(piece.reasoning)
             if output.finish_reason is not None and output.stats is not None:
                 finish_reason, stats = output.finish_reason, output.stats
     # The engine ends every reply with a finish reason and statistics, or an error.
     assert stats is not None
-    return "".join(texts), finish_reason, stats
+    return "".join(texts), "".join(thoughts), finish_reason, stats

@@ -5,14 +5,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 from quart import Blueprint, Response, jsonify
 
+from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
+from mlxcel_server.reasoning import ReasoningFormat, make_plan, template_kwargs
 from mlxcel_server.responses_api.conversation import ChatTurn, input_turns, make_chat
 from mlxcel_server.responses_api.events import StreamTarget, response_events
-from mlxcel_server.responses_api.objects import ResponseObject, ResponseText, finish_response
+from mlxcel_server.responses_api.objects import (
+    ReasoningItem,
+    ReasoningTextPart,
+    ResponseObject,
+    ResponseText,
+    finish_response,
+    message_of,
+)
 from mlxcel_server.responses_api.request import ResponseRequest, TextFormat
 from mlxcel_server.responses_api.store import ResponseStore, StoredResponse
 from mlxcel_server.schemas import GenerationFields
@@ -46,9 +56,13 @@ def _text_format(body: ResponseRequest) -> TextFormat | None:
     return None if body.text is None else body.text.format
 
 
-async def _encode(model: ServingModel, messages: list[dict[str, str]]) -> list[int]:
+async def _encode(
+    model: ServingModel, messages: list[dict[str, str]], template_kwargs: dict[str, Any]
+) -> list[int]:
     try:
-        return await asyncio.to_thread(model.loaded.tokenizer.encode_chat, messages)
+        return await asyncio.to_thread(
+            model.loaded.tokenizer.encode_chat, messages, template_kwargs=template_kwargs
+        )
     except ValueError as error:
         raise invalid(str(error), "input") from error
 
@@ -66,8 +80,17 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         generation.check_model_name(model, body.model)
         _check_fields(body)
         turns = _previous_turns(store, body.previous_response_id) + input_turns(body)
-        ids = await _encode(model, make_chat(body.instructions, turns))
+        tokenizer = model.loaded.tokenizer
+        syntax = find_reasoning_syntax(tokenizer)
+        budget = settings.reasoning_budget
+        kwargs = template_kwargs(None, syntax, budget)
+        ids = await _encode(model, make_chat(body.instructions, turns), kwargs)
         generation.check_prompt(ids, model.context_size, "input")
+        # Reasoning has its own output item here: there is no raw text to keep beside it.
+        reasoning_format = settings.reasoning_format
+        if reasoning_format is ReasoningFormat.DEEPSEEK_LEGACY:
+            reasoning_format = ReasoningFormat.DEEPSEEK
+        plan = make_plan(syntax, reasoning_format, budget, tokenizer, ids)
         text_format = _text_format(body)
         fields = GenerationFields(
             model=body.model,
@@ -77,7 +100,13 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             response_format=None if text_format is None else text_format.response_format(),
         )
         prepared = generation.prepare(
-            [ids], fields, model, settings, id_prefix="resp", format_param="text.format"
+            [ids],
+            fields,
+            model,
+            settings,
+            id_prefix="resp",
+            format_param="text.format",
+            reasoning=plan,
         )
         text = ResponseText()
         if text_format is not None:
@@ -97,15 +126,15 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             text=text,
         )
         message_id = f"msg_{uuid.uuid4().hex}"
+        reasoning_id = f"rs_{uuid.uuid4().hex}"
 
         def keep(response: ResponseObject) -> None:
             if body.store:
-                (message,) = response.output
-                reply = ChatTurn("assistant", message.content[0].text)
+                reply = ChatTurn("assistant", message_of(response).content[0].text)
                 store.put(StoredResponse(response, (*turns, reply)))
 
         if body.stream:
-            target = StreamTarget(draft, message_id, len(ids), keep)
+            target = StreamTarget(draft, message_id, len(ids), keep, plan, reasoning_id)
             return sse_response(response_events(target, await generation.stream(model, prepared)))
         (result,) = await generation.collect(model, prepared)
         response = finish_response(
@@ -115,6 +144,16 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             finish_reason=result.finish_reason,
             input_tokens=len(ids),
             stats=result.stats,
+            reasoning=(
+                ReasoningItem(
+                    id=reasoning_id,
+                    status="completed",
+                    content=[ReasoningTextPart(text=result.reasoning)],
+                )
+                if result.reasoning
+                else None
+            ),
+            reasoning_tokens=result.reasoning_tokens,
         )
         keep(response)
         return jsonify(response.model_dump(mode="json"))
