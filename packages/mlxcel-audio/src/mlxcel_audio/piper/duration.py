@@ -13,7 +13,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcel_audio.piper.layers import LayerNorm, split_channels
+from mlxcel_audio.piper.layers import Conv1d, LayerNorm, split_channels
 from mlxcel_audio.piper.spline import inverse_rational_quadratic
 
 NUM_BINS = 10
@@ -26,7 +26,7 @@ class DilatedDepthSeparableConv(nn.Module):
     def __init__(self, channels: int, kernel_size: int, num_layers: int):
         super().__init__()
         self.convs_sep = [
-            nn.Conv1d(
+            Conv1d(
                 channels,
                 channels,
                 kernel_size,
@@ -36,7 +36,7 @@ class DilatedDepthSeparableConv(nn.Module):
             )
             for i in range(num_layers)
         ]
-        self.convs_1x1 = [nn.Conv1d(channels, channels, 1) for _ in range(num_layers)]
+        self.convs_1x1 = [Conv1d(channels, channels, 1) for _ in range(num_layers)]
         self.norms_1 = [LayerNorm(channels) for _ in range(num_layers)]
         self.norms_2 = [LayerNorm(channels) for _ in range(num_layers)]
 
@@ -55,9 +55,9 @@ class ConvFlow(nn.Module):
     def __init__(self, channels: int, kernel_size: int, num_layers: int):
         super().__init__()
         self.filter_channels = channels
-        self.pre = nn.Conv1d(1, channels, 1)
+        self.pre = Conv1d(1, channels, 1)
         self.convs = DilatedDepthSeparableConv(channels, kernel_size, num_layers)
-        self.proj = nn.Conv1d(channels, 3 * NUM_BINS - 1, 1)
+        self.proj = Conv1d(channels, 3 * NUM_BINS - 1, 1)
 
     def reverse(self, z: mx.array, condition: mx.array) -> mx.array:
         z0, z1 = split_channels(z)
@@ -90,9 +90,9 @@ class StochasticDurationPredictor(nn.Module):
         """The reference's `flows.0` is `affine` here, and its coupling flows used in
         reverse (`flows.3`, `flows.5`, ...) are `spline_flows` in the same order."""
         super().__init__()
-        self.pre = nn.Conv1d(channels, channels, 1)
+        self.pre = Conv1d(channels, channels, 1)
         self.convs = DilatedDepthSeparableConv(channels, kernel_size, num_layers=3)
-        self.proj = nn.Conv1d(channels, channels, 1)
+        self.proj = Conv1d(channels, channels, 1)
         self.affine = ElementwiseAffine(2)
         self.spline_flows = [
             ConvFlow(channels, kernel_size, num_layers=3) for _ in range(num_spline_flows)

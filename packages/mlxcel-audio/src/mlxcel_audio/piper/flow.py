@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcel_audio.piper.layers import split_channels
+from mlxcel_audio.piper.layers import Conv1d, split_channels
 from mlxcel_audio.piper.weights import ConvSpec
 
 
@@ -22,7 +22,7 @@ class WaveNet(nn.Module):
         self.channels = channels
         last = len(specs) - 1
         self.in_layers = [
-            nn.Conv1d(
+            Conv1d(
                 channels,
                 2 * channels,
                 kernel_size,
@@ -32,8 +32,7 @@ class WaveNet(nn.Module):
             for spec in specs
         ]
         self.res_skip_layers = [
-            nn.Conv1d(channels, channels if i == last else 2 * channels, 1)
-            for i in range(len(specs))
+            Conv1d(channels, channels if i == last else 2 * channels, 1) for i in range(len(specs))
         ]
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -57,12 +56,14 @@ class WaveNet(nn.Module):
 class ResidualCoupling(nn.Module):
     """Affine coupling (mean only): the second half is shifted by a WaveNet of the first."""
 
-    def __init__(self, channels: int, hidden_channels: int, kernel_size: int, specs: list[ConvSpec]):
+    def __init__(
+        self, channels: int, hidden_channels: int, kernel_size: int, specs: list[ConvSpec]
+    ):
         super().__init__()
         half = channels // 2
-        self.pre = nn.Conv1d(half, hidden_channels, 1)
+        self.pre = Conv1d(half, hidden_channels, 1)
         self.enc = WaveNet(hidden_channels, kernel_size, specs)
-        self.post = nn.Conv1d(hidden_channels, half, 1)
+        self.post = Conv1d(hidden_channels, half, 1)
 
     def reverse(self, z: mx.array) -> mx.array:
         z0, z1 = split_channels(z)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxcel_audio.piper.layers import Conv1d, ConvTranspose1d
 from mlxcel_audio.piper.weights import ConvSpec
 
 LRELU_SLOPE = 0.1
@@ -20,9 +21,7 @@ class ResBlock(nn.Module):
     def __init__(self, channels: int, kernel_size: int, specs: list[ConvSpec]):
         super().__init__()
         self.convs = [
-            nn.Conv1d(
-                channels, channels, kernel_size, padding=spec.padding, dilation=spec.dilation
-            )
+            Conv1d(channels, channels, kernel_size, padding=spec.padding, dilation=spec.dilation)
             for spec in specs
         ]
 
@@ -48,17 +47,15 @@ class Generator(nn.Module):
         post: (kernel, spec) of the bias-free output convolution."""
         super().__init__()
         channels, kernel, spec = pre
-        self.conv_pre = nn.Conv1d(in_channels, channels, kernel, padding=spec.padding)
+        self.conv_pre = Conv1d(in_channels, channels, kernel, padding=spec.padding)
         self.ups = [
-            nn.ConvTranspose1d(c_in, c_out, k, stride=s.stride, padding=s.padding)
+            ConvTranspose1d(c_in, c_out, k, stride=s.stride, padding=s.padding)
             for c_in, c_out, k, s in ups
         ]
         self.resblocks = [ResBlock(c, k, specs) for c, k, specs in resblocks]
         self.num_kernels = len(resblocks) // len(ups)
         kernel, spec = post
-        self.conv_post = nn.Conv1d(
-            ups[-1][1], 1, kernel, padding=spec.padding, bias=False
-        )
+        self.conv_post = Conv1d(ups[-1][1], 1, kernel, padding=spec.padding, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
         x = self.conv_pre(x)

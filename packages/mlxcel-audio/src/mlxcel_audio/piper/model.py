@@ -96,10 +96,14 @@ def make_vits(weights: VoiceWeights) -> Vits:
         if found:
             raise VoiceLoadError(f"this voice uses {what}, which mlxcel does not support yet")
     try:
-        model = Vits(_text_encoder(t), _duration_predictor(t), _flow(t, convs), _generator(t, convs))
+        model = Vits(
+            _text_encoder(t), _duration_predictor(t), _flow(t, convs), _generator(t, convs)
+        )
         model.load_weights(list(_to_mlx_layout(t).items()), strict=True)
     except (KeyError, ValueError) as error:
-        raise VoiceLoadError(f"the voice's weights do not fit a Piper VITS model: {error}") from None
+        raise VoiceLoadError(
+            f"the voice's weights do not fit a Piper VITS model: {error}"
+        ) from None
     mx.eval(model.parameters())
     return model
 

@@ -13,7 +13,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcel_audio.piper.layers import LayerNorm
+from mlxcel_audio.piper.layers import Conv1d, LayerNorm
 
 
 class RelativeAttention(nn.Module):
@@ -25,10 +25,10 @@ class RelativeAttention(nn.Module):
         self.num_heads = num_heads
         self.window_size = window_size
         head_dim = channels // num_heads
-        self.conv_q = nn.Conv1d(channels, channels, 1)
-        self.conv_k = nn.Conv1d(channels, channels, 1)
-        self.conv_v = nn.Conv1d(channels, channels, 1)
-        self.conv_o = nn.Conv1d(channels, channels, 1)
+        self.conv_q = Conv1d(channels, channels, 1)
+        self.conv_k = Conv1d(channels, channels, 1)
+        self.conv_v = Conv1d(channels, channels, 1)
+        self.conv_o = Conv1d(channels, channels, 1)
         self.emb_rel_k = mx.zeros((1, 2 * window_size + 1, head_dim))
         self.emb_rel_v = mx.zeros((1, 2 * window_size + 1, head_dim))
 
@@ -81,8 +81,8 @@ class FeedForward(nn.Module):
     def __init__(self, channels: int, filter_channels: int, kernel_size: int):
         super().__init__()
         self.padding = ((0, 0), ((kernel_size - 1) // 2, kernel_size // 2), (0, 0))
-        self.conv_1 = nn.Conv1d(channels, filter_channels, kernel_size)
-        self.conv_2 = nn.Conv1d(filter_channels, channels, kernel_size)
+        self.conv_1 = Conv1d(channels, filter_channels, kernel_size)
+        self.conv_2 = Conv1d(filter_channels, channels, kernel_size)
 
     def __call__(self, x: mx.array) -> mx.array:
         x = nn.relu(self.conv_1(mx.pad(x, self.padding)))
@@ -138,7 +138,7 @@ class TextEncoder(nn.Module):
         self.encoder = Encoder(
             hidden_channels, filter_channels, num_heads, num_layers, kernel_size, window_size
         )
-        self.proj = nn.Conv1d(hidden_channels, 2 * inter_channels, 1)
+        self.proj = Conv1d(hidden_channels, 2 * inter_channels, 1)
 
     def __call__(self, phoneme_ids: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         x = self.emb(phoneme_ids) * math.sqrt(self.hidden_channels)

@@ -75,9 +75,7 @@ def read_voice_weights(onnx_path: Path) -> VoiceWeights:
             tensors.setdefault(name, value)
         elif name.lstrip("/").replace("/", ".") == _AFFINE_EXP:
             tensors["dp.flows.0.logs"] = -np.log(value)
-    return VoiceWeights(
-        tensors={k: v.astype(np.float32) for k, v in tensors.items()}, convs=convs
-    )
+    return VoiceWeights(tensors={k: v.astype(np.float32) for k, v in tensors.items()}, convs=convs)
 
 
 def _module_path(node_name: str) -> str:
