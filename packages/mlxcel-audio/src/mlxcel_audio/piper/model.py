@@ -76,7 +76,7 @@ class Vits(nn.Module):
         mean, log_scale = mean[:, index], log_scale[:, index]
         z_p = mean + mx.random.normal(mean.shape, key=prior_key) * mx.exp(log_scale) * noise_scale
         audio = self.dec(self.flow.reverse(z_p))
-        return Synthesis(audio=np.asarray(audio[0, :, 0]), durations=durations)
+        return Synthesis(audio=np.asarray(audio[0]), durations=durations)
 
 
 def make_vits(weights: VoiceWeights) -> Vits:
