@@ -1,8 +1,10 @@
-"""Building blocks shared by the VITS parts, channels-last `(B, T, C)` as MLX convolves.
+"""Building blocks shared by the VITS parts: channels last `(B, T, C)` as MLX convolves,
+except in the HiFi-GAN decoder, which runs channels first `(B, C, T)`.
 
 The convolutions keep `mlx.nn`'s parameter layout but run as matrix products over shifted
 views of the input: on the CPU that goes through BLAS, where MLX's own `conv1d` and
-`conv_transpose1d` measured 13x and 15x slower at HiFi-GAN's shapes.
+`conv_transpose1d` measured 13x and 15x slower at HiFi-GAN's shapes
+(docs/adr/0008-piper-convolutions-as-matmuls.md).
 """
 
 from __future__ import annotations
