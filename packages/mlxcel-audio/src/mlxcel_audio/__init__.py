@@ -1,1 +1,1 @@
-"""mlxcel audio: speech-to-text and text-to-speech on MLX (not built yet)."""
+"""mlxcel audio: speech-to-text (Whisper) and text-to-speech (Piper voices) on MLX."""
