@@ -1,0 +1,77 @@
+"""The engine thread's own CPU time per step during batched decode, and where it goes.
+
+Runs `batched_decode.py`'s engine workload (N greedy requests, distinct random prompts, no
+stop token) under cProfile with the engine thread's CPU clock (`time.thread_time`) as the
+timer, so other processes on a shared machine and the time spent waiting on the device do
+not count: what remains is the host work of scheduling, building batches, building the MLX
+graph, sampling and emitting. Prints the CPU milliseconds per step and the costliest calls.
+
+    python benchmarks/engine_step_cost.py /tmp/tinyllama --concurrency 16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections.abc import Sequence
+
+from batched_decode import random_prompts, run_mlxcel
+
+from mlxcel_core.engine import Engine
+from mlxcel_models.loading.loader import load_model
+
+_ENGINE_MODULES = r"mlxcel_core/(engine|sampling|cache/paged)/"
+
+
+def profile_engine(loaded, prompts: Sequence[Sequence[int]], gen_tokens: int) -> pstats.Stats:
+    """Profile the engine thread of one `run_mlxcel` on its own CPU clock."""
+    profile = cProfile.Profile(timer=time.thread_time)
+    run = Engine._run
+
+    def profiled_run(engine: Engine) -> None:
+        profile.enable()
+        try:
+            run(engine)
+        finally:
+            profile.disable()
+
+    Engine._run = profiled_run
+    try:
+        run_mlxcel(loaded, prompts, gen_tokens)
+    finally:
+        Engine._run = run
+    return pstats.Stats(profile)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="an mlx-lm / Hugging Face safetensors folder")
+    parser.add_argument("--concurrency", default="16,64")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--top", type=int, default=15, help="calls listed per level")
+    args = parser.parse_args(argv)
+
+    loaded = load_model(args.model)
+    vocab_size = loaded.tokenizer.vocab_size
+    # The first run compiles kernels; it is not reported.
+    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)
+    for level in (int(level) for level in args.concurrency.split(",")):
+        prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
+        stats = profile_engine(loaded, prompts, args.gen_tokens)
+        num_steps = next(
+            calls
+            for (_, _, name), (_, calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
+            if name == "_step"
+        )
+        print(
+            f"N={level}: engine thread {stats.total_tt * 1000:.0f} ms CPU over {num_steps} "
+            f"steps, {stats.total_tt * 1000 / num_steps:.2f} ms per step"
+        )
+        stats.sort_stats("cumulative").print_stats(_ENGINE_MODULES, args.top)
+
+
+if __name__ == "__main__":
+    main()
