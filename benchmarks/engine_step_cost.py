@@ -3,9 +3,10 @@
 Runs `batched_decode.py`'s engine workload (N greedy requests, distinct random prompts, no
 stop token) on the engine thread's CPU clock (`time.thread_time`), plainly and under
 cProfile with that clock as the timer, so other processes on a shared machine and the time
-spent waiting on the device do not count: what remains is the host work of scheduling, building batches, building the MLX
-graph, sampling and emitting. Prints the CPU milliseconds per step, measured once without
-the profiler (which slows every Python call) and once under it, and the costliest calls.
+spent waiting on the device do not count: what remains is the host work of scheduling,
+building batches, building the MLX graph, sampling and emitting. Prints the CPU
+milliseconds per step, measured once without the profiler (which slows every Python call)
+and once under it, and the costliest calls.
 
     python benchmarks/engine_step_cost.py /tmp/tinyllama --concurrency 16,64
 """

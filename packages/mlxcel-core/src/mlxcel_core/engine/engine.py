@@ -2,7 +2,8 @@
 
 Each step: schedule (which sequences compute how many tokens) → draft (with speculative
 decoding) → one batched forward pass over the paged KV cache → sample each finished row
-with its own sampler, verifying its drafts → update and emit. Requests join and leave
+with its own sampler, verifying its drafts (rows whose chains need no per-row work draw
+together) → update and emit. Requests join and leave
 between steps; chunked prefill shares steps with decode.
 """
 
@@ -364,11 +365,12 @@ class Engine:
         for row in emitted:
             sequence = row.sequence
             sequence.token_ids.extend(token for token, _ in row.tokens)
-            num_accepted[sequence.seq_id] = len(row.tokens) - 1
+            accepted = len(row.tokens) - 1
+            num_accepted[sequence.seq_id] = accepted
             sequence.num_draft_tokens += row.num_drafts
-            sequence.num_accepted_draft_tokens += len(row.tokens) - 1
+            sequence.num_accepted_draft_tokens += accepted
             self._num_draft_tokens += row.num_drafts
-            self._num_accepted_draft_tokens += len(row.tokens) - 1
+            self._num_accepted_draft_tokens += accepted
         self._scheduler.complete_step(plan, num_accepted)
         for row in emitted:
             for token_id, logprobs in row.tokens:

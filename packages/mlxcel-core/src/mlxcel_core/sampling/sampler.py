@@ -92,7 +92,8 @@ class Sampler:
 
     Each sampler owns its random stream: `mx.random.key(seed)`, split twice per token (XTC's
     draw and the final draw, used or not), so a seeded request draws the same tokens whatever
-    else runs beside it (`sample_batch` keeps each row's stream the same way).
+    else runs beside it. `sample_batch` advances a sampled row's stream the same way; greedy
+    rows never draw from theirs.
 
     Attributes:
         params: The request's settings.
