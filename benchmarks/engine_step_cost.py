@@ -1,12 +1,12 @@
 """The engine thread's own CPU time per step during batched decode, and where it goes.
 
-Runs `batched_decode.py`'s engine workload (N greedy requests, distinct random prompts, no
-stop token) on the engine thread's CPU clock (`time.thread_time`), plainly and under
-cProfile with that clock as the timer, so other processes on a shared machine and the time
-spent waiting on the device do not count: what remains is the host work of scheduling,
-building batches, building the MLX graph, sampling and emitting. Prints the CPU
-milliseconds per step, measured once without the profiler (which slows every Python call)
-and once under it, and the costliest calls.
+Runs `batched_decode.py`'s engine workload (N greedy or `--temperature` requests, distinct
+random prompts, no stop token) on the engine thread's CPU clock (`time.thread_time`),
+plainly and under cProfile with that clock as the timer, so other processes on a shared
+machine and the time spent waiting on the device do not count: what remains is the host
+work of scheduling, building batches, building the MLX graph, sampling and emitting.
+Prints the CPU milliseconds per step, measured once without the profiler (which slows
+every Python call) and once under it, and the costliest calls.
 
     python benchmarks/engine_step_cost.py /tmp/tinyllama --concurrency 16,64
 """
@@ -28,7 +28,11 @@ _ENGINE_MODULES = r"mlxcel_core/(engine|sampling|cache/paged)/"
 
 
 def engine_cpu_seconds(
-    loaded, prompts: Sequence[Sequence[int]], gen_tokens: int, profile: cProfile.Profile | None
+    loaded,
+    prompts: Sequence[Sequence[int]],
+    gen_tokens: int,
+    temperature: float,
+    profile: cProfile.Profile | None,
 ) -> float:
     """The engine thread's CPU seconds over one `run_mlxcel`, profiled into `profile` if given."""
     spent = []
@@ -47,7 +51,7 @@ def engine_cpu_seconds(
 
     Engine._run = measured_run
     try:
-        run_mlxcel(loaded, prompts, gen_tokens)
+        run_mlxcel(loaded, prompts, gen_tokens, temperature)
     finally:
         Engine._run = run
     return spent[0]
@@ -59,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="16,64")
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--top", type=int, default=15, help="calls listed per level")
     args = parser.parse_args(argv)
 
@@ -68,9 +73,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)
     for level in (int(level) for level in args.concurrency.split(",")):
         prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
-        seconds = engine_cpu_seconds(loaded, prompts, args.gen_tokens, None)
+        seconds = engine_cpu_seconds(loaded, prompts, args.gen_tokens, args.temperature, None)
         profile = cProfile.Profile(timer=time.thread_time)
-        engine_cpu_seconds(loaded, prompts, args.gen_tokens, profile)
+        engine_cpu_seconds(loaded, prompts, args.gen_tokens, args.temperature, profile)
         stats = pstats.Stats(profile)
         num_steps = next(
             calls
