@@ -88,3 +88,26 @@ def test_step_logits_reads_rows_across_passes_in_the_order_asked():
     ]
     assert step.last([2]).tolist() == [decode[1, 0].tolist()]
     assert step.row(1).tolist() == prefill[0].tolist()
+
+
+def test_streams_carry_on_as_alone_when_the_batch_changes_between_draws():
+    logits = mx.random.normal((4, VOCAB), key=mx.random.key(1)) * 3
+    seeds = [SamplingParams(temperature=0.9, seed=seed) for seed in range(4)]
+    alone = [Sampler(p) for p in seeds]
+    batched = [Sampler(p) for p in seeds]
+    draws = [
+        [0, 1, 2, 3],
+        [0, 1, 2, 3],
+        [3, 2, 0],  # one row left, the rest reordered
+        [2, 0],
+        [1, 2, 0, 3],  # the row that left comes back
+    ]
+    for rows in draws:
+        expected = [alone[row](logits[row], HISTORY).item() for row in rows]
+        got = sample_batch([batched[row] for row in rows], logits[mx.array(rows)])
+        assert got.tolist() == expected
+    # A row drawn alone between batches goes on from where its batch left it.
+    assert batched[1](logits[1], HISTORY).item() == alone[1](logits[1], HISTORY).item()
+    both = [batched[0], batched[1]]
+    expected = [alone[0](logits[0], HISTORY).item(), alone[1](logits[1], HISTORY).item()]
+    assert sample_batch(both, logits[:2]).tolist() == expected

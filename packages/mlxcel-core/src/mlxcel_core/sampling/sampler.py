@@ -118,6 +118,9 @@ class Sampler:
         self.seed = secrets.randbits(32) if params.seed is None else int(params.seed)
         self._dry_breaker_ids = dry_breaker_ids
         self._key = mx.random.key(self.seed)
+        # After a batched draw the stream's state is row `row` of that draw's (rows, 2) keys;
+        # the next batch of the same rows reads them whole, with no per-row op.
+        self._batch_keys: tuple[mx.array, int] | None = None
         # Greedy decoding skips the stages that always keep the most likely token.
         self._greedy_stages = tuple(
             stage for stage in params.samplers if stage not in _ARGMAX_PRESERVING_STAGES
@@ -128,8 +131,15 @@ class Sampler:
     def next_key(self) -> mx.array:
         """Split a key off the request's random stream (for draws made outside the chain,
         such as speculative decoding's acceptance tests)."""
-        self._key, key = mx.random.split(self._key)
+        self._key, key = mx.random.split(self._state())
         return key
+
+    def _state(self) -> mx.array:
+        """(2,) uint32: the stream's current key."""
+        if self._batch_keys is not None:
+            keys, row = self._batch_keys
+            self._key, self._batch_keys = keys[row], None
+        return self._key
 
     def _apply_stage(
         self, stage: SamplerStage, logits: mx.array, history: mx.array, xtc_draw: mx.array
@@ -233,6 +243,22 @@ _advance_rows = mx.vmap(_advance_twice)
 _categorical_rows = mx.vmap(_categorical)
 
 
+def _stream_states(samplers: Sequence[Sampler]) -> mx.array:
+    """(rows, 2) uint32 current keys: the previous batched draw's keys when it held exactly
+    these rows in this order, else one stack of each stream's key."""
+    previous = samplers[0]._batch_keys
+    if previous is not None and previous[0].shape[0] == len(samplers):
+        keys = previous[0]
+        if all(
+            sampler._batch_keys is not None
+            and sampler._batch_keys[0] is keys
+            and sampler._batch_keys[1] == row
+            for row, sampler in enumerate(samplers)
+        ):
+            return keys
+    return mx.stack([sampler._state() for sampler in samplers])
+
+
 def sample_batch(samplers: Sequence[Sampler], logits: mx.array) -> mx.array:
     """Draw one token per row with each row's sampler, in a fixed number of MLX ops.
 
@@ -264,7 +290,8 @@ def sample_batch(samplers: Sequence[Sampler], logits: mx.array) -> mx.array:
     first = samplers[0]
     for stage in first._active_stages:
         logits = first._apply_stage(stage, logits, mx.array([], dtype=mx.int32), 0.0)
-    advanced = _advance_rows(mx.stack([sampler._key for sampler in samplers]))
+    advanced = _advance_rows(_stream_states(samplers))
+    states = advanced[:, 0]
     for row, sampler in enumerate(samplers):
-        sampler._key = advanced[row, 0]
+        sampler._batch_keys = (states, row)
     return _categorical_rows(logits, advanced[:, 1]).astype(mx.int32)
