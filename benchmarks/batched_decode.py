@@ -2,8 +2,10 @@
 
 For each concurrency N, N requests with distinct random prompts of `--prompt-tokens` tokens
 each generate `--gen-tokens` tokens, greedy, with no stop token (as llama-bench does), all
-submitted at once. Both implementations run the same weights; the model is loaded once by
-each, one after the other.
+submitted at once. `--temperature` above 0 samples instead, at that temperature with no
+truncation (each engine request seeded with its index; mlx-lm shares one sampler). Both
+implementations run the same weights; the model is loaded once by each, one after the
+other.
 
 Reported per N and implementation:
 - decode tok/s: tokens sampled after each request's first token, over the time from the
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import batch_generate
+from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load as mlx_lm_load
 
 from mlxcel_core.engine import (
@@ -62,8 +65,11 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int = 0) -> l
     return generator.integers(1, vocab_size, size=(count, length)).tolist()
 
 
-def run_mlxcel(loaded, prompts: Sequence[Sequence[int]], gen_tokens: int) -> Run:
-    """Every prompt through one engine with `len(prompts)` slots; greedy, no stop token."""
+def run_mlxcel(
+    loaded, prompts: Sequence[Sequence[int]], gen_tokens: int, temperature: float = 0.0
+) -> Run:
+    """Every prompt through one engine with `len(prompts)` slots; no stop token; greedy at
+    temperature 0, else sampled at `temperature` without truncation, seeded per request."""
     context = len(prompts[0]) + gen_tokens + 1
     engine = Engine(
         loaded.model,
@@ -85,7 +91,9 @@ def run_mlxcel(loaded, prompts: Sequence[Sequence[int]], gen_tokens: int) -> Run
             [
                 EngineRequest(
                     prompt_ids=tuple(prompt),
-                    sampling=SamplingParams(temperature=0.0),
+                    sampling=SamplingParams(
+                        temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=index
+                    ),
                     generation=generation,
                     detokenizer=loaded.tokenizer.make_detokenizer(),
                     index=index,
@@ -114,8 +122,11 @@ def run_mlxcel(loaded, prompts: Sequence[Sequence[int]], gen_tokens: int) -> Run
     return Run(decode_tokens / (end - decode_start), tokens / (end - start))
 
 
-def run_mlx_lm(model, tokenizer, prompts: Sequence[Sequence[int]], gen_tokens: int) -> Run:
-    """Every prompt through mlx-lm's `batch_generate`, all in one completion batch."""
+def run_mlx_lm(
+    model, tokenizer, prompts: Sequence[Sequence[int]], gen_tokens: int, temperature: float = 0.0
+) -> Run:
+    """Every prompt through mlx-lm's `batch_generate`, all in one completion batch, with its
+    sampler at `temperature` (argmax at 0)."""
     start = time.perf_counter()
     response = batch_generate(
         model,
@@ -124,6 +135,7 @@ def run_mlx_lm(model, tokenizer, prompts: Sequence[Sequence[int]], gen_tokens: i
         max_tokens=gen_tokens,
         completion_batch_size=len(prompts),
         prefill_batch_size=min(len(prompts), 8),
+        sampler=make_sampler(temp=temperature),
     )
     seconds = time.perf_counter() - start
     return Run(response.stats.generation_tps, response.stats.generation_tokens / seconds)
@@ -135,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--skip-mlx-lm", action="store_true")
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
@@ -146,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)
     for level in levels:
         prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
-        results["mlxcel", level] = run_mlxcel(loaded, prompts, args.gen_tokens)
+        results["mlxcel", level] = run_mlxcel(loaded, prompts, args.gen_tokens, args.temperature)
         print(f"mlxcel N={level}: {results['mlxcel', level]}", flush=True)
     del loaded
     gc.collect()
@@ -157,7 +170,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_mlx_lm(model, tokenizer, random_prompts(2, args.prompt_tokens, vocab_size), 8)
         for level in levels:
             prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
-            results["mlx-lm", level] = run_mlx_lm(model, tokenizer, prompts, args.gen_tokens)
+            results["mlx-lm", level] = run_mlx_lm(
+                model, tokenizer, prompts, args.gen_tokens, args.temperature
+            )
             print(f"mlx-lm N={level}: {results['mlx-lm', level]}", flush=True)
 
     print(

@@ -502,3 +502,25 @@ def test_a_failure_outside_the_model_step_stops_the_engine_through_on_fatal():
             engine.submit([fake_request(1)], OutputQueue())
     finally:
         engine.shutdown(timeout=TIMEOUT)
+
+
+def test_rows_drawn_together_and_alone_in_one_batch_each_get_their_own_tokens(model):
+    # Greedy and same-settings seeded rows draw together; penalties and logit bias draw alone.
+    samplings = [
+        GREEDY,
+        SamplingParams(temperature=0.8, seed=7),
+        SamplingParams(temperature=0.8, seed=8),
+        SamplingParams(temperature=0.8, seed=9, repeat_penalty=1.3),
+        SamplingParams(temperature=0.8, seed=10, logit_bias={40: 3.0}),
+        SamplingParams(temperature=0.0, presence_penalty=1.5),
+    ]
+    prompts = make_prompts()
+    requests = [
+        make_request(prompt, index=i, sampling=sampling)
+        for i, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True))
+    ]
+    with running_engine(model, make_config()) as engine:
+        outputs = generate_all(engine, requests)
+    for request, output in zip(requests, outputs, strict=True):
+        reference = generate_alone(model, request.prompt_ids, sampling=request.sampling)
+        assert token_ids(output) == token_ids(reference)

@@ -2,7 +2,8 @@
 
 Each step: schedule (which sequences compute how many tokens) → draft (with speculative
 decoding) → one batched forward pass over the paged KV cache → sample each finished row
-with its own sampler, verifying its drafts → update and emit. Requests join and leave
+with its own sampler, verifying its drafts (rows whose chains need no per-row work draw
+together) → update and emit. Requests join and leave
 between steps; chunked prefill shares steps with decode.
 """
 
@@ -12,7 +13,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -31,7 +32,13 @@ from mlxcel_core.engine.request import (
     RequestCancelledError,
     RequestHandle,
 )
-from mlxcel_core.engine.row_sampling import Draw, draw_tokens
+from mlxcel_core.engine.row_sampling import (
+    BatchDraw,
+    Draw,
+    can_draw_together,
+    draw_together,
+    draw_tokens,
+)
 from mlxcel_core.engine.runner import ModelRunner, RowInput
 from mlxcel_core.engine.scheduler import Scheduler, SchedulerOutput
 from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatus
@@ -346,7 +353,7 @@ class Engine:
                 [a for draw in draws for a in draw.arrays()],
                 [a for storage in self._storages for a in storage.arrays()],
             )
-            emitted = [draw.emitted() for draw in draws]
+            emitted = [row for draw in draws for row in draw.emitted()]
         except InvariantError:
             raise
         # An MLX or model error fails this step's requests, not the engine.
@@ -355,22 +362,23 @@ class Engine:
             return
         self._consecutive_failures = 0
         num_accepted = {}
-        for draw, tokens in zip(draws, emitted, strict=True):
-            sequence = draw.sequence
-            sequence.token_ids.extend(token for token, _ in tokens)
-            num_accepted[sequence.seq_id] = len(tokens) - 1
-            sequence.num_draft_tokens += len(draw.draft_token_ids)
-            sequence.num_accepted_draft_tokens += len(tokens) - 1
-            self._num_draft_tokens += len(draw.draft_token_ids)
-            self._num_accepted_draft_tokens += len(tokens) - 1
+        for row in emitted:
+            sequence = row.sequence
+            sequence.token_ids.extend(token for token, _ in row.tokens)
+            accepted = len(row.tokens) - 1
+            num_accepted[sequence.seq_id] = accepted
+            sequence.num_draft_tokens += row.num_drafts
+            sequence.num_accepted_draft_tokens += accepted
+            self._num_draft_tokens += row.num_drafts
+            self._num_accepted_draft_tokens += accepted
         self._scheduler.complete_step(plan, num_accepted)
-        for draw, tokens in zip(draws, emitted, strict=True):
-            for token_id, logprobs in tokens:
-                self._take_token(draw.sequence, token_id, logprobs)
-                if draw.sequence.status.finished:
+        for row in emitted:
+            for token_id, logprobs in row.tokens:
+                self._take_token(row.sequence, token_id, logprobs)
+                if row.sequence.status.finished:
                     break
 
-    def _forward_and_sample(self, plan: SchedulerOutput) -> list[Draw]:
+    def _forward_and_sample(self, plan: SchedulerOutput) -> list[Draw | BatchDraw]:
         kv = self._kv
         copies = kv.take_block_copies()
         for storage in self._storages:
@@ -397,12 +405,23 @@ class Engine:
                     sequence.adapter_scales,
                 )
             )
-        logits = self._runner.execute(rows)
-        return [
-            draw_tokens(item.sequence, row_logits, proposal.token_ids, proposal.probs, rule)
-            for item, proposal, row_logits in zip(plan.scheduled, proposals, logits, strict=True)
-            if item.sequence.num_computed + item.num_new_tokens == item.sequence.num_tokens
-        ]
+        logits = self._runner.run(rows)
+        draws: list[Draw | BatchDraw] = []
+        together: dict[Hashable, list[int]] = {}
+        for i, (item, proposal) in enumerate(zip(plan.scheduled, proposals, strict=True)):
+            sequence = item.sequence
+            if sequence.num_computed + item.num_new_tokens < sequence.num_tokens:
+                continue  # a prefill chunk that does not reach the prompt's end yet
+            if can_draw_together(sequence, proposal.token_ids):
+                together.setdefault(sequence.sampler.batch_group, []).append(i)
+                continue
+            draws.append(
+                draw_tokens(sequence, logits.row(i), proposal.token_ids, proposal.probs, rule)
+            )
+        for members in together.values():
+            sequences = [plan.scheduled[i].sequence for i in members]
+            draws.append(draw_together(sequences, logits.last(members)))
+        return draws
 
     def _take_token(
         self, sequence: Sequence, token_id: int, logprobs: TokenLogprobs | None

@@ -1,14 +1,17 @@
-"""Sampling one row of a batched step with its own request's chain, constraint and stream,
-verifying the row's draft tokens when it has some (speculative decoding)."""
+"""Sampling the rows of a batched step: each row with its own request's chain, constraint
+and stream, verifying the row's draft tokens when it has some (speculative decoding); rows
+whose chains need none of that draw together, in a fixed number of ops (`BatchDraw`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from mlxcel_core.engine.sequence import Sequence
 from mlxcel_core.logprobs import PendingLogprobs, TokenLogprobs, make_logprobs
+from mlxcel_core.sampling import sample_batch
 from mlxcel_core.sampling.constraint import TokenConstraint, apply_constraint
 from mlxcel_core.speculative import (
     AcceptanceRule,
@@ -17,6 +20,22 @@ from mlxcel_core.speculative import (
     num_leading_accepted,
     rejection_sample,
 )
+
+
+@dataclass(frozen=True)
+class RowTokens:
+    """What one row emits this step.
+
+    Attributes:
+        sequence: the row's sequence.
+        num_drafts: the drafts the row verified.
+        tokens: the tokens to emit, in order (the accepted drafts, then one more), each with
+            its log probabilities when the request asked for them.
+    """
+
+    sequence: Sequence
+    num_drafts: int
+    tokens: list[tuple[int, TokenLogprobs | None]]
 
 
 @dataclass(frozen=True)
@@ -41,13 +60,62 @@ class Draw:
         pending = () if self.logprobs is None else self.logprobs
         return [*self.verdict.arrays(), *(a for p in pending for a in p.arrays())]
 
-    def emitted(self) -> list[tuple[int, TokenLogprobs | None]]:
-        """The tokens to emit, in order: the accepted drafts, then one more (evaluated)."""
+    def emitted(self) -> list[RowTokens]:
+        """The row's tokens, once evaluated."""
         num_accepted = num_leading_accepted(self.verdict.accepted.tolist())
         tokens = [*self.draft_token_ids[:num_accepted], int(self.verdict.tokens[num_accepted])]
         if self.logprobs is None:
-            return [(token, None) for token in tokens]
-        return [(t, p.read(t)) for t, p in zip(tokens, self.logprobs, strict=False)]
+            pairs = [(token, None) for token in tokens]
+        else:
+            pairs = [(t, p.read(t)) for t, p in zip(tokens, self.logprobs, strict=False)]
+        return [RowTokens(self.sequence, len(self.draft_token_ids), pairs)]
+
+
+@dataclass(frozen=True)
+class BatchDraw:
+    """Rows sampled together: one token each, no drafts, no log probabilities.
+
+    Attributes:
+        sequences: the rows' sequences.
+        tokens: (rows,) int32 token ids, not yet evaluated.
+    """
+
+    sequences: tuple[Sequence, ...]
+    tokens: mx.array
+
+    def arrays(self) -> list[mx.array]:
+        """Everything to evaluate with the step."""
+        return [self.tokens]
+
+    def emitted(self) -> list[RowTokens]:
+        """Each row's token, once evaluated."""
+        return [
+            RowTokens(sequence, 0, [(token, None)])
+            for sequence, token in zip(self.sequences, self.tokens.tolist(), strict=True)
+        ]
+
+
+def can_draw_together(sequence: Sequence, drafts: tuple[int, ...]) -> bool:
+    """Whether the row's token needs nothing of `draw_tokens` beyond its sampler's chain,
+    which then has a batch group (see `Sampler.batch_group`)."""
+    request = sequence.request
+    return (
+        not drafts
+        and request.constraint is None
+        and request.generation.num_top_logprobs is None
+        and sequence.sampler.batch_group is not None
+    )
+
+
+def draw_together(sequences: Seq[Sequence], logits: mx.array) -> BatchDraw:
+    """Sample rows that `can_draw_together` and share a batch group, lazily.
+
+    Args:
+        sequences: the rows' sequences.
+        logits: (rows, V) logits after each sequence's last token.
+    """
+    tokens = sample_batch([sequence.sampler for sequence in sequences], logits)
+    return BatchDraw(tuple(sequences), tokens)
 
 
 def _constrain(

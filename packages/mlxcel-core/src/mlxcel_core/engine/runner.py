@@ -48,6 +48,48 @@ class RowInput:
             )
 
 
+class StepLogits:
+    """One step's logits, held as the batched forward passes returned them, so that many
+    rows' logits can be read with one op."""
+
+    def __init__(self) -> None:
+        self._passes: list[mx.array] = []
+        self._where: dict[int, tuple[int, int]] = {}
+
+    def add(self, rows: Sequence[int], logits: mx.array) -> None:
+        """Record one pass: `logits` is (len(rows), num_logits, V), row i of it `rows[i]`'s."""
+        index = len(self._passes)
+        self._passes.append(logits)
+        for position, row in enumerate(rows):
+            self._where[row] = (index, position)
+
+    def row(self, row: int) -> mx.array:
+        """(num_logits, V) logits of one row."""
+        index, position = self._where[row]
+        return self._passes[index][position]
+
+    def last(self, rows: Sequence[int]) -> mx.array:
+        """(len(rows), V) logits after each row's last token, in the order given."""
+        members: dict[int, list[int]] = {}
+        for row in rows:
+            index, position = self._where[row]
+            members.setdefault(index, []).append(position)
+        parts = []
+        for index, positions in members.items():
+            logits = self._passes[index]
+            if positions == list(range(logits.shape[0])):
+                parts.append(logits[:, -1])
+            else:
+                parts.append(logits[mx.array(positions), -1])
+        joined = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+        layout = [(index, p) for index, positions in members.items() for p in positions]
+        wanted = [self._where[row] for row in rows]
+        if wanted == layout:
+            return joined
+        rank = {where: i for i, where in enumerate(layout)}
+        return joined[mx.array([rank[where] for where in wanted])]
+
+
 class ModelRunner:
     """Runs a language model over paged KV.
 
@@ -79,16 +121,23 @@ class ModelRunner:
             Per row, in order, its (num_logits, V) logits; lazy, like the pools' writes,
             until the caller evaluates them with `storage.arrays()`.
         """
+        step = self.run(rows)
+        return [step.row(i) for i in range(len(rows))]
+
+    def run(self, rows: Sequence[RowInput]) -> StepLogits:
+        """Compute every row's tokens, storing their KV; the logits as the passes made them.
+
+        Returns:
+            The step's logits, lazy like `execute`'s.
+        """
         groups: dict[tuple[int, int], list[int]] = {}
         for i, row in enumerate(rows):
             groups.setdefault((len(row.token_ids), row.num_logits), []).append(i)
-        logits: list[mx.array] = [mx.array(0)] * len(rows)
+        step = StepLogits()
         for (_, num_logits), members in groups.items():
             tokens = mx.array([list(rows[i].token_ids) for i in members], dtype=mx.int32)
-            out = self._forward(tokens, [rows[i] for i in members], num_logits)
-            for position, i in enumerate(members):
-                logits[i] = out[position]
-        return logits
+            step.add(members, self._forward(tokens, [rows[i] for i in members], num_logits))
+        return step
 
     def _forward(self, tokens: mx.array, rows: Sequence[RowInput], num_logits: int) -> mx.array:
         """(B, L) tokens → (B, num_logits, V) logits of each row's last positions."""

@@ -203,7 +203,7 @@ class Scheduler:
     def _lookahead(self, sequence: Sequence, budget: int) -> int:
         """Draft slots for a decoding sequence: never more than it may still generate
         after this step's token, nor than the step's budget leaves."""
-        if sequence.num_uncomputed != 1:
+        if not self.num_lookahead_tokens or sequence.num_uncomputed != 1:
             return 0
         return max(0, min(self.num_lookahead_tokens, sequence.num_tokens_left - 1, budget - 1))
 

@@ -11,7 +11,7 @@ from mlxcel_core.sampling.params import (
     parse_sampler_order,
 )
 from mlxcel_core.sampling.penalties import apply_dry, apply_logit_bias, apply_penalties
-from mlxcel_core.sampling.sampler import Sampler
+from mlxcel_core.sampling.sampler import Sampler, sample_batch
 from mlxcel_core.sampling.stages import (
     apply_min_p,
     apply_temperature,
@@ -42,4 +42,5 @@ __all__ = [
     "parse_sampler_chars",
     "parse_sampler_names",
     "parse_sampler_order",
+    "sample_batch",
 ]

@@ -1,6 +1,9 @@
-"""The per-request sampler: logit bias, llama-server's chain of stages, then one draw."""
+"""The per-request sampler: logit bias, llama-server's chain of stages, then one draw;
+and the batched draw of many requests whose chains need no per-row work."""
 
+import dataclasses
 import secrets
+from collections.abc import Hashable, Sequence
 
 import mlx.core as mx
 
@@ -27,6 +30,48 @@ _ARGMAX_PRESERVING_STAGES = frozenset(
 )
 
 
+# Stages that read the history or draw per row; the batched draw needs them inactive.
+_ROW_STAGES = frozenset({SamplerStage.PENALTIES, SamplerStage.DRY, SamplerStage.XTC})
+
+_GREEDY_GROUP = "greedy"
+
+
+def _is_active(stage: SamplerStage, params: SamplingParams) -> bool:
+    """Whether the stage can change any logits under these settings (see each stage's
+    disabling values in `stages.py` and `penalties.py`)."""
+    p = params
+    match stage:
+        case SamplerStage.PENALTIES:
+            return p.repeat_last_n != 0 and (
+                p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            )
+        case SamplerStage.DRY:
+            return p.dry_multiplier != 0.0 and p.dry_base >= 1.0 and p.dry_penalty_last_n != 0
+        case SamplerStage.TOP_N_SIGMA:
+            return p.top_n_sigma > 0.0
+        case SamplerStage.TOP_K:
+            return p.top_k > 0
+        case SamplerStage.TYPICAL_P:
+            return p.typical_p < 1.0
+        case SamplerStage.TOP_P:
+            return p.top_p < 1.0
+        case SamplerStage.MIN_P:
+            return p.min_p > 0.0
+        case SamplerStage.XTC:
+            return p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5
+        case SamplerStage.TEMPERATURE:
+            return True
+
+
+def _batch_group(params: SamplingParams, active: tuple[SamplerStage, ...]) -> Hashable | None:
+    """Requests of one group draw together (see `sample_batch`); None draws alone."""
+    if params.logit_bias or any(stage in _ROW_STAGES for stage in active):
+        return None
+    if params.temperature <= 0.0:
+        return None if SamplerStage.TYPICAL_P in active else _GREEDY_GROUP
+    return dataclasses.replace(params, seed=0)
+
+
 def _as_vector(logits: mx.array) -> mx.array:
     if logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits[0]
@@ -47,12 +92,16 @@ class Sampler:
 
     Each sampler owns its random stream: `mx.random.key(seed)`, split twice per token (XTC's
     draw and the final draw, used or not), so a seeded request draws the same tokens whatever
-    else runs beside it.
+    else runs beside it. `sample_batch` advances a sampled row's stream the same way; greedy
+    rows never draw from theirs.
 
     Attributes:
         params: The request's settings.
         seed: The stream's seed: `params.seed`, or a random 32-bit one when that is None
             (llama-server reports it back as `seed`).
+        batch_group: Requests with equal groups can draw together through `sample_batch`
+            (greedy ones, or sampled ones with the same settings and no logit bias, penalties,
+            DRY or XTC); None when this request's chain must run alone.
     """
 
     def __init__(
@@ -69,16 +118,28 @@ class Sampler:
         self.seed = secrets.randbits(32) if params.seed is None else int(params.seed)
         self._dry_breaker_ids = dry_breaker_ids
         self._key = mx.random.key(self.seed)
+        # After a batched draw the stream's state is row `row` of that draw's (rows, 2) keys;
+        # the next batch of the same rows reads them whole, with no per-row op.
+        self._batch_keys: tuple[mx.array, int] | None = None
         # Greedy decoding skips the stages that always keep the most likely token.
         self._greedy_stages = tuple(
             stage for stage in params.samplers if stage not in _ARGMAX_PRESERVING_STAGES
         )
+        self._active_stages = tuple(stage for stage in params.samplers if _is_active(stage, params))
+        self.batch_group = _batch_group(params, self._active_stages)
 
     def next_key(self) -> mx.array:
         """Split a key off the request's random stream (for draws made outside the chain,
         such as speculative decoding's acceptance tests)."""
-        self._key, key = mx.random.split(self._key)
+        self._key, key = mx.random.split(self._state())
         return key
+
+    def _state(self) -> mx.array:
+        """(2,) uint32: the stream's current key."""
+        if self._batch_keys is not None:
+            keys, row = self._batch_keys
+            self._key, self._batch_keys = keys[row], None
+        return self._key
 
     def _apply_stage(
         self, stage: SamplerStage, logits: mx.array, history: mx.array, xtc_draw: mx.array
@@ -166,3 +227,71 @@ class Sampler:
             return mx.argmax(processed).astype(mx.int32)
         processed = self.apply_chain(logits, history)
         return mx.random.categorical(processed, key=self.next_key()).astype(mx.int32)
+
+
+def _advance_twice(key: mx.array) -> mx.array:
+    """(2, 2): a stream's state after one token's two splits, and the second split's key
+    (the one `Sampler.__call__` draws the token with; the first is XTC's, unused here)."""
+    return mx.random.split(mx.random.split(key)[0])
+
+
+def _categorical(logits: mx.array, key: mx.array) -> mx.array:
+    return mx.random.categorical(logits, key=key)
+
+
+_advance_rows = mx.vmap(_advance_twice)
+_categorical_rows = mx.vmap(_categorical)
+
+
+def _stream_states(samplers: Sequence[Sampler]) -> mx.array:
+    """(rows, 2) uint32 current keys: the previous batched draw's keys when it held exactly
+    these rows in this order, else one stack of each stream's key."""
+    previous = samplers[0]._batch_keys
+    if previous is not None and previous[0].shape[0] == len(samplers):
+        keys = previous[0]
+        if all(
+            sampler._batch_keys is not None
+            and sampler._batch_keys[0] is keys
+            and sampler._batch_keys[1] == row
+            for row, sampler in enumerate(samplers)
+        ):
+            return keys
+    return mx.stack([sampler._state() for sampler in samplers])
+
+
+def sample_batch(samplers: Sequence[Sampler], logits: mx.array) -> mx.array:
+    """Draw one token per row with each row's sampler, in a fixed number of MLX ops.
+
+    Every row gets the token its sampler's `__call__` would give it for these logits:
+    greedy rows take the argmax; sampled rows run the shared stages over the whole batch and
+    draw with their own stream's key, split from all rows' keys at once (`mx.vmap`), so a
+    seeded request draws the same tokens alone or batched. Greedy samplers never use their
+    stream, which is left where it is.
+
+    Args:
+        samplers: one per row, all with the same non-None `batch_group`.
+        logits: (rows, V) float logits of each row's next token.
+
+    Returns:
+        (rows,) int32 token ids, unevaluated.
+
+    Raises:
+        ValueError: the samplers are of different or no batch groups, or `logits` has
+            another number of rows.
+    """
+    groups = {sampler.batch_group for sampler in samplers}
+    if len(groups) != 1 or None in groups:
+        raise ValueError(f"samplers must share one batch group, got {len(groups)} groups")
+    if logits.ndim != 2 or logits.shape[0] != len(samplers):
+        raise ValueError(f"logits must have shape ({len(samplers)}, V), got {tuple(logits.shape)}")
+    logits = logits.astype(mx.float32)
+    if groups == {_GREEDY_GROUP}:
+        return mx.argmax(logits, axis=-1).astype(mx.int32)
+    first = samplers[0]
+    for stage in first._active_stages:
+        logits = first._apply_stage(stage, logits, mx.array([], dtype=mx.int32), 0.0)
+    advanced = _advance_rows(_stream_states(samplers))
+    states = advanced[:, 0]
+    for row, sampler in enumerate(samplers):
+        sampler._batch_keys = (states, row)
+    return _categorical_rows(logits, advanced[:, 1]).astype(mx.int32)

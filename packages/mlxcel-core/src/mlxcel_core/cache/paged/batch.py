@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,15 @@ class BatchRow:
     num_new_tokens: int
 
 
+def _pad_block_tables(tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, longest table) int32 block ids, each row padded with -1; (rows,) table lengths."""
+    counts = np.fromiter((len(table) for table in tables), np.int64, len(tables))
+    padded = np.full((len(tables), max(int(counts.max()), 1)), -1, dtype=np.int32)
+    flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(counts.sum()))
+    padded[np.arange(padded.shape[1]) < counts[:, None]] = flat
+    return padded, counts
+
+
 class PagedBatch:
     """Slot tables and masks of a batch of rows, each padded to the longest row.
 
@@ -49,19 +59,22 @@ class PagedBatch:
         self.num_rows = len(rows)
         self.num_queries = max(row.num_new_tokens for row in rows)
         self.num_keys = max(row.offset + row.num_new_tokens for row in rows)
-        offsets = np.array([row.offset for row in rows], dtype=np.int32)
-        lengths = offsets + np.array([row.num_new_tokens for row in rows], dtype=np.int32)
+        offsets = np.fromiter((row.offset for row in rows), np.int32, self.num_rows)
+        lengths = offsets + np.fromiter(
+            (row.num_new_tokens for row in rows), np.int32, self.num_rows
+        )
+        tables, num_blocks = _pad_block_tables([row.block_table for row in rows])
+        covered = num_blocks * block_size
+        short = np.flatnonzero(covered < lengths)
+        if short.size:
+            b = int(short[0])
+            raise ValueError(
+                f"row {b}'s block table covers {int(covered[b])} positions; it needs {lengths[b]}"
+            )
         key_positions = np.arange(self.num_keys, dtype=np.int32)
-        read = np.zeros((self.num_rows, self.num_keys), dtype=np.int32)
-        for b, row in enumerate(rows):
-            if len(row.block_table) * block_size < lengths[b]:
-                raise ValueError(
-                    f"row {b}'s block table covers {len(row.block_table) * block_size} "
-                    f"positions; it needs {lengths[b]}"
-                )
-            table = np.asarray(row.block_table, dtype=np.int32)
-            used = key_positions[: lengths[b]]
-            read[b, : lengths[b]] = table[used // block_size] * block_size + used % block_size
+        block_of = np.minimum(key_positions // block_size, tables.shape[1] - 1)
+        slots = tables[:, block_of] * block_size + key_positions % block_size
+        read = np.where(key_positions < lengths[:, None], slots, 0).astype(np.int32)
         query_positions = offsets[:, None] + np.arange(self.num_queries, dtype=np.int32)
         is_real_query = query_positions < lengths[:, None]
         # Padding queries all write to slot 0, inside the null block.
