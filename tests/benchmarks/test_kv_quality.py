@@ -85,8 +85,8 @@ def test_the_table_has_a_row_per_type_with_its_bytes(folder, tmp_path, capsys):
     rows = [line.split("|")[1:-1] for line in lines[3:]]
     assert [r[0].strip() for r in rows] == ["f16", "q8_0", "turbo4", "q8_0/turbo4"]
     # 2 layers x 2 KV heads x (keys + values) x bytes per 32-feature vector.
-    assert [int(r[1]) for r in rows] == [2 * 2 * 2 * 64, 2 * 2 * 2 * 34, 2 * 2 * 2 * 18,
-                                         2 * 2 * (34 + 18)]  # fmt: skip
+    assert [int(r[1]) for r in rows] == [2 * 2 * 2 * 64, 2 * 2 * 2 * 34, 2 * 2 * 2 * 21,
+                                         2 * 2 * (34 + 21)]  # fmt: skip
     assert rows[0][5].strip() == "+0.000%" and rows[0][6].strip() == "0.000%"
     with pytest.raises(SystemExit):
         kv_quality.main(["-m", str(folder), "--types", "q8_0/q5_1"])
