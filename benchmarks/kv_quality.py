@@ -10,7 +10,9 @@ it reports:
   same real queries;
 - the perplexity of the model on a fixed English text run through the paged KV cache of
   that type in prefill chunks, so that every later chunk attends to stored (encoded and
-  decoded) keys and values, and its change against float16.
+  decoded) keys and values, and its change against float16, with the standard error of
+  that change over the text's tokens (how far the change could move on other text of the
+  same length: a difference between types smaller than it is not resolved).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         uv run python benchmarks/kv_quality.py
@@ -122,11 +124,12 @@ def attention_error(layers: Sequence[LayerActivations], cache_type: str) -> floa
     return math.sqrt(squared_error / squared_norm)
 
 
-def perplexity(
+def token_nlls(
     model: LanguageModel, token_ids: Sequence[int], cache_type: str, chunk_size: int
-) -> float:
-    """exp(mean negative log-likelihood) of tokens 2..T, prefilled in `chunk_size` chunks
-    through a paged KV cache storing keys and values as `cache_type`.
+) -> mx.array:
+    """(T - 1,) float32 negative log-likelihoods of tokens 2..T, prefilled in `chunk_size`
+    chunks through a paged KV cache storing keys and values as `cache_type`; their mean's
+    exponential is the perplexity.
 
     Raises:
         ValueError: fewer than 2 tokens, or `chunk_size` < 1.
@@ -144,7 +147,7 @@ def perplexity(
     storage.ensure_capacity(num_blocks)
     block_table = list(range(1, num_blocks))
     tokens = mx.array(token_ids)
-    total = 0.0
+    chunks = []
     for start in range(0, len(token_ids) - 1, chunk_size):
         end = min(start + chunk_size, len(token_ids) - 1)
         batch = PagedBatch([BatchRow(block_table, start, end - start)], BLOCK_SIZE)
@@ -153,10 +156,24 @@ def perplexity(
             logits[0].astype(mx.float32), axis=-1, keepdims=True
         )
         targets = tokens[start + 1 : end + 1]
-        nll = -mx.sum(mx.take_along_axis(logprobs, targets[:, None], axis=-1))
-        mx.eval(nll, storage.arrays())
-        total += nll.item()
-    return math.exp(total / (len(token_ids) - 1))
+        nlls = -mx.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
+        mx.eval(nlls, storage.arrays())
+        chunks.append(nlls)
+    return mx.concatenate(chunks)
+
+
+def perplexity_change(nlls: mx.array, reference_nlls: mx.array) -> tuple[float, float]:
+    """The relative change of perplexity against the reference's, and its standard error,
+    both as fractions.
+
+    The change is exp(mean(d)) - 1 with d the per-token differences of negative
+    log-likelihood; its standard error is std(d) / sqrt(T) carried through the exponential
+    (to first order, exp(mean(d)) times the standard error of mean(d)).
+    """
+    differences = (nlls - reference_nlls).astype(mx.float32)
+    mean = mx.mean(differences).item()
+    spread = mx.std(differences, ddof=1).item() if differences.size > 1 else 0.0
+    return math.expm1(mean), math.exp(mean) * spread / math.sqrt(differences.size)
 
 
 def kv_bytes_per_token(model: LanguageModel, cache_type: str) -> int:
@@ -175,23 +192,24 @@ def report(
     """The table's lines, as each is measured: a header, then one row per cache type."""
     layers = capture_activations(model, token_ids[:attention_tokens])
     reference_bytes = kv_bytes_per_token(model, REFERENCE)
-    reference_ppl = perplexity(model, token_ids, REFERENCE, chunk_size)
+    reference_nlls = token_nlls(model, token_ids, REFERENCE, chunk_size)
     yield (
         "| cache type | KV bytes/token | vs f16 | attention rel. error vs f16 "
-        "| perplexity | vs f16 |"
+        "| perplexity | vs f16 | std. error |"
     )
-    yield "|---|---:|---:|---:|---:|---:|"
+    yield "|---|---:|---:|---:|---:|---:|---:|"
     for cache_type in cache_types:
         size = kv_bytes_per_token(model, cache_type)
-        ppl = (
-            reference_ppl
+        nlls = (
+            reference_nlls
             if cache_type == REFERENCE
-            else perplexity(model, token_ids, cache_type, chunk_size)
+            else token_nlls(model, token_ids, cache_type, chunk_size)
         )
+        change, error = perplexity_change(nlls, reference_nlls)
         yield (
             f"| {cache_type} | {size} | {size / reference_bytes:.3f}x "
-            f"| {attention_error(layers, cache_type):.2e} | {ppl:.4f} "
-            f"| {100 * (ppl / reference_ppl - 1):+.3f}% |"
+            f"| {attention_error(layers, cache_type):.2e} | {math.exp(mx.mean(nlls).item()):.4f} "
+            f"| {100 * change:+.3f}% | {100 * error:.3f}% |"
         )
 
 

@@ -44,11 +44,15 @@ def dense_perplexity(model, token_ids) -> float:
     return math.exp(-mx.mean(mx.take_along_axis(logprobs, targets, axis=-1)).item())
 
 
+def perplexity(model, token_ids, cache_type, chunk_size) -> float:
+    return math.exp(mx.mean(kv_quality.token_nlls(model, token_ids, cache_type, chunk_size)).item())
+
+
 @pytest.mark.parametrize("chunk_size", [1, 7, 64])
 def test_paged_perplexity_in_chunks_equals_one_dense_forward(model, chunk_size):
     expected = dense_perplexity(model, TOKENS)
-    assert kv_quality.perplexity(model, TOKENS, "f32", chunk_size) == pytest.approx(expected)
-    assert kv_quality.perplexity(model, TOKENS, "auto", chunk_size) == pytest.approx(expected)
+    assert perplexity(model, TOKENS, "f32", chunk_size) == pytest.approx(expected)
+    assert perplexity(model, TOKENS, "auto", chunk_size) == pytest.approx(expected)
 
 
 def test_lossy_types_move_perplexity_and_attention_by_their_bits(model):
@@ -57,8 +61,18 @@ def test_lossy_types_move_perplexity_and_attention_by_their_bits(model):
     errors = {t: kv_quality.attention_error(layers, t) for t in ("f16", "q8_0", "turbo4", "turbo2")}
     assert errors["f16"] == 0
     assert 0 < errors["q8_0"] < errors["turbo4"] < errors["turbo2"]
-    f16 = kv_quality.perplexity(model, TOKENS, "f16", 8)
-    assert kv_quality.perplexity(model, TOKENS, "turbo2", 8) != pytest.approx(f16, rel=1e-6)
+    f16 = perplexity(model, TOKENS, "f16", 8)
+    assert perplexity(model, TOKENS, "turbo2", 8) != pytest.approx(f16, rel=1e-6)
+
+
+def test_the_perplexity_change_and_its_standard_error_follow_the_token_differences():
+    reference = mx.array([2.0, 1.0, 3.0, 2.0])
+    shifted = reference + mx.array([0.1, 0.3, 0.1, 0.3])
+    change, error = kv_quality.perplexity_change(shifted, reference)
+    assert change == pytest.approx(math.exp(0.2) - 1)
+    # The differences' sample standard deviation is sqrt(4 * 0.01 / 3), over sqrt(4) tokens.
+    assert error == pytest.approx(math.exp(0.2) * math.sqrt(0.04 / 3) / 2)
+    assert kv_quality.perplexity_change(reference, reference) == (0.0, 0.0)
 
 
 def test_the_table_has_a_row_per_type_with_its_bytes(folder, tmp_path, capsys):
@@ -71,8 +85,8 @@ def test_the_table_has_a_row_per_type_with_its_bytes(folder, tmp_path, capsys):
     rows = [line.split("|")[1:-1] for line in lines[3:]]
     assert [r[0].strip() for r in rows] == ["f16", "q8_0", "turbo4", "q8_0/turbo4"]
     # 2 layers x 2 KV heads x (keys + values) x bytes per 32-feature vector.
-    assert [int(r[1]) for r in rows] == [2 * 2 * 2 * 64, 2 * 2 * 2 * 34, 2 * 2 * 2 * 18,
-                                         2 * 2 * (34 + 18)]  # fmt: skip
-    assert rows[0][5].strip() == "+0.000%"
+    assert [int(r[1]) for r in rows] == [2 * 2 * 2 * 64, 2 * 2 * 2 * 34, 2 * 2 * 2 * 21,
+                                         2 * 2 * (34 + 21)]  # fmt: skip
+    assert rows[0][5].strip() == "+0.000%" and rows[0][6].strip() == "0.000%"
     with pytest.raises(SystemExit):
         kv_quality.main(["-m", str(folder), "--types", "q8_0/q5_1"])

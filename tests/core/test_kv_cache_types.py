@@ -61,8 +61,8 @@ def test_storage_counts_the_encoded_bytes_of_each_type():
     auto = make_storage("auto", "auto")
     assert auto.bytes_per_block == BLOCK_SIZE * 2 * 2 * (256 + 256)
     mixed = make_storage("turbo4", "q8_0")
-    assert mixed.bytes_per_block == BLOCK_SIZE * 2 * 2 * (34 + 68)
-    assert GEOMETRY.bytes_per_token("turbo4", "q8_0") == 2 * (34 + 68)
+    assert mixed.bytes_per_block == BLOCK_SIZE * 2 * 2 * (37 + 68)
+    assert GEOMETRY.bytes_per_token("turbo4", "q8_0") == 2 * (37 + 68)
     mixed.ensure_capacity(20)
     allocated = sum(a.nbytes for a in mixed.arrays())
     assert mixed.nbytes == allocated == mixed.capacity_blocks * mixed.bytes_per_block
@@ -114,8 +114,8 @@ def test_planned_blocks_grow_as_the_cache_type_shrinks():
 
     assert blocks() == fitting(256)
     assert blocks(cache_type_k="f16", cache_type_v="f16") == fitting(128)
-    assert blocks(cache_type_k="turbo4", cache_type_v="turbo4") == fitting(34)
-    assert blocks(cache_type_k="turbo4", cache_type_v="turbo4") > 7 * blocks()
+    assert blocks(cache_type_k="turbo4", cache_type_v="turbo4") == fitting(37)
+    assert blocks(cache_type_k="turbo4", cache_type_v="turbo4") > 6 * blocks()
     # A draft model's KV shares each block, stored in its own dtype whatever the types.
     config = EngineConfig(
         context_size=16,
@@ -124,7 +124,7 @@ def test_planned_blocks_grow_as_the_cache_type_shrinks():
         cache_type_k="turbo4",
         cache_type_v="turbo4",
     )
-    assert plan_kv_blocks(config, profile, draft=profile) == fitting(34 + 256)
+    assert plan_kv_blocks(config, profile, draft=profile) == fitting(37 + 256)
 
 
 def test_engine_config_rejects_unknown_cache_types():
