@@ -58,7 +58,8 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
     for i, ref_word in enumerate(ref, 1):
         previous, distances[0] = distances[0], i
         for j, hyp_word in enumerate(hyp, 1):
-            previous, distances[j] = distances[j], min(
-                distances[j] + 1, distances[j - 1] + 1, previous + (ref_word != hyp_word)
+            previous, distances[j] = (
+                distances[j],
+                min(distances[j] + 1, distances[j - 1] + 1, previous + (ref_word != hyp_word)),
             )
     return distances[-1] / max(len(ref), 1)

@@ -70,7 +70,8 @@ def _read_with_pyav(data: bytes) -> tuple[np.ndarray, int]:
             chunks += [flushed.to_ndarray().reshape(-1) for flushed in resampler.resample(None)]
             rate = stream.rate
     except av.FFmpegError as error:
-        raise AudioInputError(f"the file is not audio that can be decoded ({error})") from None
+        reason = error.strerror or type(error).__name__
+        raise AudioInputError(f"the file is not audio in a known format ({reason})") from None
     if not chunks:
         raise AudioInputError("the audio file holds no samples")
     return np.concatenate(chunks), int(rate)

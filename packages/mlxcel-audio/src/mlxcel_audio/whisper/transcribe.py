@@ -163,10 +163,10 @@ def _check_task(whisper: WhisperModel, options: TranscribeOptions) -> None:
     if whisper.is_multilingual:
         return
     if options.task == "translate":
-        raise UnsupportedTaskError(f"{whisper.name} is an English-only model: it cannot translate")
+        raise UnsupportedTaskError(f"the model {whisper.name} is English-only: it cannot translate")
     if options.language not in (None, "en"):
         raise UnsupportedTaskError(
-            f"{whisper.name} is an English-only model: it cannot transcribe {options.language!r}"
+            f"the model {whisper.name} is English-only: it cannot transcribe {options.language!r}"
         )
 
 
@@ -175,7 +175,9 @@ def _sot_sequence(whisper: WhisperModel, language: str, task: str) -> list[int]:
     if not whisper.is_multilingual:
         return [tokenizer.sot]
     if language not in tokenizer.language_tokens:
-        raise UnsupportedTaskError(f"{whisper.name} does not know the language {language!r}")
+        raise UnsupportedTaskError(
+            f"the model {whisper.name} does not know the language {language!r}"
+        )
     task_token = tokenizer.translate if task == "translate" else tokenizer.transcribe
     return [tokenizer.sot, tokenizer.language_tokens[language], task_token]
 
