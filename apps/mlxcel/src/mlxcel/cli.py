@@ -26,6 +26,7 @@ COMMANDS = {
     "arch": ("mlxcel.arch_command", "list the supported architectures and their features"),
     "inspect": ("mlxcel.inspect_command", "estimate a model's memory and whether it fits"),
     "transcribe": ("mlxcel.transcribe_command", "transcribe speech in an audio file"),
+    "speak": ("mlxcel.speak_command", "speak text with a Piper voice (text-to-speech)"),
 }
 EXIT_USAGE = 2
 EXIT_FAILURE = 1

@@ -1,0 +1,75 @@
+"""A Piper voice's JSON config: what synthesis needs from it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxcel_audio.piper.errors import VoiceLoadError
+
+PHONEME_TYPES = ("espeak", "text")
+
+
+@dataclass(frozen=True)
+class VoiceConfig:
+    """The fields of a Piper voice config (`<voice>.onnx.json`) that synthesis uses.
+
+    Attributes:
+        sample_rate: output rate in Hz (`audio.sample_rate`).
+        noise_scale: scale of the prior's noise (`inference.noise_scale`).
+        length_scale: phoneme duration multiplier, > 1 is slower (`inference.length_scale`).
+        noise_w: scale of the duration predictor's noise (`inference.noise_w`).
+        phoneme_type: "espeak" (espeak-ng IPA) or "text" (the text's own code points).
+        espeak_voice: the espeak-ng voice name, such as "en-us".
+        phoneme_id_map: phoneme -> ids.
+        vowel_clusters: phoneme sequences merged into one phoneme before lookup.
+        speaker_ids: speaker name -> id; empty for single-speaker voices.
+    """
+
+    sample_rate: int
+    noise_scale: float
+    length_scale: float
+    noise_w: float
+    phoneme_type: str
+    espeak_voice: str
+    phoneme_id_map: dict[str, tuple[int, ...]]
+    vowel_clusters: frozenset[tuple[str, ...]]
+    speaker_ids: dict[str, int]
+
+
+def read_voice_config(path: Path) -> VoiceConfig:
+    """Read a Piper voice config; defaults follow piper.config.PiperConfig.from_dict.
+
+    Raises:
+        VoiceLoadError: the file is missing, not JSON, lacks a required field, or names a
+            phoneme type other than "espeak" or "text".
+    """
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise VoiceLoadError(f"cannot read the voice config {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise VoiceLoadError(f"the voice config {path} is not JSON: {error.msg}") from None
+    try:
+        inference = raw.get("inference", {})
+        phoneme_type = raw.get("phoneme_type", "espeak")
+        config = VoiceConfig(
+            sample_rate=int(raw["audio"]["sample_rate"]),
+            noise_scale=float(inference.get("noise_scale", 0.667)),
+            length_scale=float(inference.get("length_scale", 1.0)),
+            noise_w=float(inference.get("noise_w", 0.8)),
+            phoneme_type=phoneme_type,
+            espeak_voice=raw.get("espeak", {}).get("voice", ""),
+            phoneme_id_map={k: tuple(v) for k, v in raw["phoneme_id_map"].items()},
+            vowel_clusters=frozenset(tuple(c) for c in raw.get("vowel_clusters", ())),
+            speaker_ids=dict(raw.get("speaker_id_map", {})),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise VoiceLoadError(f"the voice config {path} is incomplete: {error!r}") from None
+    if phoneme_type not in PHONEME_TYPES:
+        raise VoiceLoadError(
+            f"the voice config {path} has phoneme_type {phoneme_type!r}; "
+            f"supported: {', '.join(PHONEME_TYPES)}"
+        )
+    return config

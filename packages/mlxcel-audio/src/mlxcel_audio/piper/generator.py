@@ -1,0 +1,71 @@
+"""HiFi-GAN generator (V1/V2 layout with ResBlock2): latent frames -> waveform.
+
+Kong et al. 2020, "HiFi-GAN"; ported from Piper's `vits/models.py` (`Generator`) and
+`vits/modules.py` (`ResBlock2`). Weight normalization is folded into the weights at export.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxcel_audio.piper.layers import Conv1d, ConvTranspose1d
+from mlxcel_audio.piper.weights import ConvSpec
+
+LRELU_SLOPE = 0.1
+
+
+class ResBlock(nn.Module):
+    """Residual dilated convolutions, each after a leaky ReLU (HiFi-GAN's ResBlock2)."""
+
+    def __init__(self, channels: int, kernel_size: int, specs: list[ConvSpec]):
+        super().__init__()
+        self.convs = [
+            Conv1d(channels, channels, kernel_size, padding=spec.padding, dilation=spec.dilation)
+            for spec in specs
+        ]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for conv in self.convs:
+            x = x + conv(nn.leaky_relu(x, LRELU_SLOPE))
+        return x
+
+
+class Generator(nn.Module):
+    """Latent (1, T, C) -> waveform (1, T * prod(upsample strides), 1) in [-1, 1]."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        pre: tuple[int, int, ConvSpec],
+        ups: list[tuple[int, int, int, ConvSpec]],
+        resblocks: list[tuple[int, int, list[ConvSpec]]],
+        post: tuple[int, ConvSpec],
+    ):
+        """pre: (channels, kernel, spec); ups: (in, out, kernel, spec) each;
+        resblocks: (channels, kernel, specs) each, len(ups) groups in order;
+        post: (kernel, spec) of the bias-free output convolution."""
+        super().__init__()
+        channels, kernel, spec = pre
+        self.conv_pre = Conv1d(in_channels, channels, kernel, padding=spec.padding)
+        self.ups = [
+            ConvTranspose1d(c_in, c_out, k, stride=s.stride, padding=s.padding)
+            for c_in, c_out, k, s in ups
+        ]
+        self.resblocks = [ResBlock(c, k, specs) for c, k, specs in resblocks]
+        self.num_kernels = len(resblocks) // len(ups)
+        kernel, spec = post
+        self.conv_post = Conv1d(ups[-1][1], 1, kernel, padding=spec.padding, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = self.conv_pre(x)
+        n = self.num_kernels
+        for i, up in enumerate(self.ups):
+            x = up(nn.leaky_relu(x, LRELU_SLOPE))
+            blocks = self.resblocks[i * n : (i + 1) * n]
+            y = blocks[0](x)
+            for block in blocks[1:]:
+                y = y + block(x)
+            x = y / n
+        x = self.conv_post(nn.leaky_relu(x, 0.01))
+        return mx.tanh(x)

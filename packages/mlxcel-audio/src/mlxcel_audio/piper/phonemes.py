@@ -1,0 +1,42 @@
+"""Text -> phoneme ids per sentence, with Piper's own phonemizer and id rules.
+
+espeak-ng (bundled with piper-tts as `piper.phonemize_espeak.EspeakPhonemizer`) splits the
+text into sentences and gives IPA phonemes; `piper.phoneme_ids.phonemes_to_ids` adds BOS
+`^`, EOS `$` and the PAD `_` after every phoneme, as Piper's training data had them.
+"""
+
+from __future__ import annotations
+
+import threading
+import unicodedata
+
+from piper.phoneme_ids import phonemes_to_ids
+from piper.phonemize_espeak import EspeakPhonemizer
+
+from mlxcel_audio.piper.config import VoiceConfig
+
+# espeak-ng is a process-wide C library with one current voice: one caller at a time.
+_ESPEAK_LOCK = threading.Lock()
+_espeak: EspeakPhonemizer | None = None
+
+
+def sentence_phoneme_ids(text: str, config: VoiceConfig) -> list[list[int]]:
+    """Phoneme ids of each sentence of `text`, in order; sentences without phonemes are left
+    out. Phonemes missing from the voice's map are skipped, as Piper does."""
+    return [
+        phonemes_to_ids(phonemes, config.phoneme_id_map)
+        for phonemes in _sentence_phonemes(text, config)
+        if phonemes
+    ]
+
+
+def _sentence_phonemes(text: str, config: VoiceConfig) -> list[list[str]]:
+    if config.phoneme_type == "text":
+        return [list(unicodedata.normalize("NFD", text))]
+    global _espeak
+    with _ESPEAK_LOCK:
+        if _espeak is None:
+            _espeak = EspeakPhonemizer()
+        return _espeak.phonemize(
+            config.espeak_voice, text, vowel_clusters=set(config.vowel_clusters) or None
+        )

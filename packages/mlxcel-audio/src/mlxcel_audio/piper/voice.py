@@ -1,0 +1,116 @@
+"""A Piper voice on MLX: load it, then synthesize text one sentence at a time."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from mlxcel_audio.errors import AudioInputError
+from mlxcel_audio.piper.config import VoiceConfig, read_voice_config
+from mlxcel_audio.piper.errors import VoiceLoadError
+from mlxcel_audio.piper.model import Synthesis, Vits, make_vits
+from mlxcel_audio.piper.phonemes import sentence_phoneme_ids
+from mlxcel_audio.piper.weights import read_voice_weights
+
+MIN_SPEED = 0.25
+MAX_SPEED = 4.0
+
+
+class PiperVoice:
+    """A loaded Piper (VITS) voice.
+
+    Attributes:
+        sample_rate: output rate in Hz.
+        speakers: speaker names; empty for single-speaker voices (the only kind supported).
+        config: the voice's JSON config.
+    """
+
+    def __init__(self, model: Vits, config: VoiceConfig):
+        self.model = model
+        self.config = config
+        self.sample_rate = config.sample_rate
+        self.speakers: tuple[str, ...] = tuple(config.speaker_ids)
+
+    def synthesize(
+        self, text: str, *, speaker: str | None = None, speed: float = 1.0, seed: int | None = None
+    ) -> Iterator[np.ndarray]:
+        """Speak `text`, yielding each sentence's audio as soon as it is ready.
+
+        Each array is (N,) float32 mono at `sample_rate`, scaled so its peak is 1 as Piper
+        does by default (`SynthesisConfig.normalize_audio`). `speed` divides the voice's
+        length scale; `seed` fixes the noise (a fresh one per call otherwise).
+
+        Raises:
+            AudioInputError: the text is empty or has nothing to speak, `speaker` is not
+                one of `speakers`, or `speed` is outside [0.25, 4.0]. Raised before the
+                first sentence is synthesized.
+        """
+        if speaker is not None and speaker not in self.speakers:
+            known = ", ".join(self.speakers) if self.speakers else "none: it has one speaker"
+            raise AudioInputError(f"unknown speaker {speaker!r}; this voice's speakers: {known}")
+        if not (MIN_SPEED <= speed <= MAX_SPEED):
+            raise AudioInputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}], got {speed}")
+        if not text.strip():
+            raise AudioInputError("the text to speak is empty")
+        sentences = sentence_phoneme_ids(text, self.config)
+        if not sentences:
+            raise AudioInputError("the text has nothing to speak")
+        return self._sentences(sentences, speed, secrets.randbits(63) if seed is None else seed)
+
+    def _sentences(
+        self, sentences: list[list[int]], speed: float, seed: int
+    ) -> Iterator[np.ndarray]:
+        keys = mx.random.split(mx.random.key(seed), len(sentences))
+        for ids, key in zip(sentences, keys, strict=True):
+            audio = self.synthesize_ids(ids, speed=speed, key=key).audio
+            peak = float(np.max(np.abs(audio)))
+            yield (audio / peak if peak > 1e-8 else np.zeros_like(audio)).astype(np.float32)
+
+    def synthesize_ids(
+        self,
+        phoneme_ids: list[int],
+        *,
+        speed: float = 1.0,
+        noise_scale: float | None = None,
+        noise_w: float | None = None,
+        key: mx.array | None = None,
+    ) -> Synthesis:
+        """One utterance from phoneme ids, unnormalized, with its durations in frames.
+
+        Noise scales default to the voice config's; 0 makes synthesis deterministic.
+        """
+        return self.model.synthesize(
+            phoneme_ids,
+            length_scale=self.config.length_scale / speed,
+            noise_scale=self.config.noise_scale if noise_scale is None else noise_scale,
+            noise_w=self.config.noise_w if noise_w is None else noise_w,
+            key=mx.random.key(secrets.randbits(63)) if key is None else key,
+        )
+
+    def phoneme_ids(self, text: str) -> list[list[int]]:
+        """Phoneme ids of each sentence of `text` (Piper's phonemizer and id rules)."""
+        return sentence_phoneme_ids(text, self.config)
+
+
+def load_voice(onnx_path: str | Path, config_path: str | Path | None = None) -> PiperVoice:
+    """Load a Piper voice: its ONNX file and JSON config (default: `onnx_path` + ".json").
+
+    Raises:
+        VoiceLoadError: (a `ModelLoadError`) a file is missing or unreadable, or the voice
+            uses a part mlxcel does not support (multi-speaker, deterministic durations,
+            ResBlock1).
+    """
+    onnx_path = Path(onnx_path)
+    config_path = Path(f"{onnx_path}.json") if config_path is None else Path(config_path)
+    if not onnx_path.is_file():
+        raise VoiceLoadError(f"no voice file at {onnx_path}")
+    config = read_voice_config(config_path)
+    if config.speaker_ids:
+        raise VoiceLoadError(
+            f"{onnx_path} is a multi-speaker voice, which mlxcel does not support yet"
+        )
+    return PiperVoice(make_vits(read_voice_weights(onnx_path)), config)
