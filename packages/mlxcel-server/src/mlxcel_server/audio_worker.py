@@ -1,4 +1,5 @@
-"""The audio worker: one thread that runs speech work in order, off the event loop.
+"""The audio worker: one thread, with its own MLX stream, that runs speech work in order,
+off the event loop.
 
 A job is a function returning an iterator (one transcript, or one audio array per sentence).
 Its items reach the awaiting handler through the handler's event loop. Admission is bounded
@@ -10,14 +11,13 @@ never starts, a running one stops before its next item.
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-logger = logging.getLogger(__name__)
+from mlxcel_core.threads import thread_stream
 
 T = TypeVar("T")
 
@@ -132,6 +132,10 @@ class AudioWorker:
             job.cancelled.set()
 
     def _run(self) -> None:
+        with thread_stream():
+            self._run_jobs()
+
+    def _run_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
             with self._lock:
                 self._num_waiting -= 1
