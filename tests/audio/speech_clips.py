@@ -12,7 +12,7 @@ import soxr
 HELLO = "Hello world, this is a test."
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog near the river bank.",
-    "Scientists discovered a new species of butterfly in the tropical rain forest.",
+    "Scientists discovered a new species of butterfly deep in the jungle.",
     "Please remember to bring your umbrella because it might rain this afternoon.",
 )
 SAMPLE_RATE = 16_000
