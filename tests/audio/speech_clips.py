@@ -12,10 +12,11 @@ import soxr
 HELLO = "Hello world, this is a test."
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog near the river bank.",
-    "Scientists discovered a new species of butterfly in the tropical rain forest.",
+    "Scientists discovered a new species of butterfly deep in the jungle.",
     "Please remember to bring your umbrella because it might rain this afternoon.",
 )
 SAMPLE_RATE = 16_000
+LONG_TEXTS = (HELLO, *SENTENCES, HELLO, SENTENCES[0])
 
 
 @cache
@@ -38,10 +39,10 @@ def speech(text: str) -> np.ndarray:
 
 
 def long_speech(seconds_of_silence: float = 3.0) -> np.ndarray:
-    """The hello clip and the sentences one after another, with silence between: over 30 s."""
+    """The hello clip, the sentences and two again, with silence between: over 30 s."""
     silence = np.zeros(int(seconds_of_silence * SAMPLE_RATE), dtype=np.float32)
     parts = []
-    for text in (HELLO, *SENTENCES, HELLO, *SENTENCES):
+    for text in LONG_TEXTS:
         parts += [speech(text), silence]
     return np.concatenate(parts)
 

@@ -71,9 +71,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         data = Path(args.file).read_bytes()
     except OSError as error:
         raise InputError(f"cannot read {args.file}: {error.strerror or error}") from None
-    whisper = load_whisper(args.model or _default_model())
     try:
-        transcription = transcribe(whisper, decode_audio(data), options)
+        audio = decode_audio(data)
+        transcription = transcribe(load_whisper(args.model or _default_model()), audio, options)
     except AudioInputError as error:
         raise InputError(f"{args.file}: {error}") from None
     body, _ = format_transcription(transcription, args.response_format, task=args.task)

@@ -11,6 +11,7 @@ import soxr
 from mlxcel_audio.errors import AudioInputError, MissingDecoderError
 
 SAMPLE_RATE = 16_000
+_TRUNCATION_MARGIN = 0.05
 
 
 def decode_audio(data: bytes, *, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -45,7 +46,16 @@ def decode_audio(data: bytes, *, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
 
 
 def _read_with_soundfile(data: bytes) -> tuple[np.ndarray, int]:
-    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    with soundfile.SoundFile(io.BytesIO(data)) as sound:
+        samples = sound.read(dtype="float32", always_2d=True)
+        declared, rate = sound.frames, sound.samplerate
+    # An mp3 cut short still decodes up to the cut; its header (Xing/Info) tells the length
+    # it should have. The margin allows for estimated lengths of headerless streams.
+    if len(samples) < declared * (1 - _TRUNCATION_MARGIN):
+        raise AudioInputError(
+            f"the audio file is truncated: {len(samples) / rate:.2f} s of the "
+            f"{declared / rate:.2f} s its header declares"
+        )
     return samples.mean(axis=1), rate
 
 

@@ -46,28 +46,30 @@ def from_ctranslate2(variables: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
     for name, value in variables.items():
         prefix, _, leaf = name.rpartition("/")
-        if leaf not in _CT2_LEAVES or value.ndim == 0:
+        layer = re.fullmatch(r"(encoder|decoder)/layer_(\d+)/(.+)", prefix)
+        # Scalars are options; the output projection is the embedding, tied.
+        if leaf not in _CT2_LEAVES or value.ndim == 0 or not (layer or prefix in _CT2_TOP):
             continue
         if value.dtype in (np.int8, np.int16):
-            value = value.astype(np.float32) / variables[f"{prefix}/weight_scale"][:, None]
-        layer = re.fullmatch(r"(encoder|decoder)/layer_(\d+)/(.+)", prefix)
-        if layer:
-            side, index, sublayer = layer.groups()
-            base = f"{side}.blocks.{index}."
-            if sublayer in _CT2_FUSED:
-                targets = _CT2_FUSED[sublayer]
-                for target, part in zip(targets, np.split(value, len(targets)), strict=True):
-                    if not (leaf == "bias" and target.endswith("key")):  # keys have no bias
-                        weights[base + target + "." + _CT2_LEAVES[leaf]] = part
-                continue
-            target = _CT2_SUBLAYERS.get(sublayer)
-            if target is None:
-                raise ModelLoadError(f"unexpected CTranslate2 Whisper variable {name}")
-            weights[base + target + "." + _CT2_LEAVES[leaf]] = value
-        elif prefix in _CT2_TOP:
+            scale = variables[f"{prefix}/weight_scale"]  # one per output channel
+            value = value.astype(np.float32) / scale.reshape(-1, *[1] * (value.ndim - 1))
+        if layer is None:
             if prefix.startswith("encoder/conv") and leaf == "weight":
                 value = value.transpose(0, 2, 1)
             weights[_CT2_TOP[prefix] + "." + _CT2_LEAVES[leaf]] = value
+            continue
+        side, index, sublayer = layer.groups()
+        base = f"{side}.blocks.{index}."
+        if sublayer in _CT2_FUSED:
+            targets = _CT2_FUSED[sublayer]
+            for target, part in zip(targets, np.split(value, len(targets)), strict=True):
+                if not (leaf == "bias" and target.endswith("key")):  # keys have no bias
+                    weights[base + target + "." + _CT2_LEAVES[leaf]] = part
+            continue
+        target = _CT2_SUBLAYERS.get(sublayer)
+        if target is None:
+            raise ModelLoadError(f"unexpected CTranslate2 Whisper variable {name}")
+        weights[base + target + "." + _CT2_LEAVES[leaf]] = value
     return weights
 
 
