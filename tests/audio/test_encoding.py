@@ -85,3 +85,9 @@ def test_unknown_formats_raise(call):
     with pytest.raises(UnsupportedAudioFormatError, match="unsupported audio format") as raised:
         call()
     assert isinstance(raised.value, AudioInputError)
+
+
+def test_a_format_libsndfile_cannot_write_is_refused(tone, monkeypatch):
+    monkeypatch.setattr(soundfile, "available_subtypes", lambda container: {})
+    with pytest.raises(UnsupportedAudioFormatError, match="cannot write mp3"):
+        encode_audio(tone, RATE, "mp3")

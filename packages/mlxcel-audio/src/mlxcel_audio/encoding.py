@@ -49,7 +49,8 @@ def encode_audio(samples: np.ndarray, sample_rate: int, audio_format: str) -> by
         audio_format: one of AUDIO_FORMATS.
 
     Raises:
-        UnsupportedAudioFormatError: `audio_format` is not one of AUDIO_FORMATS.
+        UnsupportedAudioFormatError: `audio_format` is not one of AUDIO_FORMATS, or the
+            installed libsndfile cannot write it (mp3 needs libsndfile >= 1.1).
     """
     _check_format(audio_format)
     samples = np.clip(np.asarray(samples, dtype=np.float32).reshape(-1), -1.0, 1.0)
@@ -61,6 +62,10 @@ def encode_audio(samples: np.ndarray, sample_rate: int, audio_format: str) -> by
         samples = soxr.resample(samples, sample_rate, OPUS_SAMPLE_RATE).astype(np.float32)
         sample_rate = OPUS_SAMPLE_RATE
     container, subtype = _SOUNDFILE[audio_format]
+    if subtype not in soundfile.available_subtypes(container):
+        raise UnsupportedAudioFormatError(
+            f"this libsndfile ({soundfile.__libsndfile_version__}) cannot write {audio_format}"
+        )
     buffer = io.BytesIO()
     soundfile.write(buffer, samples, sample_rate, format=container, subtype=subtype)
     return buffer.getvalue()

@@ -27,12 +27,15 @@ class ResBlock(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         for conv in self.convs:
-            x = x + conv(nn.leaky_relu(x, LRELU_SLOPE))
+            x = x + conv.channels_first(nn.leaky_relu(x, LRELU_SLOPE))
         return x
 
 
 class Generator(nn.Module):
-    """Latent (1, T, C) -> waveform (1, T * prod(upsample strides), 1) in [-1, 1]."""
+    """Latent (1, T, C) -> waveform (1, T * prod(upsample strides)) in [-1, 1].
+
+    Runs channels first, (1, C, T), where the upsampled signal's shifted copies are whole
+    rows (`Conv1d.channels_first`)."""
 
     def __init__(
         self,
@@ -58,7 +61,7 @@ class Generator(nn.Module):
         self.conv_post = Conv1d(ups[-1][1], 1, kernel, padding=spec.padding, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        x = self.conv_pre(x)
+        x = self.conv_pre.channels_first(x.transpose(0, 2, 1))
         n = self.num_kernels
         for i, up in enumerate(self.ups):
             x = up(nn.leaky_relu(x, LRELU_SLOPE))
@@ -67,5 +70,5 @@ class Generator(nn.Module):
             for block in blocks[1:]:
                 y = y + block(x)
             x = y / n
-        x = self.conv_post(nn.leaky_relu(x, 0.01))
-        return mx.tanh(x)
+        x = self.conv_post.channels_first(nn.leaky_relu(x, 0.01))
+        return mx.tanh(x[:, 0])

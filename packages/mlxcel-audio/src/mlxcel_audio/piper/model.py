@@ -20,7 +20,7 @@ from mlxcel_audio.piper.errors import VoiceLoadError
 from mlxcel_audio.piper.flow import ResidualCoupling, ResidualCouplingBlock
 from mlxcel_audio.piper.generator import Generator
 from mlxcel_audio.piper.text_encoder import TextEncoder
-from mlxcel_audio.piper.weights import VoiceWeights
+from mlxcel_audio.piper.weights import ConvSpec, VoiceWeights
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Vits(nn.Module):
         mean, log_scale = mean[:, index], log_scale[:, index]
         z_p = mean + mx.random.normal(mean.shape, key=prior_key) * mx.exp(log_scale) * noise_scale
         audio = self.dec(self.flow.reverse(z_p))
-        return Synthesis(audio=np.asarray(audio[0, :, 0]), durations=durations)
+        return Synthesis(audio=np.asarray(audio[0]), durations=durations)
 
 
 def make_vits(weights: VoiceWeights) -> Vits:
@@ -136,7 +136,7 @@ def _duration_predictor(t: dict[str, np.ndarray]) -> StochasticDurationPredictor
     return StochasticDurationPredictor(channels, kernel, len(flows))
 
 
-def _flow(t: dict[str, np.ndarray], convs) -> ResidualCouplingBlock:
+def _flow(t: dict[str, np.ndarray], convs: dict[str, ConvSpec]) -> ResidualCouplingBlock:
     couplings = []
     for index in _indices(t, r"flow\.flows\.(\d+)\.pre\."):
         prefix = f"flow.flows.{index}"
@@ -148,7 +148,7 @@ def _flow(t: dict[str, np.ndarray], convs) -> ResidualCouplingBlock:
     return ResidualCouplingBlock(couplings)
 
 
-def _generator(t: dict[str, np.ndarray], convs) -> Generator:
+def _generator(t: dict[str, np.ndarray], convs: dict[str, ConvSpec]) -> Generator:
     channels, in_channels, kernel = t["dec.conv_pre.weight"].shape
     ups = [
         (*t[f"dec.ups.{i}.weight"].shape, convs[f"dec.ups.{i}"])
