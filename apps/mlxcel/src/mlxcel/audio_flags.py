@@ -22,7 +22,7 @@ from mlxcel_audio.default_models import (
     default_stt_model,
     default_tts_voice,
 )
-from mlxcel_audio.encoding import AUDIO_FORMATS, encode_audio
+from mlxcel_audio.encoding import AUDIO_FORMATS, UnsupportedAudioFormatError, encode_audio
 from mlxcel_audio.piper import PiperVoice, load_voice
 from mlxcel_audio.whisper import (
     TranscribeOptions,
@@ -121,11 +121,12 @@ class WhisperSpeechToText:
 
 @dataclass(frozen=True)
 class PiperTextToSpeech:
-    """A Piper voice as the server's `TextToSpeech`."""
+    """A Piper voice as the server's `TextToSpeech`; `audio_formats` are those the installed
+    encoders can write."""
 
     name: str
     voice: PiperVoice
-    audio_formats: tuple[str, ...] = AUDIO_FORMATS
+    audio_formats: tuple[str, ...]
 
     @property
     def sample_rate(self) -> int:
@@ -157,8 +158,22 @@ def load_speech_models(
         name = DEFAULT_STT_MODEL_NAME if is_default else paths.stt.name
         stt = WhisperSpeechToText(name, load_whisper(paths.stt))
     if paths.tts is not None:
-        tts = PiperTextToSpeech(paths.tts.stem, load_voice(paths.tts))
+        voice = load_voice(paths.tts)
+        tts = PiperTextToSpeech(paths.tts.stem, voice, _writable_formats(voice.sample_rate))
     return stt, tts
+
+
+def _writable_formats(sample_rate: int) -> tuple[str, ...]:
+    # libsndfile builds differ (MP3 and Opus need 1.1+), so each format is tried once.
+    silence = np.zeros(sample_rate // 100, dtype=np.float32)
+    writable = []
+    for audio_format in AUDIO_FORMATS:
+        try:
+            encode_audio(silence, sample_rate, audio_format)
+        except UnsupportedAudioFormatError:
+            continue
+        writable.append(audio_format)
+    return tuple(writable)
 
 
 def serving_audio(paths: SpeechModelPaths, settings: ServerSettings) -> ServingAudio | None:
