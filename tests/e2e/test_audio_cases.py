@@ -166,16 +166,7 @@ def test_text_srt_vtt_and_verbose_json_through_the_client(client, hello_wav):
     [
         (b"", "empty.wav", 400),
         (b"this is a text file, not a sound\n" * 20, "notes.wav", 400),
-        pytest.param(
-            None,
-            "cut.mp3",
-            400,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="mlxcel_audio.decoding.decode_audio returns the whole frames of a "
-                "truncated MP3 instead of refusing it (its Xing header gives the frame count)",
-            ),
-        ),
+        (None, "cut.mp3", 400),
     ],
     ids=["empty", "text-named-wav", "truncated-mp3"],
 )

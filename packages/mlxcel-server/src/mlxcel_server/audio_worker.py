@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -92,7 +92,7 @@ class AudioWorker:
         """Jobs running now (0 or 1)."""
         return self._num_running
 
-    def submit(self, work: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    def submit(self, work: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
         """Queue `work`; call it on the worker thread and hand its items to the caller's loop.
 
         Admission happens now, so a refusal comes before the caller answers anything.
@@ -119,7 +119,7 @@ class AudioWorker:
             self._jobs.put(job)
         return self._items(job)
 
-    async def _items(self, job: _Job[T]) -> AsyncIterator[T]:
+    async def _items(self, job: _Job[T]) -> AsyncGenerator[T, None]:
         try:
             while True:
                 item = await job.outputs.get()

@@ -9,7 +9,8 @@ for an endpoint, it answers 501 naming the flag that loads one.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 from quart import Blueprint, Response, request
@@ -42,6 +43,7 @@ from mlxcel_server.state import ServerState
 from mlxcel_server.validation import parse_body
 
 _GRANULARITIES = ("segment", "word")
+T = TypeVar("T")
 
 
 def _too_large(limit: int) -> ApiError:
@@ -74,7 +76,7 @@ def _check_model_name(
         )
 
 
-def _submit(audio: ServingAudio, work):
+def _submit(audio: ServingAudio, work: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
     try:
         return audio.worker.submit(work)
     except AudioOverloadedError as error:
@@ -123,8 +125,6 @@ async def _read_upload(settings: ServerSettings) -> tuple[bytes, MultiDict]:
     if upload is None:
         raise invalid("file is required: send the audio as the multipart field 'file'", "file")
     data = upload.read()
-    if len(data) > settings.audio_max_bytes:
-        raise _too_large(settings.audio_max_bytes)
     if not data:
         raise invalid("file is empty", "file")
     return data, form
@@ -132,7 +132,7 @@ async def _read_upload(settings: ServerSettings) -> tuple[bytes, MultiDict]:
 
 def _transcription_work(
     audio: ServingAudio, stt: SpeechToText, data: bytes, options: TranscriptionRequest
-):
+) -> Callable[[], Iterator[Transcript]]:
     endpoint = "translations" if options.task == "translate" else "transcriptions"
 
     def work() -> Iterator[Transcript]:
@@ -151,7 +151,7 @@ def _transcription_work(
 
 def _speech_work(
     audio: ServingAudio, tts: TextToSpeech, text: str, speaker: str | None, speed: float
-):
+) -> Callable[[], Iterator[np.ndarray]]:
     def work() -> Iterator[np.ndarray]:
         started = time.perf_counter()
         num_samples = 0
