@@ -49,6 +49,7 @@ def test_an_english_only_model_refuses_to_translate(tiny_en):
         ({"language": "klingon"}, "unknown language"),
         ({"temperature": 1.5}, "temperature must be between 0 and 1"),
         ({"temperature": (0.0, -0.2)}, "temperature must be between 0 and 1"),
+        ({"temperature": "hot"}, "temperature must be a number"),
     ],
 )
 def test_bad_options_are_refused(options, message):
@@ -59,3 +60,12 @@ def test_bad_options_are_refused(options, message):
 def test_language_names_become_codes():
     assert TranscribeOptions(language="English").language == "en"
     assert TranscribeOptions(temperature=0.3).temperatures == (0.3,)
+    assert TranscribeOptions(temperature=[0.0, 0.5]).temperatures == (0.0, 0.5)
+
+
+@pytest.mark.slow
+def test_a_prompt_conditions_but_is_not_transcribed(tiny_en):
+    audio = decode_audio(encoded("flac"))
+    transcription = transcribe(tiny_en, audio, TranscribeOptions(prompt="Meeting notes, part two."))
+    assert word_error_rate(HELLO, transcription.text) <= 0.1
+    assert "meeting" not in transcription.text.lower()

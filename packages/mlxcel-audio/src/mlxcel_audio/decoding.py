@@ -36,7 +36,7 @@ def decode_audio(data: bytes, *, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
         raise AudioInputError("the audio file is empty")
     try:
         samples, rate = _read_with_soundfile(data)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError):
+    except soundfile.LibsndfileError:  # not a format libsndfile reads
         samples, rate = _read_with_pyav(data)
     if samples.size == 0:
         raise AudioInputError("the audio file holds no samples")

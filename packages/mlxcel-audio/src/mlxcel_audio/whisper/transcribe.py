@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import mlx.core as mx
 import numpy as np
 
 from mlxcel_audio.decoding import SAMPLE_RATE
@@ -61,7 +60,11 @@ class TranscribeOptions:
                 object.__setattr__(self, "language", language_code(self.language))
             except ValueError as error:
                 raise AudioInputError(str(error)) from None
+        if isinstance(self.temperature, list):
+            object.__setattr__(self, "temperature", tuple(self.temperature))
         for value in self.temperatures:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise AudioInputError(f"temperature must be a number, got {value!r}")
             if not 0.0 <= value <= 1.0:
                 raise AudioInputError(f"temperature must be between 0 and 1, got {value}")
 
@@ -150,7 +153,6 @@ def transcribe(
             all_tokens.extend(tokens)
         if result.temperature > CONDITION_TEMPERATURE_LIMIT:
             prompt_reset_since = len(all_tokens)
-    mx.clear_cache()
     return Transcription(
         text="".join(segment.text for segment in segments).strip(),
         language=language or "en",

@@ -1,6 +1,6 @@
 """Weights of the CTranslate2 and Hugging Face layouts, renamed to mlx-whisper's names.
 
-Every function returns float arrays keyed by the parameter paths of `model.Whisper`
+Both functions return arrays keyed by the parameter paths of `model.Whisper`
 (`encoder.blocks.0.attn.query.weight`, ...), with convolution weights in MLX's
 (out, kernel, in) layout.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import mlx.core as mx
 import numpy as np
 
 from mlxcel_models.errors import ModelLoadError
@@ -95,7 +96,7 @@ _HF_RENAMES = (
 )
 
 
-def from_hugging_face(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def from_hugging_face(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
     """Rename a `WhisperForConditionalGeneration` (or `WhisperModel`) state dict; the tied
     output projection `proj_out.weight` is dropped."""
     weights = {}
