@@ -23,6 +23,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
+from mlxcel.audio_flags import AUDIO_FLAGS, serving_audio, speech_model_paths
 from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
@@ -47,6 +48,7 @@ from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
+from mlxcel_server.audio_models import ServingAudio
 from mlxcel_server.reasoning import ReasoningFormat
 
 logger = logging.getLogger(__name__)
@@ -97,6 +99,7 @@ FLAGS = (
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
     *SERVER_FLAGS,
+    *AUDIO_FLAGS,
     *SAMPLING_FLAGS,
 )
 
@@ -141,6 +144,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
         )
     if args.reasoning_budget < -1:
         raise UsageError(f"--reasoning-budget must be -1 or >= 0, got {args.reasoning_budget}")
+    if args.audio_max_bytes < 1:
+        raise UsageError(f"--audio-max-bytes must be >= 1, got {args.audio_max_bytes}")
     try:
         return ServerSettings(
             model_alias=args.alias,
@@ -150,6 +155,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             sampling=sampling_params_from(args),
             api_keys=_api_keys(args),
             cors_origins=_split(args.cors),
+            audio_max_bytes=args.audio_max_bytes,
             endpoint_metrics=args.metrics,
             endpoint_slots=args.slots,
             endpoint_props=args.props,
@@ -190,23 +196,27 @@ def _exit_process(error: BaseException) -> None:
     os._exit(70)
 
 
+Models = tuple[LoadedModel, LoadedModel | None, ServingAudio | None]
+
+
 def _loader(
-    args: argparse.Namespace, err: TextIO
-) -> Callable[[], tuple[LoadedModel, LoadedModel | None]]:
+    args: argparse.Namespace, settings: ServerSettings, err: TextIO
+) -> Callable[[], Models]:
     """Checks that the models fit in memory (`check_memory`, its estimate on `err`), then
     loads the model and adapters the flags name, then the draft model, on the calling
-    thread's stream.
+    thread's stream, then the speech models.
 
     Raises:
-        UsageError: the adapter flags conflict.
-        InputError: an adapter folder or the draft model does not exist.
+        UsageError: the adapter or speech flags conflict.
+        InputError: an adapter folder, the draft model or a speech model does not exist.
         SurgeryError: the `--surgery` file cannot be read or is invalid.
     """
     adapters = adapter_specs_from(args)
     check_draft_model_path(args)
     surgery = surgery_plan_from(args)
+    speech_paths = speech_model_paths(args)
 
-    def load() -> tuple[LoadedModel, LoadedModel | None]:
+    def load() -> Models:
         check_memory(args, err)
         with thread_stream():
             loaded = load_for_command(
@@ -217,7 +227,8 @@ def _loader(
                 fuse_adapters=args.lora_fuse,
                 surgery=surgery,
             )
-            return loaded, load_draft_model(args, loaded)
+            draft = load_draft_model(args, loaded)
+            return loaded, draft, serving_audio(speech_paths, settings)
 
     return load
 
@@ -227,14 +238,14 @@ async def serve_until_stopped(
     config: Config,
     state: ServerState,
     settings: ServerSettings,
-    load_models: Callable[[], tuple[LoadedModel, LoadedModel | None]],
+    load_models: Callable[[], Models],
 ) -> None:
-    """Serve `app` while `load_models` runs on a thread (the model and its draft model);
-    stop on SIGINT/SIGTERM.
+    """Serve `app` while `load_models` runs on a thread (the model, its draft model and the
+    speech models); stop on SIGINT/SIGTERM.
 
     Raises:
-        ModelLoadError: the model, an adapter or the draft model cannot be loaded (the
-            server stops).
+        ModelLoadError: the model, an adapter, the draft model or a speech model cannot be
+            loaded (the server stops).
         UsageError: the draft model does not fit the model, or a KV cache type cannot store
             the model's head dim.
         RunError: the models and one sequence of the context size do not fit in memory
@@ -248,7 +259,9 @@ async def serve_until_stopped(
 
     def load() -> None:
         try:
-            loaded, draft = load_models()
+            loaded, draft, audio = load_models()
+            if audio is not None:
+                state.set_audio(audio)
             state.set_ready(serving_model(loaded, settings, draft))
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
@@ -286,7 +299,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     settings = settings_from(args)
-    load_models = _loader(args, err)
+    load_models = _loader(args, settings, err)
     state = ServerState()
     app = create_app(state, settings)
     config = Config()

@@ -65,7 +65,8 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
         The Quart app; its `after_serving` hook shuts the engine down.
     """
     app = Quart("mlxcel_server")
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    # Audio uploads have their own, larger limit; the other routes are held to theirs below.
+    app.config["MAX_CONTENT_LENGTH"] = max(settings.max_body_bytes, settings.audio_max_bytes)
     # Generation can outlast Quart's default timeouts; the server's own timeout applies.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = None
@@ -76,7 +77,7 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.register_blueprint(metrics.make_blueprint(state, settings))
     app.register_blueprint(props.make_blueprint(state, settings))
     app.register_blueprint(lora.make_blueprint(state))
-    app.register_blueprint(audio.make_blueprint())
+    app.register_blueprint(audio.make_blueprint(state, settings))
     app.register_blueprint(responses.make_blueprint(state, settings))
     app.register_blueprint(messages.make_blueprint(state, settings))
     app.register_blueprint(openapi.make_blueprint())
@@ -94,6 +95,20 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
         if not _key_matches(key.strip(), settings.api_keys):
             raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
         return None
+
+    def body_limit() -> int:
+        is_audio = request.path.startswith(("/v1/audio/", "/audio/"))
+        return settings.audio_max_bytes if is_audio else settings.max_body_bytes
+
+    @app.before_request
+    async def check_body_size() -> None:
+        limit = body_limit()
+        length = request.content_length
+        if length is None and limit < app.config["MAX_CONTENT_LENGTH"]:
+            # A body of unknown length (chunked) is read now and measured; it stays cached.
+            length = len(await request.get_data(cache=True))
+        if (length or 0) > limit:
+            raise ApiError(413, f"the request body is larger than {limit} bytes")
 
     @app.after_request
     async def add_cors_headers(response: Response) -> Response:
@@ -117,7 +132,7 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
         message = {
             404: f"no endpoint {request.method} {request.path}",
             405: f"{request.method} is not allowed on {request.path}",
-            413: f"the request body is larger than {settings.max_body_bytes} bytes",
+            413: f"the request body is larger than {body_limit()} bytes",
         }.get(status, error.description or error.name)
         return _error_response(ApiError(status, message))
 

@@ -175,8 +175,8 @@ OPERATIONS = (
         Operation(
             (f"/v1/audio/{name}", f"/audio/{name}"),
             "post",
-            f"Audio {name} (needs an audio model; not served)",
-            errors=(401, 501),
+            f"Audio {name} (OpenAI; 501 without a speech model)",
+            errors=(400, 401, 404, 413, 501, 503),
         )
         for name in ("speech", "transcriptions", "translations")
     ),

@@ -23,6 +23,8 @@ class ServerSettings:
         api_keys: accepted bearer keys; empty means no authentication.
         cors_origins: origins allowed cross-origin access; "*" allows any.
         max_body_bytes: largest accepted request body (bytes); larger ones get 413.
+        audio_max_bytes: largest accepted audio upload (bytes), the whole multipart body
+            included; larger ones get 413.
         max_n: largest `n` (choices per prompt) a request may ask for.
         endpoint_metrics: serve `GET /metrics` (`--metrics`); off answers 501.
         endpoint_slots: serve `GET /slots` (`--slots`); off answers 501.
@@ -45,6 +47,7 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 16 * 2**20
+    audio_max_bytes: int = 25 * 2**20
     max_n: int = 16
     endpoint_metrics: bool = False
     endpoint_slots: bool = False
@@ -64,5 +67,7 @@ class ServerSettings:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.reasoning_budget < -1:
             raise ValueError(f"reasoning_budget must be -1 or >= 0, got {self.reasoning_budget}")
+        if self.audio_max_bytes < 1:
+            raise ValueError(f"audio_max_bytes must be >= 1, got {self.audio_max_bytes}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mlxcel_core.engine import Engine
 from mlxcel_models.loaded import LoadedModel
+from mlxcel_server.audio_models import ServingAudio
 from mlxcel_server.errors import ApiError
 from mlxcel_server.totals import GenerationTotals
 
@@ -43,6 +44,7 @@ class ServerState:
 
     def __init__(self) -> None:
         self._model: ServingModel | None = None
+        self._audio: ServingAudio | None = None
 
     @property
     def ready(self) -> bool:
@@ -57,6 +59,15 @@ class ServerState:
         """Start serving `model`."""
         self._model = model
 
+    @property
+    def audio(self) -> ServingAudio | None:
+        """The speech models, or None while loading or when none are served."""
+        return self._audio
+
+    def set_audio(self, audio: ServingAudio) -> None:
+        """Start serving the speech models in `audio`."""
+        self._audio = audio
+
     def require_model(self) -> ServingModel:
         """The serving model.
 
@@ -68,6 +79,9 @@ class ServerState:
         return self._model
 
     def close(self, timeout: float | None = None) -> None:
-        """Shut the engine down (ending in-flight requests) and join its thread."""
+        """Shut the engine and the audio worker down (ending in-flight requests) and join
+        their threads."""
         if self._model is not None:
             self._model.engine.shutdown(timeout)
+        if self._audio is not None:
+            self._audio.worker.shutdown(timeout)

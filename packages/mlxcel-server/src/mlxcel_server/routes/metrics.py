@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from quart import Blueprint, Response
 
 from mlxcel_core.engine import EngineStats
+from mlxcel_server.audio_metrics import AudioCollector
 from mlxcel_server.errors import ApiError
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState
@@ -142,6 +143,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     # One registry per app: two apps in one process (tests) never share series.
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LlamaServerCollector(state))
+    registry.register(AudioCollector(state))
 
     @blueprint.get("/metrics")
     async def metrics() -> Response:

@@ -1,4 +1,4 @@
-"""`GET /health` and `GET /v1/models` (and `/models`)."""
+"""`GET /health` and `GET /v1/models` (and `/models`): the text model and any speech models."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ def make_blueprint(state: ServerState) -> Blueprint:
             raise ApiError(503, "the model is loading", headers={"Retry-After": "1"})
         if model.engine.failure is not None:
             raise ApiError(503, "the engine stopped after repeated failures; restart the server")
-        return jsonify({"status": "ok"})
+        audio = state.audio
+        if audio is None:
+            return jsonify({"status": "ok"})
+        return jsonify({"status": "ok", "audio_models": list(audio.model_names)})
 
     @blueprint.get("/v1/models")
     @blueprint.get("/models")
@@ -38,6 +41,15 @@ def make_blueprint(state: ServerState) -> Blueprint:
                 "size": config.weight_bytes,
             },
         }
-        return jsonify({"object": "list", "data": [entry]})
+        audio = state.audio
+        speech = (
+            []
+            if audio is None
+            else [
+                {"id": name, "object": "model", "created": audio.created, "owned_by": "mlxcel"}
+                for name in audio.model_names
+            ]
+        )
+        return jsonify({"object": "list", "data": [entry, *speech]})
 
     return blueprint
