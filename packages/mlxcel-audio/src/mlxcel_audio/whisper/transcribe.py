@@ -120,7 +120,7 @@ def transcribe(
     all_tokens: list[int] = []
     if options.prompt and options.prompt.strip():
         all_tokens = tokenizer.encode(" " + options.prompt.strip())
-    prompt_reset_since = len(all_tokens)
+    prompt_reset_since = 0
     segments: list[Segment] = []
     seek = 0
     while seek < content_frames:
@@ -139,7 +139,7 @@ def transcribe(
         spans, advance = _split_at_timestamps(
             result.tokens, tokenizer.timestamp_begin, window_frames
         )
-        seek += advance
+        seek += advance if advance > 0 else window_frames  # never decode a window twice
         for start, end, tokens in spans:
             text = tokenizer.decode(tokens)
             if start == end or not text.strip():
