@@ -82,6 +82,20 @@ def test_inspect_refuses_a_missing_or_corrupt_model_in_one_line(tmp_path, tiny_g
         assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["-b", "0"], "-b/--batch-size must be >= 1, got 0"),
+        (["-ctk", "q5"], "-ctk/--cache-type-k must be one of auto, f32"),
+        (["-ctv", "q5"], "-ctv/--cache-type-v must be one of auto, f32"),
+    ],
+)
+def test_inspect_names_the_flag_at_fault(tiny_gguf, flags, message):
+    code, out, err = run_cli("inspect", "-m", str(tiny_gguf), *flags)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"mlxcel: error: {message}") and err.count("\n") == 1
+
+
 def test_a_hugging_face_id_is_inspected_and_checked_from_the_store(tmp_path, tiny_safetensors):
     with HubServer() as hub:
         hub.add_repo("test-org/tiny", folder_files(tiny_safetensors))

@@ -131,6 +131,14 @@ def test_list_shows_the_store_as_a_table_json_and_names(tmp_path, environ):
     assert_one_line_error(code, err, 2, "pick one")
 
 
+def test_list_refuses_a_store_that_is_a_file(tmp_path, environ):
+    store = tmp_path / "store"
+    store.write_text("not a folder")
+    code, out, err = run_cli("list", "--models-dir", str(store), environ=environ)
+    assert out == ""
+    assert_one_line_error(code, err, 1, f"the model store {store} is a file, not a folder")
+
+
 # mlxcel rm
 
 

@@ -96,3 +96,13 @@ def test_a_pattern_matching_nothing_fails_the_load(tmp_path, tiny_safetensors):
     assert code == 1
     assert err.endswith(f"{path}:3: pattern 'model.layers.*.mlp.gate' matches no tensor\n")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ"), [(["--surgery", ""], {}), ([], {"MLXCEL_SURGERY": " "})]
+)
+def test_an_empty_surgery_path_is_a_usage_error(tiny_safetensors, flags, environ):
+    argv = ["generate", "-m", str(tiny_safetensors), "-p", "hi", *flags]
+    code, out, err = run_cli(*argv, environ=environ)
+    assert (code, out) == (2, "")
+    assert err == "mlxcel: error: --surgery/MLXCEL_SURGERY: the path of the surgery file is empty\n"

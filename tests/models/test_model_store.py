@@ -205,6 +205,14 @@ def test_offline_a_missing_model_fails_naming_it(tmp_path, hub):
     assert hub.requests == []
 
 
+def test_offline_another_revision_than_the_stored_one_is_named(tmp_path, hub):
+    resolve_model(REPO, store_config(tmp_path, hub))
+    offline = store_config(tmp_path, hub, offline=True)
+    with pytest.raises(ModelLoadError, match=f"^{REPO} at revision 'v2' is neither in the model"):
+        resolve_model(REPO, offline, revision="v2")
+    assert resolve_model(REPO, offline, revision="main").is_dir()
+
+
 def test_a_model_in_the_hugging_face_cache_is_used_in_place(tmp_path, hub):
     config = store_config(tmp_path, hub, offline=True)
     snapshot = snapshot_download(REPO, cache_dir=config.hf_cache_dir, endpoint=hub.url)

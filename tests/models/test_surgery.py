@@ -329,3 +329,18 @@ def test_another_checkpoint_of_other_shapes_is_refused(tmp_path, tiny_safetensor
 def test_an_unreadable_file_is_named(tmp_path):
     with pytest.raises(SurgeryError, match=r"cannot read surgery file .*missing\.yaml"):
         read_surgery_file(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("factor", "expected"), [("1e-3", 0.001), ("-2E+1", -20.0), (".5e1", 5.0), ("3", 3.0)]
+)
+def test_numbers_in_exponent_form_are_read_as_numbers(tmp_path, factor, expected):
+    path = surgery_file(tmp_path, one_edit("op: scale", "tensors: '*'", f"factor: {factor}"))
+    (edit,) = read_surgery_file(path).edits
+    assert edit.factor == expected
+
+
+def test_a_quoted_number_is_still_refused(tmp_path):
+    path = surgery_file(tmp_path, one_edit("op: scale", "tensors: '*'", "factor: '1e-3'"))
+    with pytest.raises(SurgeryError, match=r":4: expected a number, got '1e-3'"):
+        read_surgery_file(path)

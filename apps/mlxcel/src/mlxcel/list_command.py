@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import TextIO
 
-from mlxcel.flags import Flag, UsageError, add_command, resolve_defaults
+from mlxcel.flags import Flag, InputError, UsageError, add_command, resolve_defaults
 from mlxcel.store_flags import MODELS_DIR_FLAG, store_config_from
 from mlxcel.tables import format_size, format_table
 from mlxcel_models.store import StoredModel, list_stored_models
@@ -31,6 +31,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     if args.json and args.quiet:
         raise UsageError("--json and -q/--quiet are two output formats: pick one")
     models_dir = store_config_from(args.models_dir, environ).models_dir
+    if models_dir.exists() and not models_dir.is_dir():
+        raise InputError(f"the model store {models_dir} is a file, not a folder")
     models = list_stored_models(models_dir)
     if args.json:
         print(json.dumps([_as_json(model) for model in models], indent=2), file=out)

@@ -54,8 +54,11 @@ def context_request_from(args: argparse.Namespace) -> ContextRequest:
     """The estimate's settings from resolved engine flags.
 
     Raises:
-        UsageError: a value is out of range.
+        UsageError: a value is out of range, or a cache type is unknown.
     """
+    # -b is checked on its own: the estimate sees only the smaller of -b and -ub.
+    if args.batch_size < 1:
+        raise UsageError(f"-b/--batch-size must be >= 1, got {args.batch_size}")
     try:
         return ContextRequest(
             context_size=args.ctx_size,
@@ -72,6 +75,8 @@ _FLAG_NAMES = {
     "context_size": "-c/--ctx-size",
     "chunk_tokens": "-ub/--ubatch-size",
     "block_size": "--block-size",
+    "cache_type_k": "-ctk/--cache-type-k",
+    "cache_type_v": "-ctv/--cache-type-v",
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from mlxcel.flags import Flag
+from mlxcel.flags import Flag, UsageError
 from mlxcel_models.surgery import SurgeryPlan, read_surgery_file
 
 SURGERY_FLAG = Flag(
@@ -25,6 +25,11 @@ def surgery_plan_from(args: argparse.Namespace) -> SurgeryPlan | None:
     without one.
 
     Raises:
+        UsageError: the path is empty.
         SurgeryError: the file cannot be read or is invalid (its message names the line).
     """
-    return None if args.surgery is None else read_surgery_file(args.surgery)
+    if args.surgery is None:
+        return None
+    if not args.surgery.strip():
+        raise UsageError("--surgery/MLXCEL_SURGERY: the path of the surgery file is empty")
+    return read_surgery_file(args.surgery)

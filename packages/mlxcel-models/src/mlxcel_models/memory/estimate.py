@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.cache.paged import LayerGeometry
+from mlxcel_core.cache.quant import check_cache_type
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.memory.inventory import ModelInventory, WeightTensor
 
@@ -173,7 +174,7 @@ class ContextRequest:
         cache_type_v: how values are stored.
 
     Raises:
-        ValueError: a count is out of range.
+        ValueError: a count is out of range, or a cache type is unknown.
     """
 
     context_size: int
@@ -188,6 +189,8 @@ class ContextRequest:
         for name in ("chunk_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_cache_type("cache_type_k", self.cache_type_k)
+        check_cache_type("cache_type_v", self.cache_type_v)
 
     def tokens(self, inventory: ModelInventory) -> int:
         """The context size in tokens, the trained one for 0."""

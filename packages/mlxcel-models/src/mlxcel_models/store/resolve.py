@@ -51,9 +51,10 @@ def resolve_model(text: str, config: StoreConfig, *, revision: str | None = None
     if found is not None:
         return found
     if config.offline:
+        at_revision = "" if revision == DEFAULT_REVISION else f" at revision {revision!r}"
         raise ModelLoadError(
-            f"{reference} is neither in the model store ({config.models_dir}) nor in the "
-            "Hugging Face cache, and offline mode (HF_HUB_OFFLINE) forbids downloading it"
+            f"{reference}{at_revision} is neither in the model store ({config.models_dir}) nor "
+            "in the Hugging Face cache, and offline mode (HF_HUB_OFFLINE) forbids downloading it"
         )
     return download_model(reference, revision, config)
 

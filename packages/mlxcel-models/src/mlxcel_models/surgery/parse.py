@@ -39,6 +39,8 @@ _OP_KEYS = {
     "interpolate": ("from", "alpha"),
 }
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+# YAML 1.2's float: PyYAML follows YAML 1.1, which reads `1e-3` (no dot) as a string.
+_YAML12_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
 
 
 def read_surgery_file(path: str | Path) -> SurgeryPlan:
@@ -206,6 +208,8 @@ class _Reader:
 
     def number(self, node: yaml.Node) -> float:
         value = self.scalar(node)
+        if isinstance(value, str) and node.style is None and _YAML12_FLOAT.match(value):
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(node, f"expected a number, got {value!r}")
         if not math.isfinite(value):
