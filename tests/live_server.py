@@ -35,20 +35,24 @@ def free_port() -> int:
 class LiveServer:
     """`python -m mlxcel serve --port PORT *flags`, healthy once constructed.
 
-    `LLAMA_*` variables of the test's environment are not passed on, so only `flags` configure
-    the server.
+    `LLAMA_*` and `MLXCEL_*` variables of the test's environment are not passed on, so only
+    `flags` configure the server.
 
     Args:
         flags: more `mlxcel serve` flags (`-m`, `-c`, `-np`, ...).
         startup_seconds: how long to wait for `GET /health` to answer 200.
+        audio: serve the default speech models too; without it the server runs with
+            `--no-audio`, so a text test neither loads nor lists them.
 
     Raises:
         AssertionError: the process exited while starting (its stderr is the message).
         TimeoutError: it was not healthy in time (it is stopped first).
     """
 
-    def __init__(self, *flags: str, startup_seconds: float = STARTUP_SECONDS) -> None:
-        self.flags = flags
+    def __init__(
+        self, *flags: str, startup_seconds: float = STARTUP_SECONDS, audio: bool = False
+    ) -> None:
+        self.flags = flags if audio else (*flags, "--no-audio")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._stopped_stderr: str | None = None
@@ -58,10 +62,14 @@ class LiveServer:
             self.stderr_path = Path(log.name)
         with self.stderr_path.open("ab") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "mlxcel", "serve", "--port", str(self.port), *flags],
+                [sys.executable, "-m", "mlxcel", "serve", "--port", str(self.port), *self.flags],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                env={k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")},
+                env={
+                    name: value
+                    for name, value in os.environ.items()
+                    if not name.startswith(("LLAMA_", "MLXCEL_"))
+                },
             )
         self._wait_until_healthy(startup_seconds)
 

@@ -97,7 +97,7 @@ def transcode(wav: bytes, extension: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
-    server = LiveServer("-c", "256")
+    server = LiveServer("-c", "256", audio=True)
     yield server
     assert server.stop() == 0, server.stderr()
 

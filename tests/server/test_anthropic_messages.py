@@ -203,6 +203,8 @@ def test_ending_names_the_stop_sequence_met_first(
         ({"messages": [{"role": "system", "content": "x"}]}, "role"),
         ({"messages": []}, "at least one message"),
         ({"messages": [{"role": "user", "content": []}]}, "content"),
+        ({"messages": [{"role": "user", "content": ""}]}, "content"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "text"),
         ({"messages": [*HELLO, {"role": "assistant", "content": "The"}]}, "prefill"),
         ({"temperature": 1.5}, "temperature"),
         ({"top_p": -0.1}, "top_p"),

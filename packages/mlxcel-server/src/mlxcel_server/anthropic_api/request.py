@@ -25,10 +25,11 @@ class CacheControl(_Strict):
 
 
 class TextBlock(_Strict):
-    """Text; `citations` is accepted only empty, as replies carry none."""
+    """Text, never empty (as Anthropic's API requires); `citations` is accepted only empty,
+    as replies carry none."""
 
     type: Literal["text"]
-    text: str
+    text: Annotated[str, Field(min_length=1)]
     cache_control: CacheControl | None = None
     citations: None = None
 
@@ -81,11 +82,13 @@ ContentBlock = Annotated[
 
 
 class Message(_Strict):
-    """One turn: a string, or a non-empty list of content blocks."""
+    """One turn: a non-empty string, or a non-empty list of content blocks."""
 
     role: Literal["user", "assistant"]
     # The list comes first so that a bad block, not "should be a string", is what 400s name.
-    content: Annotated[list[ContentBlock], Field(min_length=1)] | str
+    content: (
+        Annotated[list[ContentBlock], Field(min_length=1)] | Annotated[str, Field(min_length=1)]
+    )
 
 
 class Tool(_Strict):
