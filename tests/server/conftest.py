@@ -7,6 +7,9 @@ import json
 from dataclasses import dataclass
 
 import pytest
+from reasoning_clients import scripted_engine, with_tokenizer
+from reasoning_factories import THINKING_TEMPLATE
+from test_chat_tools import ScriptedEngine
 from werkzeug.datastructures import Headers
 
 from mlxcel_core.engine import Engine
@@ -84,3 +87,32 @@ def client(make_client) -> AppClient:
 def loading_client() -> AppClient:
     """An app whose model has not finished loading."""
     return AppClient(create_app(ServerState(), ServerSettings()))
+
+
+@pytest.fixture(scope="module")
+def thinking_loaded(tiny_gguf, tiny_loaded):
+    """The tiny model with a Qwen3-style `<think>` template and single-token markers."""
+    return with_tokenizer(tiny_gguf, tiny_loaded, THINKING_TEMPLATE)
+
+
+@pytest.fixture
+def make_thinking_client(make_client, thinking_loaded):
+    """An app on the thinking model whose engine replies `<think>Plan</think>OK`."""
+
+    def make(**settings):
+        engine = scripted_engine(thinking_loaded.tokenizer)
+        return make_client(loaded=thinking_loaded, engine=engine, **settings)
+
+    return make
+
+
+@pytest.fixture
+def make_replay_client(make_client, thinking_loaded):
+    """An app on the thinking model whose engine replays `reply` in 7-character pieces,
+    keeping the prompts it was given."""
+
+    def make(reply: str, **settings) -> tuple:
+        engine = ScriptedEngine(reply)
+        return make_client(1024, loaded=thinking_loaded, engine=engine, **settings), engine
+
+    return make

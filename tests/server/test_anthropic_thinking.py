@@ -7,43 +7,14 @@ from __future__ import annotations
 import anthropic
 import httpx2
 import pytest
-from reasoning_clients import ANSWER, ASK, REASONING, scripted_engine, with_tokenizer
-from reasoning_factories import THINKING_TEMPLATE
+from reasoning_clients import ANSWER, ASK, REASONING
 from test_anthropic_messages import COUNT, MESSAGES, WEATHER_TOOL, named_events
-from test_chat_tools import ScriptedEngine
 
 THOUGHT = {"type": "thinking", "thinking": REASONING, "signature": ""}
 TOOL_REPLY = (
     "Look it up.</think>\n\n"
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 )
-
-
-@pytest.fixture(scope="module")
-def thinking_loaded(tiny_gguf, tiny_loaded):
-    return with_tokenizer(tiny_gguf, tiny_loaded, THINKING_TEMPLATE)
-
-
-@pytest.fixture
-def make_thinking_client(make_client, thinking_loaded):
-    """An app on the thinking model whose engine replies `<think>Plan</think>OK`."""
-
-    def make(**settings):
-        engine = scripted_engine(thinking_loaded.tokenizer)
-        return make_client(loaded=thinking_loaded, engine=engine, **settings)
-
-    return make
-
-
-@pytest.fixture
-def make_replay_client(make_client, thinking_loaded):
-    """An app on the thinking model whose engine replays `reply`, keeping the prompts."""
-
-    def make(reply: str, **settings) -> tuple:
-        engine = ScriptedEngine(reply)
-        return make_client(1024, loaded=thinking_loaded, engine=engine, **settings), engine
-
-    return make
 
 
 def create(client, **fields):

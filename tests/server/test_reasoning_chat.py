@@ -13,10 +13,9 @@ from reasoning_factories import (
     HARMONY_TEMPLATE,
     HARMONY_TOKENS,
     OPEN_THINKING_TEMPLATE,
-    THINKING_TEMPLATE,
     make_tokenizer,
 )
-from test_chat_tools import WEATHER_TOOL, ScriptedEngine
+from test_chat_tools import WEATHER_TOOL
 
 from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
 from mlxcel_core.generate import FinishReason, GenerationStats
@@ -25,35 +24,8 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def thinking_loaded(tiny_gguf, tiny_loaded):
-    return with_tokenizer(tiny_gguf, tiny_loaded, THINKING_TEMPLATE)
-
-
-@pytest.fixture(scope="module")
 def open_thinking_loaded(tiny_gguf, tiny_loaded):
     return with_tokenizer(tiny_gguf, tiny_loaded, OPEN_THINKING_TEMPLATE)
-
-
-@pytest.fixture
-def make_thinking_client(make_client, thinking_loaded):
-    """An app on the thinking model, its engine following the script."""
-
-    def make(**settings):
-        engine = scripted_engine(thinking_loaded.tokenizer)
-        return make_client(loaded=thinking_loaded, engine=engine, **settings)
-
-    return make
-
-
-@pytest.fixture
-def make_replay_client(make_client, thinking_loaded):
-    """An app on the thinking model whose engine replays `reply` in 7-character pieces."""
-
-    def make(reply: str, **settings) -> tuple:
-        engine = ScriptedEngine(reply)
-        return make_client(1024, loaded=thinking_loaded, engine=engine, **settings), engine
-
-    return make
 
 
 def chat(client, **fields):

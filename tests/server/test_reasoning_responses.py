@@ -3,9 +3,7 @@ events in order, usage, and reasoning items sent back as input."""
 
 from __future__ import annotations
 
-import pytest
-from reasoning_clients import ANSWER, REASONING, scripted_engine, with_tokenizer
-from reasoning_factories import THINKING_TEMPLATE
+from reasoning_clients import ANSWER, REASONING
 from test_responses_api import named_events
 
 RESPONSES = "/v1/responses"
@@ -23,20 +21,6 @@ MESSAGE_ORDER = [
     "response.content_part.done",
     "response.output_item.done",
 ]
-
-
-@pytest.fixture(scope="module")
-def thinking_loaded(tiny_gguf, tiny_loaded):
-    return with_tokenizer(tiny_gguf, tiny_loaded, THINKING_TEMPLATE)
-
-
-@pytest.fixture
-def make_thinking_client(make_client, thinking_loaded):
-    def make(**settings):
-        engine = scripted_engine(thinking_loaded.tokenizer)
-        return make_client(loaded=thinking_loaded, engine=engine, **settings)
-
-    return make
 
 
 def create(client, **fields):

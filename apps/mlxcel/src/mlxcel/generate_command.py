@@ -36,7 +36,7 @@ from mlxcel.flags import (
     resolve_defaults,
     sampling_params_from,
 )
-from mlxcel.loading import load_for_command
+from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
 from mlxcel.reply_reasoning import (
@@ -160,14 +160,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     check_draft_model_path(args)
     surgery = surgery_plan_from(args)
     check_memory(args, err)
-    loaded = load_for_command(
-        args.model,
-        store=args.model_store,
-        revision=args.revision,
-        adapters=adapters,
-        fuse_adapters=args.lora_fuse,
-        surgery=surgery,
-    )
+    loaded = load_target_model(args, adapters, surgery)
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):
         if not tokens:

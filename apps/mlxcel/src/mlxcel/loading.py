@@ -3,6 +3,7 @@ store first), with a progress bar for slow loads."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
@@ -57,3 +58,22 @@ def load_for_command(
     for edit in loaded.surgery:
         print(f"mlxcel: surgery {edit}", file=sys.stderr)
     return apply_adapters(loaded, adapters, fuse=fuse_adapters)
+
+
+def load_target_model(
+    args: argparse.Namespace, adapters: Sequence[AdapterSpec], surgery: SurgeryPlan | None
+) -> LoadedModel:
+    """`load_for_command` for the model of resolved `-m`, store, `--revision` and
+    `--lora-fuse` flags, with its `adapters` and `surgery`.
+
+    Raises:
+        ModelLoadError: as `load_for_command` does.
+    """
+    return load_for_command(
+        args.model,
+        store=args.model_store,
+        revision=args.revision,
+        adapters=adapters,
+        fuse_adapters=args.lora_fuse,
+        surgery=surgery,
+    )

@@ -38,7 +38,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.generate_command import check_length_flags, generate_one
-from mlxcel.loading import load_for_command
+from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.repl import run_repl
 from mlxcel.repl_input import PipedReader, TerminalReader, terminal_history
@@ -101,14 +101,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     system = system_messages(args)
     prompt = None if args.prompt is None else check_text(args.prompt, "prompt")
     surgery = surgery_plan_from(args)
-    loaded = load_for_command(
-        args.model,
-        store=args.model_store,
-        revision=args.revision,
-        adapters=adapters,
-        fuse_adapters=args.lora_fuse,
-        surgery=surgery,
-    )
+    loaded = load_target_model(args, adapters, surgery)
     check_chat_template(loaded.tokenizer, template)
     if prompt is not None:
         messages = [*system, {"role": "user", "content": prompt}]

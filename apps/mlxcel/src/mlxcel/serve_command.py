@@ -38,7 +38,7 @@ from mlxcel.flags import (
     resolve_defaults,
     sampling_params_from,
 )
-from mlxcel.loading import load_for_command
+from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
@@ -219,14 +219,7 @@ def _loader(
     def load() -> Models:
         check_memory(args, err)
         with thread_stream():
-            loaded = load_for_command(
-                args.model,
-                store=args.model_store,
-                revision=args.revision,
-                adapters=adapters,
-                fuse_adapters=args.lora_fuse,
-                surgery=surgery,
-            )
+            loaded = load_target_model(args, adapters, surgery)
             draft = load_draft_model(args, loaded)
             return loaded, draft, serving_audio(speech_paths, settings)
 
