@@ -81,12 +81,6 @@ def test_alignment_heads_come_from_the_ctranslate2_config(tiny_en, tiny_en_path)
 
 
 @pytest.mark.slow
-def test_words_are_not_timed_unless_asked(tiny_en):
-    transcription = transcribe(tiny_en, speech(HELLO))
-    assert all(segment.words == () for segment in transcription.segments)
-
-
-@pytest.mark.slow
 def test_words_are_the_transcript_in_order_inside_their_segments(timed):
     all_words = [word for segment in timed.segments for word in segment.words]
     assert words("".join(word.word for word in all_words)) == words(timed.text)
