@@ -9,24 +9,27 @@ import itertools
 import json
 
 import ctranslate2
+import mlx.core as mx
 import numpy as np
 import pytest
 import soundfile
 from speech_clips import HELLO, SAMPLE_RATE, SENTENCES, speech, words
+from test_whisper_loading import random_weights, write_hugging_face, write_mlx_whisper
 
 from mlxcel.audio_flags import WhisperSpeechToText
 from mlxcel.cli import main
 from mlxcel_audio.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, pad_or_trim
-from mlxcel_audio.whisper import TranscribeOptions, transcribe
+from mlxcel_audio.whisper import TranscribeOptions, load_whisper, transcribe
 from mlxcel_audio.whisper.decoding import encode_window
 from mlxcel_audio.whisper.timing import (
-    _Timing,
+    WordTiming,
     dtw,
     find_alignment,
     median_filter,
     merge_punctuations,
     split_to_word_tokens,
 )
+from mlxcel_models.errors import ModelLoadError
 from mlxcel_server.audio_models import TranscriptionRequest
 
 PAUSE_SECONDS = 2.0
@@ -62,7 +65,7 @@ def test_median_filter_takes_the_running_median_with_reflected_edges():
 
 def test_punctuation_joins_its_neighbouring_words():
     timings = [
-        _Timing(w, [i], float(i), float(i + 1), 1.0)
+        WordTiming(w, [i], float(i), float(i + 1), 1.0)
         for i, w in enumerate([" (", "Hello", ",", " world", ")", "."])
     ]
     assert [t.word for t in merge_punctuations(timings)] == [" (Hello,", " world)."]
@@ -78,6 +81,37 @@ def test_tokens_split_into_words_at_spaces_and_punctuation(tiny_en):
 def test_alignment_heads_come_from_the_ctranslate2_config(tiny_en, tiny_en_path):
     config = json.loads((tiny_en_path / "config.json").read_text())
     assert tiny_en.alignment_heads == tuple(tuple(pair) for pair in config["alignment_heads"])
+
+
+def test_alignment_heads_come_from_each_layout_or_the_second_half(tmp_path, tiny_en_path):
+    weights, tokenizer = random_weights(), tiny_en_path / "tokenizer.json"
+    hugging_face = write_hugging_face(tmp_path / "hf", weights, tokenizer)
+    (hugging_face / "generation_config.json").write_text('{"alignment_heads": [[1, 2], [0, 3]]}')
+    assert load_whisper(hugging_face).alignment_heads == ((1, 2), (0, 3))
+    mlx_whisper = write_mlx_whisper(tmp_path / "mlx", weights, tokenizer)
+    # two decoder layers of four heads: every head of the second layer
+    assert load_whisper(mlx_whisper).alignment_heads == ((1, 0), (1, 1), (1, 2), (1, 3))
+    config = json.loads((mlx_whisper / "config.json").read_text())
+    (mlx_whisper / "config.json").write_text(json.dumps({**config, "alignment_heads": [[2, 0]]}))
+    with pytest.raises(ModelLoadError, match=r"alignment head \(2, 0\).*outside"):
+        load_whisper(mlx_whisper)
+
+
+def test_the_alignment_pass_gives_the_decoders_logits_and_attention(tmp_path, tiny_en_path):
+    folder = write_mlx_whisper(tmp_path / "mlx", random_weights(), tiny_en_path / "tokenizer.json")
+    whisper = load_whisper(folder)
+    features = mx.array(np.random.default_rng(0).standard_normal((3000, 80)), mx.float32)
+    cross_kv = encode_window(whisper, features)
+    tokens = mx.array([[whisper.tokenizer.sot, *whisper.tokenizer.encode(" Hello world")]])
+    logits, scores = whisper.model.decoder.cross_attention_scores(tokens, cross_kv)
+    expected, _ = whisper.model.decoder(tokens, cross_kv)
+    np.testing.assert_allclose(np.array(logits), np.array(expected), atol=1e-4)
+    assert len(scores) == whisper.dims.n_text_layer
+    assert scores[0].shape == (1, whisper.dims.n_text_head, tokens.shape[1], 1500)
+    # The scores' softmax is the attention: its rows sum to one and differ between tokens.
+    attention = np.array(mx.softmax(scores[-1], axis=-1))
+    np.testing.assert_allclose(attention.sum(axis=-1), 1.0, atol=1e-5)
+    assert not np.allclose(attention[0, 0, 0], attention[0, 0, 1])
 
 
 @pytest.mark.slow

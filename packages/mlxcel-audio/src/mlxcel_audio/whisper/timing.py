@@ -40,7 +40,10 @@ class Word:
 
 
 @dataclass
-class _Timing:
+class WordTiming:
+    """A word being aligned: its text, tokens, start and end (seconds) and probability;
+    mutable, as punctuation merging and the duration caps adjust it."""
+
     word: str
     tokens: list[int]
     start: float
@@ -143,7 +146,7 @@ def find_alignment(
     text_tokens: list[int],
     num_frames: int,
     language: str,
-) -> list[_Timing]:
+) -> list[WordTiming]:
     """Each word of `text_tokens` with its start and end in seconds from the window's start.
 
     Args:
@@ -171,7 +174,7 @@ def find_alignment(
     jumps = np.diff(rows, prepend=-1).astype(bool)
     jump_times = frames[jumps] / FRAMES_PER_SECOND
     return [
-        _Timing(
+        WordTiming(
             word=text,
             tokens=word_tokens,
             start=float(jump_times[begin]),
@@ -184,7 +187,7 @@ def find_alignment(
     ]
 
 
-def merge_punctuations(timings: list[_Timing]) -> list[_Timing]:
+def merge_punctuations(timings: list[WordTiming]) -> list[WordTiming]:
     """Opening punctuation joined to the word after it and closing punctuation to the word
     before it; the words they leave empty are dropped."""
     following = len(timings) - 1
@@ -265,47 +268,57 @@ def add_word_timestamps(
                     timing.start = timing.end - max_duration
     timings = merge_punctuations(timings)
 
+    for timing in timings:
+        timing.start += time_offset
+        timing.end += time_offset
+
     result = []
     index = 0
     for (span_start, span_end, _), tokens in zip(spans, span_tokens, strict=True):
-        owned: list[_Timing] = []
+        words: list[WordTiming] = []
         num_tokens = 0
         while index < len(timings) and num_tokens < len(tokens):
-            owned.append(timings[index])
+            words.append(timings[index])
             num_tokens += len(timings[index].tokens)
             index += 1
         start, end = time_offset + span_start, time_offset + span_end
-        words = [[t.word, time_offset + t.start, time_offset + t.end, t.probability] for t in owned]
         if words:
-            _bound_first_word(words, last_speech_timestamp, median_duration, max_duration)
+            first, last = words[0], words[-1]
+            _bound_first_words(words, last_speech_timestamp, median_duration, max_duration)
             # The segment's own timestamps win over a first or last word stretched past them.
-            if start < words[0][2] and start - 0.5 > words[0][1]:
-                words[0][1] = max(0.0, min(words[0][2] - median_duration, start))
+            if start < first.end and start - 0.5 > first.start:
+                first.start = max(0.0, min(first.end - median_duration, start))
             else:
-                start = words[0][1]
-            if end > words[-1][1] and end + 0.5 < words[-1][2]:
-                words[-1][2] = max(words[-1][1] + median_duration, end)
+                start = first.start
+            if end > last.start and end + 0.5 < last.end:
+                last.end = max(last.start + median_duration, end)
             else:
-                end = words[-1][2]
+                end = last.end
             last_speech_timestamp = end
         result.append(TimedSpan(
             start=round(start, 3), end=round(end, 3),
-            words=tuple(Word(w, round(s, 2), round(e, 2), round(p, 4)) for w, s, e, p in words),
+            words=tuple(
+                Word(t.word, round(t.start, 2), round(t.end, 2), round(t.probability, 4))
+                for t in words
+            ),
         ))  # fmt: skip
     return result
 
 
-def _bound_first_word(
-    words: list[list], last_speech_timestamp: float, median_duration: float, max_duration: float
+def _bound_first_words(
+    words: list[WordTiming],
+    last_speech_timestamp: float,
+    median_duration: float,
+    max_duration: float,
 ) -> None:
-    """After a pause, the first words of a segment last at most `max_duration`: DTW
-    stretches them over the silence before them."""
-    first_end = words[0][2]
-    long_first = first_end - words[0][1] > max_duration
-    long_pair = len(words) > 1 and words[1][2] - words[0][1] > max_duration * 2
-    if first_end - last_speech_timestamp <= median_duration * 4 or not (long_first or long_pair):
+    """After a pause, the first words of a segment last at most `max_duration`: the time
+    warping stretches them over the silence before them."""
+    first = words[0]
+    long_first = first.end - first.start > max_duration
+    long_pair = len(words) > 1 and words[1].end - first.start > max_duration * 2
+    if first.end - last_speech_timestamp <= median_duration * 4 or not (long_first or long_pair):
         return
-    if len(words) > 1 and words[1][2] - words[1][1] > max_duration:
-        boundary = max(words[1][2] / 2, words[1][2] - max_duration)
-        words[0][2] = words[1][1] = boundary
-    words[0][1] = max(0.0, words[0][2] - max_duration)
+    if len(words) > 1 and words[1].end - words[1].start > max_duration:
+        boundary = max(words[1].end / 2, words[1].end - max_duration)
+        first.end = words[1].start = boundary
+    first.start = max(0.0, first.end - max_duration)
