@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
 import soundfile
 from audio_app import AudioApps, upload
-from audio_fakes import HEARD, FakeSpeechToText, FakeVoice, mp3_bytes, wav_bytes
+from audio_fakes import HEARD, FakeSegment, FakeSpeechToText, FakeVoice, mp3_bytes, wav_bytes
+
+from mlxcel_server.audio_models import TranscriptionRequest
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +78,75 @@ def test_verbose_json_has_openai_fields(client):
         "id", "start", "end", "text", "tokens", "temperature", "avg_logprob",
         "compression_ratio", "no_speech_prob",
     }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FakeWord:
+    word: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class WordedSegment(FakeSegment):
+    words: tuple[FakeWord, ...] = ()
+
+
+class WordedSpeechToText(FakeSpeechToText):
+    """The fake model, timing each word of a segment evenly across it when asked."""
+
+    def transcribe(self, upload: bytes, request: TranscriptionRequest):
+        transcript = super().transcribe(upload, request)
+        segments = []
+        for segment in transcript.segments:
+            texts = segment.text.split()
+            step = (segment.end - segment.start) / len(texts)
+            words = tuple(
+                FakeWord(" " + text, segment.start + i * step, segment.start + (i + 1) * step)
+                for i, text in enumerate(texts)
+            )
+            fields = {k: getattr(segment, k) for k in FakeSegment.__dataclass_fields__}
+            segments.append(WordedSegment(**fields, words=words if request.word_timestamps else ()))
+        return replace(transcript, segments=tuple(segments))
+
+
+def _with_granularities(granularities: list[str], response_format: str) -> dict:
+    # The test client sends one value per field, so a second granularity goes in the
+    # field's other accepted spelling.
+    names = ("timestamp_granularities[]", "timestamp_granularities")
+    form = dict(zip(names, granularities, strict=False))
+    return upload(wav_bytes(2.0), response_format=response_format, **form)
+
+
+def test_word_granularity_adds_openais_words_list(apps):
+    stt = WordedSpeechToText()
+    client, _ = apps.make(stt=stt)
+    both = client.post(
+        "/v1/audio/transcriptions", **_with_granularities(["word", "segment"], "verbose_json")
+    )
+    assert both.status == 200
+    body = both.json()
+    assert stt.requests[-1].word_timestamps
+    assert [w["word"] for w in body["words"]] == HEARD.split()
+    assert body["words"][0] == {"word": "Hello", "start": 0.0, "end": 0.5}
+    assert [s["id"] for s in body["segments"]] == [0, 1]
+    only_words = client.post(
+        "/v1/audio/transcriptions", **_with_granularities(["word"], "verbose_json")
+    ).json()
+    assert "segments" not in only_words and len(only_words["words"]) == 6
+    segments = client.post(
+        "/v1/audio/transcriptions", **_with_granularities(["segment"], "verbose_json")
+    ).json()
+    assert not stt.requests[-1].word_timestamps
+    assert "words" not in segments and len(segments["segments"]) == 2
+
+
+def test_word_granularity_without_verbose_json_gets_400(client):
+    reply = client.post("/v1/audio/transcriptions", **_with_granularities(["word"], "srt"))
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["param"] == "timestamp_granularities"
+    assert "need response_format verbose_json" in error["message"]
 
 
 def test_fields_reach_the_model(apps):

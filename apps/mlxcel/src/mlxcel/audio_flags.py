@@ -112,8 +112,9 @@ class WhisperSpeechToText:
         """
         fields = {"temperature": request.temperature} if request.temperature is not None else {}
         options = TranscribeOptions(
-            task=request.task, language=request.language, prompt=request.prompt, **fields
-        )
+            task=request.task, language=request.language, prompt=request.prompt,
+            word_timestamps=request.word_timestamps, **fields,
+        )  # fmt: skip
         transcription = transcribe(self.model, decode_audio(upload), options)
         language = LANGUAGES.get(transcription.language, transcription.language)
         return replace(transcription, language=language)

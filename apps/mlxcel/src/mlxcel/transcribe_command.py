@@ -39,6 +39,9 @@ FLAGS = (
          "repetitive or unsure text", env="MLXCEL_STT_TEMPERATURE"),
     Flag(("--response-format",), "response_format", str, "text",
          f"output format: {', '.join(TRANSCRIPT_FORMATS)}", env="MLXCEL_STT_RESPONSE_FORMAT"),
+    Flag(("--word-timestamps",), "word_timestamps", bool, False,
+         "time each word too: a top-level words list in verbose_json",
+         env="MLXCEL_STT_WORD_TIMESTAMPS", is_switch=True),
 )  # fmt: skip
 
 
@@ -63,9 +66,14 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
             f"--response-format must be one of {', '.join(TRANSCRIPT_FORMATS)}, "
             f"got {args.response_format!r}"
         )
+    if args.word_timestamps and args.response_format != "verbose_json":
+        raise UsageError(
+            f"--word-timestamps needs --response-format verbose_json, got {args.response_format!r}"
+        )
     try:
         options = TranscribeOptions(
             task=args.task, language=args.language, prompt=args.prompt,
+            word_timestamps=args.word_timestamps,
             **({} if args.temperature is None else {"temperature": args.temperature}),
         )  # fmt: skip
     except AudioInputError as error:
@@ -83,7 +91,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     named = replace(
         transcription, language=LANGUAGES.get(transcription.language, transcription.language)
     )
-    body, _ = format_transcript(named, args.response_format, args.task)
+    granularities = ("segment", "word") if args.word_timestamps else ("segment",)
+    body, _ = format_transcript(named, args.response_format, args.task, granularities)
     out.write(body if body.endswith("\n") else body + "\n")
     return 0
 

@@ -20,8 +20,20 @@ STT_ALIASES = ("whisper-1",)
 TTS_ALIASES = ("tts-1", "tts-1-hd")
 
 
+class TranscriptWord(Protocol):
+    """One timed word (times in seconds from the start of the audio)."""
+
+    @property
+    def word(self) -> str: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+
+
 class TranscriptSegment(Protocol):
-    """One timed piece of a transcript (times in seconds from the start of the audio)."""
+    """One timed piece of a transcript (times in seconds from the start of the audio); its
+    `words` are read only when word timestamps were asked for."""
 
     @property
     def id(self) -> int: ...
@@ -41,6 +53,8 @@ class TranscriptSegment(Protocol):
     def compression_ratio(self) -> float: ...
     @property
     def no_speech_prob(self) -> float: ...
+    @property
+    def words(self) -> Sequence[TranscriptWord]: ...
 
 
 class Transcript(Protocol):
@@ -66,12 +80,14 @@ class TranscriptionRequest:
         language: the spoken language's code ("en"); None detects it.
         prompt: text that precedes the audio (spelling, style, the previous part).
         temperature: one sampling temperature; None uses the model's fallback schedule.
+        word_timestamps: time each word too (the segments' `words`).
     """
 
     task: Literal["transcribe", "translate"] = "transcribe"
     language: str | None = None
     prompt: str | None = None
     temperature: float | None = None
+    word_timestamps: bool = False
 
 
 class SpeechToText(Protocol):

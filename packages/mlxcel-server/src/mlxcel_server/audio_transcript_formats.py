@@ -7,10 +7,12 @@ Content types follow OpenAI's API: `application/json` for the JSON formats and
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 from mlxcel_server.audio_models import Transcript
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
 
@@ -39,13 +41,21 @@ def _vtt(transcript: Transcript) -> str:
     return "\n".join(["WEBVTT\n", *cues])
 
 
-def _verbose(transcript: Transcript, task: str) -> dict:
-    return {
+def _verbose(transcript: Transcript, task: str, granularities: Collection[str]) -> dict:
+    body: dict = {
         "task": task,
         "language": transcript.language,
         "duration": transcript.duration,
         "text": transcript.text,
-        "segments": [
+    }
+    if "word" in granularities:
+        body["words"] = [
+            {"word": w.word.strip(), "start": w.start, "end": w.end}
+            for s in transcript.segments
+            for w in s.words
+        ]
+    if "segment" in granularities or not granularities:
+        body["segments"] = [
             {
                 "id": s.id,
                 "start": s.start,
@@ -58,17 +68,24 @@ def _verbose(transcript: Transcript, task: str) -> dict:
                 "no_speech_prob": s.no_speech_prob,
             }
             for s in transcript.segments
-        ],
-    }
+        ]
+    return body
 
 
-def format_transcript(transcript: Transcript, response_format: str, task: str) -> tuple[str, str]:
+def format_transcript(
+    transcript: Transcript,
+    response_format: str,
+    task: str,
+    granularities: Collection[str] = ("segment",),
+) -> tuple[str, str]:
     """The response body and its content type.
 
     Args:
         transcript: what the model heard.
         response_format: one of `TRANSCRIPT_FORMATS`.
         task: "transcribe" or "translate", reported by verbose_json.
+        granularities: of `GRANULARITIES`, the timestamps verbose_json lists: `segments`
+            for "segment" (or none given), a top-level `words` list for "word".
 
     Raises:
         ValueError: `response_format` is not one of `TRANSCRIPT_FORMATS`.
@@ -76,7 +93,7 @@ def format_transcript(transcript: Transcript, response_format: str, task: str) -
     if response_format == "json":
         return json.dumps({"text": transcript.text}, ensure_ascii=False), _JSON
     if response_format == "verbose_json":
-        return json.dumps(_verbose(transcript, task), ensure_ascii=False), _JSON
+        return json.dumps(_verbose(transcript, task, granularities), ensure_ascii=False), _JSON
     if response_format == "text":
         return transcript.text + "\n", _TEXT
     if response_format == "srt":

@@ -2,6 +2,7 @@
 
 from mlxcel_audio.errors import UnsupportedTaskError
 from mlxcel_audio.whisper.loading import WhisperModel, load_whisper
+from mlxcel_audio.whisper.timing import Word
 from mlxcel_audio.whisper.transcribe import Segment, TranscribeOptions, Transcription, transcribe
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "Transcription",
     "UnsupportedTaskError",
     "WhisperModel",
+    "Word",
     "load_whisper",
     "transcribe",
 ]

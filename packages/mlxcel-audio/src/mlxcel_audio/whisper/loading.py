@@ -30,6 +30,8 @@ class WhisperModel:
         suppress_tokens: token ids never sampled (the model's config, or OpenAI's
             non-speech symbols, plus the special tokens).
         begin_suppress_tokens: token ids not sampled first (blank and end of text).
+        alignment_heads: the (decoder layer, head) pairs whose cross-attention follows the
+            speech in time, used for word timestamps.
     """
 
     name: str
@@ -37,6 +39,7 @@ class WhisperModel:
     tokenizer: WhisperTokenizer
     suppress_tokens: tuple[int, ...]
     begin_suppress_tokens: tuple[int, ...]
+    alignment_heads: tuple[tuple[int, int], ...]
 
     @property
     def dims(self) -> ModelDimensions:
@@ -57,6 +60,10 @@ def load_whisper(path: str | Path) -> WhisperModel:
     - mlx-whisper: `config.json` with `n_mels`, `n_audio_ctx`, ..., `weights.safetensors`
       or `weights.npz`, and a `tokenizer.json` beside them.
 
+    The alignment heads come from `alignment_heads` in config.json (CTranslate2,
+    mlx-whisper) or generation_config.json (Hugging Face); without them, every head of the
+    second half of the decoder layers, as OpenAI's `whisper/model.py` defaults.
+
     Weights are float32 on the CPU (MLX's CPU has no fast float16), the file's dtype
     elsewhere.
 
@@ -66,7 +73,8 @@ def load_whisper(path: str | Path) -> WhisperModel:
     folder = Path(path)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is not a Whisper model folder")
-    config = _read_config(folder)
+    config = _read_config(folder / "config.json")
+    heads_config = config
     if (folder / "model.bin").is_file():
         dims, weights = _load_ctranslate2(folder)
         suppress = config.get("suppress_ids")
@@ -78,6 +86,7 @@ def load_whisper(path: str | Path) -> WhisperModel:
         )
         suppress = config.get("suppress_tokens")
         begin_suppress = config.get("begin_suppress_tokens")
+        heads_config = _read_config(folder / "generation_config.json")
     elif "n_audio_state" in config:
         dims, weights = _dims_from_mlx_whisper(config), _load_mlx_whisper(folder)
         weights.setdefault(
@@ -104,11 +113,36 @@ def load_whisper(path: str | Path) -> WhisperModel:
         tokenizer=tokenizer,
         suppress_tokens=tuple(sorted({*suppress, *specials})),
         begin_suppress_tokens=tuple(begin_suppress),
+        alignment_heads=_alignment_heads(heads_config.get("alignment_heads"), dims, folder),
     )
 
 
-def _read_config(folder: Path) -> dict:
-    path = folder / "config.json"
+def _alignment_heads(
+    given: list | None, dims: ModelDimensions, folder: Path
+) -> tuple[tuple[int, int], ...]:
+    if not given:
+        first = dims.n_text_layer // 2
+        return tuple(
+            (layer, head)
+            for layer in range(first, dims.n_text_layer)
+            for head in range(dims.n_text_head)
+        )
+    try:
+        heads = tuple((int(layer), int(head)) for layer, head in given)
+    except (TypeError, ValueError):
+        raise ModelLoadError(
+            f"alignment_heads in {folder} must be [layer, head] pairs, got {given!r}"
+        ) from None
+    for layer, head in heads:
+        if not (0 <= layer < dims.n_text_layer and 0 <= head < dims.n_text_head):
+            raise ModelLoadError(
+                f"alignment head ({layer}, {head}) in {folder} is outside the decoder's "
+                f"{dims.n_text_layer} layers of {dims.n_text_head} heads"
+            )
+    return heads
+
+
+def _read_config(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:

@@ -77,6 +77,19 @@ class MultiHeadAttention(nn.Module):
         o = mx.fast.scaled_dot_product_attention(q, kv[0], kv[1], scale=scale, mask=mask)
         return self.out(o.transpose(0, 2, 1, 3).reshape(B, L, -1)), kv
 
+    def cross_attention_scores(self, x: mx.array, kv: KVCache) -> tuple[mx.array, mx.array]:
+        """Cross-attention to `kv` computed in full, for alignment.
+
+        Returns:
+            The output (B, L, n_state), and the scaled query-key products before the
+            softmax, (B, H, L, S) float32.
+        """
+        B, L, _ = x.shape
+        q = self._split_heads(self.query(x))
+        scores = (q @ kv[0].transpose(0, 1, 3, 2)) * q.shape[-1] ** -0.5
+        o = mx.softmax(scores, axis=-1, precise=True) @ kv[1]
+        return self.out(o.transpose(0, 2, 1, 3).reshape(B, L, -1)), scores.astype(mx.float32)
+
     def _split_heads(self, x: mx.array) -> mx.array:
         B, L, _ = x.shape
         return x.reshape(B, L, self.n_head, -1).transpose(0, 2, 1, 3)
@@ -108,6 +121,17 @@ class ResidualAttentionBlock(nn.Module):
             x = x + self.cross_attn(self.cross_attn_ln(x), kv=cross_kv)[0]
         x = x + self.mlp2(nn.gelu(self.mlp1(self.mlp_ln(x))))
         return x, cache
+
+    def with_cross_attention_scores(
+        self, x: mx.array, cross_kv: KVCache, mask: mx.array | str | None
+    ) -> tuple[mx.array, mx.array]:
+        """The block without a cache, also returning its cross-attention scores
+        (B, H, L, S) before the softmax."""
+        x = x + self.attn(self.attn_ln(x), mask=mask)[0]
+        attended, scores = self.cross_attn.cross_attention_scores(self.cross_attn_ln(x), cross_kv)
+        x = x + attended
+        x = x + self.mlp2(nn.gelu(self.mlp1(self.mlp_ln(x))))
+        return x, scores
 
 
 class AudioEncoder(nn.Module):
@@ -165,6 +189,29 @@ class TextDecoder(nn.Module):
             new_cache.append(layer_cache)
         logits = self.token_embedding.as_linear(self.ln(x))
         return logits.astype(mx.float32), new_cache
+
+    def cross_attention_scores(
+        self, tokens: mx.array, cross_kv: list[KVCache]
+    ) -> tuple[mx.array, list[mx.array]]:
+        """A teacher-forced pass over known tokens, for aligning them with the audio.
+
+        Args:
+            tokens: (B, L) token ids from the start of the sequence.
+            cross_kv: from `cross_kv`.
+
+        Returns:
+            float32 logits (B, L, n_vocab), and per layer the cross-attention scores
+            (B, n_text_head, L, n_audio_ctx) before the softmax, scaled by 1/sqrt(head dim).
+        """
+        L = tokens.shape[1]
+        x = self.token_embedding(tokens) + self.positional_embedding[:L]
+        mask = "causal" if L > 1 else None
+        scores = []
+        for block, kv in zip(self.blocks, cross_kv, strict=True):
+            x, layer_scores = block.with_cross_attention_scores(x, kv, mask)
+            scores.append(layer_scores)
+        logits = self.token_embedding.as_linear(self.ln(x))
+        return logits.astype(mx.float32), scores
 
 
 class Whisper(nn.Module):

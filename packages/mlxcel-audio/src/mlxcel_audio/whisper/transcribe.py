@@ -1,7 +1,7 @@
 """Transcription of any length: 30-second windows, timestamps, temperature fallback.
 
 Source: OpenAI `whisper/transcribe.py` (`transcribe`, `decode_with_fallback`), without
-word timestamps, clip timestamps or hallucination-silence skipping.
+clip timestamps or hallucination-silence skipping.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from mlxcel_audio.whisper.decoding import (
 )
 from mlxcel_audio.whisper.languages import language_code
 from mlxcel_audio.whisper.loading import WhisperModel
+from mlxcel_audio.whisper.timing import TimedSpan, Word, add_word_timestamps
 from mlxcel_audio.whisper.tokenizer import TIME_PRECISION
 
 COMPRESSION_RATIO_THRESHOLD = 2.4  # above: repetitive, decode again hotter
@@ -41,6 +42,8 @@ class TranscribeOptions:
         prompt: text the speech continues (names, spelling, style).
         temperature: one temperature, or the fallback sequence tried in order while a
             window's text is repetitive or unsure; 0 is greedy. Each in [0, 1].
+        word_timestamps: also time each word (one more decoder pass per window); the
+            segments' times then follow their first and last words.
 
     Raises:
         AudioInputError: on construction, for an unknown task or language or a
@@ -51,6 +54,7 @@ class TranscribeOptions:
     language: str | None = None
     prompt: str | None = None
     temperature: float | tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    word_timestamps: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in ("transcribe", "translate"):
@@ -77,7 +81,8 @@ class TranscribeOptions:
 
 @dataclass(frozen=True)
 class Segment:
-    """A span of speech; times in seconds from the start of the audio."""
+    """A span of speech; times in seconds from the start of the audio; `words` is empty
+    unless word timestamps were asked for."""
 
     id: int
     start: float
@@ -88,6 +93,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: tuple[Word, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,15 +129,16 @@ def transcribe(
     prompt_reset_since = 0
     segments: list[Segment] = []
     seek = 0
+    last_speech = 0.0  # seconds: the end of the last timed segment
     while seek < content_frames:
         window_frames = min(N_FRAMES, content_frames - seek)
         cross_kv = encode_window(whisper, pad_or_trim(features[seek : seek + N_FRAMES]))
         if language is None:
             language = detect_language(whisper, cross_kv)
+        sot_sequence = _sot_sequence(whisper, language, options.task)
         result = _decode_with_fallback(
-            whisper, cross_kv, _sot_sequence(whisper, language, options.task),
-            all_tokens[prompt_reset_since:], options.temperatures,
-        )  # fmt: skip
+            whisper, cross_kv, sot_sequence, all_tokens[prompt_reset_since:], options.temperatures
+        )
         offset = seek * HOP_LENGTH / SAMPLE_RATE
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and result.avg_logprob <= LOGPROB_THRESHOLD:
             seek += window_frames
@@ -140,15 +147,24 @@ def transcribe(
             result.tokens, tokenizer.timestamp_begin, window_frames
         )
         seek += advance if advance > 0 else window_frames  # never decode a window twice
-        for start, end, tokens in spans:
-            text = tokenizer.decode(tokens)
-            if start == end or not text.strip():
-                continue
+        spans = [
+            (start, end, tokens)
+            for start, end, tokens in spans
+            if start != end and tokenizer.decode(tokens).strip()
+        ]
+        timed = [TimedSpan(round(offset + s, 3), round(offset + e, 3), ()) for s, e, _ in spans]
+        if options.word_timestamps and spans:
+            timed = add_word_timestamps(
+                whisper, cross_kv, spans, sot_sequence=sot_sequence, num_frames=window_frames,
+                time_offset=offset, language=language, last_speech_timestamp=last_speech,
+            )  # fmt: skip
+            last_speech = timed[-1].end
+        for (_, _, tokens), span in zip(spans, timed, strict=True):
             segments.append(Segment(
-                id=len(segments), start=round(offset + start, 3), end=round(offset + end, 3),
-                text=text, tokens=tokens, temperature=result.temperature,
+                id=len(segments), start=span.start, end=span.end,
+                text=tokenizer.decode(tokens), tokens=tokens, temperature=result.temperature,
                 avg_logprob=result.avg_logprob, compression_ratio=result.compression_ratio,
-                no_speech_prob=result.no_speech_prob,
+                no_speech_prob=result.no_speech_prob, words=span.words,
             ))  # fmt: skip
             all_tokens.extend(tokens)
         if result.temperature > CONDITION_TEMPERATURE_LIMIT:

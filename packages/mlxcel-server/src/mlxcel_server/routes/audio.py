@@ -35,14 +35,17 @@ from mlxcel_server.audio_speech import (
     mime_type,
     sse_stream,
 )
-from mlxcel_server.audio_transcript_formats import TRANSCRIPT_FORMATS, format_transcript
+from mlxcel_server.audio_transcript_formats import (
+    GRANULARITIES,
+    TRANSCRIPT_FORMATS,
+    format_transcript,
+)
 from mlxcel_server.audio_worker import AudioOverloadedError, AudioWorkerClosedError
 from mlxcel_server.errors import ApiError, invalid
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState
 from mlxcel_server.validation import parse_body
 
-_GRANULARITIES = ("segment", "word")
 T = TypeVar("T")
 
 
@@ -100,19 +103,21 @@ def _temperature(form: MultiDict) -> float | None:
     return value
 
 
-def _check_granularities(form: MultiDict) -> None:
+def _granularities(form: MultiDict, response_format: str) -> tuple[str, ...]:
     given = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     for granularity in given:
-        if granularity not in _GRANULARITIES:
+        if granularity not in GRANULARITIES:
             raise invalid(
                 f"timestamp_granularities: {granularity!r} is not one of segment, word",
                 "timestamp_granularities",
             )
-        if granularity == "word":
-            raise invalid(
-                "timestamp_granularities: word timestamps are not supported; use segment",
-                "timestamp_granularities",
-            )
+    if "word" in given and response_format != "verbose_json":
+        raise invalid(
+            "timestamp_granularities: word timestamps need response_format verbose_json, "
+            f"got {response_format!r}",
+            "timestamp_granularities",
+        )
+    return tuple(given)
 
 
 async def _read_upload(settings: ServerSettings) -> tuple[bytes, MultiDict]:
@@ -195,12 +200,13 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 f"got {response_format!r}",
                 "response_format",
             )
-        _check_granularities(form)
+        granularities = _granularities(form, response_format)
         options = TranscriptionRequest(
             task="translate" if task == "translate" else "transcribe",
             language=form.get("language") or None,
             prompt=form.get("prompt") or None,
             temperature=_temperature(form),
+            word_timestamps="word" in granularities,
         )
         results = _submit(audio, _transcription_work(audio, audio.stt, data, options))
         try:
@@ -209,7 +215,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             raise invalid(str(error)) from error
         finally:
             await results.aclose()
-        body, content_type = format_transcript(transcript, response_format, task)
+        body, content_type = format_transcript(transcript, response_format, task, granularities)
         return Response(body, content_type=content_type)
 
     async def transcriptions() -> Response:
