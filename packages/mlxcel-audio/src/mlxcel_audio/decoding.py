@@ -29,7 +29,8 @@ def decode_audio(data: bytes, *, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
         float32 samples in [-1, 1], shape (num_samples,).
 
     Raises:
-        AudioInputError: the bytes are empty, truncated or not audio, or hold no samples.
+        AudioInputError: the bytes are empty, truncated or not audio, or hold no samples, or
+            samples that are NaN or infinite.
         MissingDecoderError: the container needs PyAV and it is not installed.
     """
     if not data:
@@ -40,6 +41,11 @@ def decode_audio(data: bytes, *, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
         samples, rate = _read_with_pyav(data)
     if samples.size == 0:
         raise AudioInputError("the audio file holds no samples")
+    # Float WAVs can store NaN and infinity; one such sample poisons every mel frame of its
+    # window, and Whisper then decodes noise as text.
+    non_finite = samples.size - int(np.isfinite(samples).sum())
+    if non_finite:
+        raise AudioInputError(f"the audio file holds {non_finite} samples that are NaN or infinite")
     if rate != sample_rate:
         samples = soxr.resample(samples, rate, sample_rate)
     return np.clip(samples, -1.0, 1.0).astype(np.float32, copy=False)

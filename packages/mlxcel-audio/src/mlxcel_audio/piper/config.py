@@ -65,8 +65,10 @@ def read_voice_config(path: Path) -> VoiceConfig:
             vowel_clusters=frozenset(tuple(c) for c in raw.get("vowel_clusters", ())),
             speaker_ids=dict(raw.get("speaker_id_map", {})),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise VoiceLoadError(f"the voice config {path} is incomplete: {error!r}") from None
+    except KeyError as error:
+        raise VoiceLoadError(f"the voice config {path} lacks the field {error.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as error:
+        raise VoiceLoadError(f"the voice config {path} has a malformed field: {error}") from None
     if phoneme_type not in PHONEME_TYPES:
         raise VoiceLoadError(
             f"the voice config {path} has phoneme_type {phoneme_type!r}; "
