@@ -314,3 +314,15 @@ def test_models_and_health_list_the_speech_models(client):
     assert ids == ["tiny", "whisper-fake.en", "en_US-fake-medium"]
     health = client.get("/health").json()
     assert health == {"status": "ok", "audio_models": ["whisper-fake.en", "en_US-fake-medium"]}
+
+
+def test_a_speed_that_is_not_a_number_is_named_as_such(client):
+    # Python's json module writes NaN, and the server's parser reads it back.
+    reply = client.post("/v1/audio/speech", json={"input": "Hi.", "speed": float("nan")})
+    assert reply.status == 400
+    assert reply.json()["error"] == {
+        "code": None,
+        "message": "speed: Input should be a finite number",
+        "param": "speed",
+        "type": "invalid_request_error",
+    }

@@ -50,7 +50,7 @@ class SpeechRequest(BaseModel):
     input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
     model: str | None = None
     voice: str | None = None
-    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED)
+    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     stream_format: Literal["audio", "sse"] = "audio"
 
