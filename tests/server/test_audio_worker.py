@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from audio_app import AudioApps, upload
 from audio_fakes import FakeSpeechToText, FakeVoice, wav_bytes
 from quart.testing.utils import make_test_body_with_headers
 
+from mlxcel_server.audio_totals import AudioTotals
 from mlxcel_server.audio_worker import AudioWorker, AudioWorkerClosedError
+from mlxcel_server.routes.audio import speech_work
 
 WAIT_SECONDS = 10.0
 
@@ -130,3 +133,14 @@ def test_metrics_count_requests_and_audio_seconds(apps):
     processing = 'mlxcel:audio_processing_seconds_total{direction="transcribed"}'
     assert _metric(text, processing) > 0
     assert _metric(text, "mlxcel:audio_requests_deferred") == 0
+
+
+def test_a_speech_stream_left_after_its_first_sentence_is_counted_as_far_as_it_went():
+    audio = SimpleNamespace(totals=AudioTotals())
+    voice = FakeVoice()
+    sentences = speech_work(audio, voice, "One. Two. Three.", None, 1.0)()
+    first = next(sentences)
+    sentences.close()  # the client went away
+    totals = audio.totals.snapshot()
+    assert totals.requests == {"speech": 1}
+    assert totals.audio_seconds["synthesized"] == pytest.approx(len(first) / voice.sample_rate)

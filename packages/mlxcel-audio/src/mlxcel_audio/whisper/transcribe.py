@@ -132,6 +132,10 @@ def transcribe(
     last_speech = 0.0  # seconds: the end of the last timed segment
     while seek < content_frames:
         window_frames = min(N_FRAMES, content_frames - seek)
+        # Digital silence: Whisper would hallucinate words ("you") into it.
+        if not np.any(audio[seek * HOP_LENGTH : (seek + window_frames) * HOP_LENGTH]):
+            seek += window_frames
+            continue
         cross_kv = encode_window(whisper, pad_or_trim(features[seek : seek + N_FRAMES]))
         if language is None:
             language = detect_language(whisper, cross_kv)
@@ -152,7 +156,12 @@ def transcribe(
             for start, end, tokens in spans
             if start != end and tokenizer.decode(tokens).strip()
         ]
-        timed = [TimedSpan(round(offset + s, 3), round(offset + e, 3), ()) for s, e, _ in spans]
+        # A closing timestamp token may lie past the end of the audio.
+        duration = len(audio) / SAMPLE_RATE
+        timed = [
+            TimedSpan(round(offset + s, 3), round(min(offset + e, duration), 3), ())
+            for s, e, _ in spans
+        ]
         if options.word_timestamps and spans:
             timed = add_word_timestamps(
                 whisper, cross_kv, spans, sot_sequence=sot_sequence, num_frames=window_frames,
@@ -181,10 +190,10 @@ def _check_task(whisper: WhisperModel, options: TranscribeOptions) -> None:
     if whisper.is_multilingual:
         return
     if options.task == "translate":
-        raise UnsupportedTaskError(f"the model {whisper.name} is English-only: it cannot translate")
+        raise UnsupportedTaskError("this Whisper model is English-only: it cannot translate")
     if options.language not in (None, "en"):
         raise UnsupportedTaskError(
-            f"the model {whisper.name} is English-only: it cannot transcribe {options.language!r}"
+            f"this Whisper model is English-only: it cannot transcribe {options.language!r}"
         )
 
 

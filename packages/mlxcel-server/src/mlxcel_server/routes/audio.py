@@ -154,21 +154,26 @@ def _transcription_work(
     return work
 
 
-def _speech_work(
+def speech_work(
     audio: ServingAudio, tts: TextToSpeech, text: str, speaker: str | None, speed: float
 ) -> Callable[[], Iterator[np.ndarray]]:
+    """The worker's job for one speech request: `text` spoken sentence by sentence, counted
+    in `audio.totals` when it ends, finished or abandoned."""
+
     def work() -> Iterator[np.ndarray]:
         started = time.perf_counter()
         num_samples = 0
-        for samples in tts.synthesize(text, speaker=speaker, speed=speed):
-            num_samples += len(samples)
-            yield samples
-        audio.totals.record(
-            "speech",
-            "synthesized",
-            audio_seconds=num_samples / tts.sample_rate,
-            processing_seconds=time.perf_counter() - started,
-        )
+        try:
+            for samples in tts.synthesize(text, speaker=speaker, speed=speed):
+                num_samples += len(samples)
+                yield samples
+        finally:  # a stream the client abandoned counts as far as it was spoken
+            audio.totals.record(
+                "speech",
+                "synthesized",
+                audio_seconds=num_samples / tts.sample_rate,
+                processing_seconds=time.perf_counter() - started,
+            )
 
     return work
 
@@ -235,7 +240,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         speaker = choose_speaker(voice, body.voice)
         if not body.input.strip():
             raise invalid("input holds no text to speak", "input")
-        spoken = _submit(audio, _speech_work(audio, voice, body.input, speaker, body.speed))
+        spoken = _submit(audio, speech_work(audio, voice, body.input, speaker, body.speed))
         # The first sentence is awaited before answering, so text the voice cannot speak
         # is a 400 rather than a cut-off 200.
         try:
