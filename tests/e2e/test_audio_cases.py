@@ -19,7 +19,7 @@ import soundfile
 
 from live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 HELLO = "hello world, this is a test"
 LONGER = (
