@@ -66,7 +66,7 @@ def thinking_model(tiny_gguf):
 
 @pytest.fixture
 def generate(monkeypatch, thinking_model, tiny_gguf):
-    monkeypatch.setattr(generate_command, "load_for_command", lambda *_, **__: thinking_model)
+    monkeypatch.setattr(generate_command, "load_target_model", lambda *_, **__: thinking_model)
 
     def run(*flags: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
         argv = ("generate", "-m", str(tiny_gguf), "-p", "Hi", "--temp", "0", "-n", "16")
@@ -100,7 +100,7 @@ def test_generate_reasoning_budget(generate):
 def test_batch_replies_keep_the_reasoning_apart(
     monkeypatch, thinking_model, tiny_gguf, tmp_path, flags, reasoning
 ):
-    monkeypatch.setattr(generate_command, "load_for_command", lambda *_, **__: thinking_model)
+    monkeypatch.setattr(generate_command, "load_target_model", lambda *_, **__: thinking_model)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Hi\nHello\n")
     code, out, _ = run_cli(

@@ -32,7 +32,7 @@ def thinking_model(tiny_gguf):
 
 @pytest.fixture
 def chat(monkeypatch, thinking_model, tiny_gguf):
-    monkeypatch.setattr(run_command, "load_for_command", lambda *_, **__: thinking_model)
+    monkeypatch.setattr(run_command, "load_target_model", lambda *_, **__: thinking_model)
 
     def run(*flags: str, stdin: str = "Hi\nHello\n", environ=None) -> tuple[int, str, str]:
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))

@@ -26,6 +26,7 @@ def run(*argv: str, environ: dict | None = None) -> tuple[int, str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_every_response_format(hello_wav, tiny_en_path):
     outputs = {}
     for response_format in ("text", "verbose_json", "srt", "vtt"):

@@ -12,7 +12,7 @@ from mlxcel_audio.features import N_SAMPLES, log_mel_spectrogram, pad_or_trim
 from mlxcel_audio.whisper import transcribe
 from mlxcel_audio.whisper.decoding import decode_window, encode_window
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 CLIPS = {"hello": (HELLO,), "sentences": SENTENCES}
 
 

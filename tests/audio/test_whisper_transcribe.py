@@ -14,6 +14,7 @@ from mlxcel_audio.whisper import TranscribeOptions, UnsupportedTaskError, transc
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["mp3", "flac", "ogg", "m4a", "webm"])
 def test_every_container_transcribes_to_the_same_text(tiny_en, name):
     # wav is the clip itself (test_whisper_parity.py); mp4 holds the same AAC as m4a.
@@ -21,6 +22,7 @@ def test_every_container_transcribes_to_the_same_text(tiny_en, name):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_long_audio_is_transcribed_in_windows_with_increasing_timestamps(tiny_en):
     audio = long_speech()
     assert len(audio) > 30 * 16_000
@@ -71,6 +73,7 @@ def test_language_names_become_codes():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_prompt_sets_the_style(tiny_en):
     audio = decode_audio(encoded("flac"))  # unprompted: HELLO as written
     shouted = transcribe(tiny_en, audio, TranscribeOptions(prompt=HELLO.upper()))

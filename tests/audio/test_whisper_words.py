@@ -115,6 +115,7 @@ def test_the_alignment_pass_gives_the_decoders_logits_and_attention(tmp_path, ti
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_words_are_the_transcript_in_order_inside_their_segments(timed):
     all_words = [word for segment in timed.segments for word in segment.words]
     assert words("".join(word.word for word in all_words)) == words(timed.text)
@@ -128,6 +129,7 @@ def test_words_are_the_transcript_in_order_inside_their_segments(timed):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_second_sentence_starts_after_the_pause(timed, two_sentences):
     _, resumes = two_sentences
     all_words = [word for segment in timed.segments for word in segment.words]
@@ -138,6 +140,7 @@ def test_the_second_sentence_starts_after_the_pause(timed, two_sentences):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_word_starts_match_ctranslate2s_alignment(tiny_en, tiny_en_path, two_sentences):
     audio, _ = two_sentences
     features = log_mel_spectrogram(audio, padding=N_SAMPLES)
@@ -159,6 +162,7 @@ def test_word_starts_match_ctranslate2s_alignment(tiny_en, tiny_en_path, two_sen
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_server_adapter_times_words_when_asked(tiny_en):
     data = io.BytesIO()
     soundfile.write(data, speech(HELLO), SAMPLE_RATE, format="WAV")
@@ -169,6 +173,7 @@ def test_the_server_adapter_times_words_when_asked(tiny_en):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_transcribe_command_lists_words_in_verbose_json(tmp_path, tiny_en_path):
     path = tmp_path / "hello.wav"
     soundfile.write(path, speech(HELLO), SAMPLE_RATE)
