@@ -4,12 +4,10 @@ reasoning flags."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 
 import pytest
-from reasoning_factories import THINKING_TEMPLATE, SuccessorModel, chain, make_tokenizer
 from test_cli import assert_one_line_error, run_cli
 
 from mlxcel import generate_command, serve_command
@@ -17,7 +15,6 @@ from mlxcel.cli import make_parser
 from mlxcel.flags import UsageError, resolve_defaults
 from mlxcel.reasoning_display import DIM, RESET, ReasoningDisplay
 from mlxcel_core.reasoning import ReasoningMarkers, ReasoningPhase
-from mlxcel_models.loading.loader import load_model
 from mlxcel_server.reasoning import ReasoningFormat
 
 THINK = ReasoningMarkers("<think>", "</think>")
@@ -50,18 +47,6 @@ def test_shown_reasoning_is_dimmed_for_a_terminal():
 
 def test_without_markers_the_text_prints_as_it_is():
     assert display(REPLY, markers=None) == REPLY
-
-
-@pytest.fixture(scope="module")
-def thinking_model(tiny_gguf):
-    """The tiny model with a thinking template, its network replaced by one that replies
-    `Plan</think>OK` after the template's `<think>\\n`."""
-    tokenizer = make_tokenizer(tiny_gguf, THINKING_TEMPLATE)
-    reply = [*tokenizer.encode("Plan</think>OK")]
-    (newline,) = tokenizer.encode("\n")
-    (im_end,) = tokenizer.encode("<|im_end|>")
-    model = SuccessorModel(chain(newline, reply), tokenizer.vocab_size, im_end)
-    return dataclasses.replace(load_model(tiny_gguf), model=model, tokenizer=tokenizer)
 
 
 @pytest.fixture
