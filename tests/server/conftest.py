@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 
 import pytest
 from reasoning_clients import scripted_engine, with_tokenizer
 from reasoning_factories import THINKING_TEMPLATE
-from test_chat_tools import ScriptedEngine
+from test_chat_tools import TWO_CALLS, ScriptedEngine
 from werkzeug.datastructures import Headers
 
 from mlxcel_core.engine import Engine
+from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.loading.loader import load_model
+from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
+
+from factories import HERMES_TEMPLATE
 
 
 @dataclass(frozen=True)
@@ -114,5 +119,23 @@ def make_replay_client(make_client, thinking_loaded):
     def make(reply: str, **settings) -> tuple:
         engine = ScriptedEngine(reply)
         return make_client(1024, loaded=thinking_loaded, engine=engine, **settings), engine
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def hermes_loaded(tiny_gguf, tiny_loaded):
+    """The tiny model with a Hermes/Qwen-style tool-calling template."""
+    metadata = {**read_gguf(tiny_gguf).metadata, "tokenizer.chat_template": HERMES_TEMPLATE}
+    return dataclasses.replace(tiny_loaded, tokenizer=Tokenizer.from_gguf_metadata(metadata))
+
+
+@pytest.fixture
+def make_tool_client(make_client, hermes_loaded):
+    """An app on the Hermes model whose engine replays `reply` (default: two tool calls)."""
+
+    def make(reply: str = TWO_CALLS):
+        engine = ScriptedEngine(reply)
+        return make_client(1024, loaded=hermes_loaded, engine=engine), engine
 
     return make

@@ -5,20 +5,15 @@ Plain generation runs the tiny random model greedily; tool calls come from the s
 of the chat tool tests, replaying Hermes markup, with prompts rendered by a Hermes template.
 """
 
-import dataclasses
 import json
 
 import pytest
-from test_chat_tools import TWO_CALLS, ScriptedEngine
+from test_chat_tools import TWO_CALLS
 
 from mlxcel_core.engine import EngineOutput, EngineOverloadedError, RequestHandle
 from mlxcel_core.generate import FinishReason
-from mlxcel_models.loading.gguf_file import read_gguf
-from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.anthropic_api.conversation import ERROR_RESULT_PREFIX
 from mlxcel_server.anthropic_api.stop_reason import Ending, EndingTracker
-
-from factories import HERMES_TEMPLATE
 
 MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
@@ -304,21 +299,6 @@ def test_requests_count_in_the_server_totals(make_client):
     metrics = client.get("/metrics").body.decode()
     (line,) = [m for m in metrics.splitlines() if m.startswith("llamacpp:tokens_predicted_total")]
     assert float(line.split()[-1]) == 5
-
-
-@pytest.fixture(scope="module")
-def hermes_loaded(tiny_gguf, tiny_loaded):
-    metadata = {**read_gguf(tiny_gguf).metadata, "tokenizer.chat_template": HERMES_TEMPLATE}
-    return dataclasses.replace(tiny_loaded, tokenizer=Tokenizer.from_gguf_metadata(metadata))
-
-
-@pytest.fixture
-def make_tool_client(make_client, hermes_loaded):
-    def make(reply: str = TWO_CALLS):
-        engine = ScriptedEngine(reply)
-        return make_client(1024, loaded=hermes_loaded, engine=engine), engine
-
-    return make
 
 
 def ask(client, **fields):

@@ -4,7 +4,6 @@ A random model never writes tool markup, so the engine here replays a fixed repl
 (split inside the markup) while the tiny model's tokenizer renders the prompts.
 """
 
-import dataclasses
 import json
 from collections.abc import Sequence
 
@@ -12,10 +11,6 @@ import pytest
 
 from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
 from mlxcel_core.generate import FinishReason, GenerationStats
-from mlxcel_models.loading.gguf_file import read_gguf
-from mlxcel_models.tokenizer import Tokenizer
-
-from factories import HERMES_TEMPLATE
 
 TWO_CALLS = (
     "I'll check both cities.\n"
@@ -60,21 +55,6 @@ class ScriptedEngine:
 
     def shutdown(self, timeout: float | None = None) -> None:
         return None
-
-
-@pytest.fixture(scope="module")
-def hermes_loaded(tiny_gguf, tiny_loaded):
-    metadata = {**read_gguf(tiny_gguf).metadata, "tokenizer.chat_template": HERMES_TEMPLATE}
-    return dataclasses.replace(tiny_loaded, tokenizer=Tokenizer.from_gguf_metadata(metadata))
-
-
-@pytest.fixture
-def make_tool_client(make_client, hermes_loaded):
-    def make(reply: str = TWO_CALLS):
-        engine = ScriptedEngine(reply)
-        return make_client(1024, loaded=hermes_loaded, engine=engine), engine
-
-    return make
 
 
 def ask(client, **fields):
