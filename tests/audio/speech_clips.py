@@ -3,7 +3,6 @@ implementation), resampled to 16 kHz; cached per process."""
 
 from __future__ import annotations
 
-import re
 from functools import cache
 
 import numpy as np
@@ -45,22 +44,3 @@ def long_speech(seconds_of_silence: float = 3.0) -> np.ndarray:
     for text in LONG_TEXTS:
         parts += [speech(text), silence]
     return np.concatenate(parts)
-
-
-def words(text: str) -> list[str]:
-    """Lower-case words without punctuation."""
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Levenshtein distance over words, divided by the reference's word count."""
-    ref, hyp = words(reference), words(hypothesis)
-    distances = list(range(len(hyp) + 1))
-    for i, ref_word in enumerate(ref, 1):
-        previous, distances[0] = distances[0], i
-        for j, hyp_word in enumerate(hyp, 1):
-            previous, distances[j] = (
-                distances[j],
-                min(distances[j] + 1, distances[j - 1] + 1, previous + (ref_word != hyp_word)),
-            )
-    return distances[-1] / max(len(ref), 1)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ctranslate2
 import numpy as np
 import pytest
-from speech_clips import HELLO, SENTENCES, speech, word_error_rate
+from speech_clips import HELLO, SENTENCES, speech
+from word_errors import word_error_rate
 
 from mlxcel_audio.features import N_SAMPLES, log_mel_spectrogram, pad_or_trim
 from mlxcel_audio.whisper import transcribe

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from speech_clips import HELLO, LONG_TEXTS, long_speech, word_error_rate
+from speech_clips import HELLO, LONG_TEXTS, long_speech
 from test_decoding import encoded
+from word_errors import word_error_rate
 
 from mlxcel_audio.decoding import decode_audio
 from mlxcel_audio.errors import AudioInputError

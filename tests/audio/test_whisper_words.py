@@ -13,8 +13,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import soundfile
-from speech_clips import HELLO, SAMPLE_RATE, SENTENCES, speech, words
+from speech_clips import HELLO, SAMPLE_RATE, SENTENCES, speech
 from test_whisper_loading import random_weights, write_hugging_face, write_mlx_whisper
+from word_errors import words
 
 from mlxcel.audio_flags import WhisperSpeechToText
 from mlxcel.cli import main
