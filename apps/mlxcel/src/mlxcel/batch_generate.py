@@ -13,15 +13,13 @@ import time
 from typing import TextIO
 
 from mlxcel.engine_flags import open_engine
+from mlxcel.engine_outputs import next_output
 from mlxcel.flags import InputError, RunError
 from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import EngineConfig, EngineOutput, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
-
-# A reply's outputs never stop coming for this long while the engine is healthy.
-OUTPUT_TIMEOUT_SECONDS = 600.0
 
 
 def read_prompts(text: str, path: str) -> list[str]:
@@ -136,7 +134,7 @@ def _write_in_order(
     replies: dict[int, dict] = {}
     written = 0
     while written < len(prompts):
-        output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
+        output: EngineOutput = next_output(sink)
         if output.error is not None:
             raise RunError(f"prompt {output.index + 1} failed: {output.error}")
         splitter = splitters.get(output.index)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlxcel.batch_generate import OUTPUT_TIMEOUT_SECONDS
+from mlxcel.engine_outputs import next_output
 from mlxcel.flags import RunError
 from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import Engine, EngineOutput, EngineRequest, OutputQueue
@@ -59,7 +59,7 @@ def stream_reply(
     handle = engine.submit([request], sink)
     try:
         while True:
-            output = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
+            output = next_output(sink)
             if output.error is not None:
                 raise RunError(f"generation failed: {output.error}")
             on_text(output.text)
@@ -67,6 +67,6 @@ def stream_reply(
                 return output
     except KeyboardInterrupt:
         handle.cancel()
-        while not sink.get(timeout=OUTPUT_TIMEOUT_SECONDS).finished:
+        while not next_output(sink).finished:
             pass
         raise
