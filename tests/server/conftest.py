@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 from reasoning_clients import scripted_engine, with_tokenizer
 from reasoning_factories import THINKING_TEMPLATE
-from test_chat_tools import TWO_CALLS, ScriptedEngine
+from replay_engine import TWO_CALLS, ScriptedEngine
 from werkzeug.datastructures import Headers
 
 from mlxcel_core.engine import Engine

@@ -8,7 +8,7 @@ of the chat tool tests, replaying Hermes markup, with prompts rendered by a Herm
 import json
 
 import pytest
-from test_chat_tools import TWO_CALLS
+from replay_engine import TWO_CALLS
 
 from mlxcel_core.engine import EngineOutput, EngineOverloadedError, RequestHandle
 from mlxcel_core.generate import FinishReason

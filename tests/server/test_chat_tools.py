@@ -5,19 +5,10 @@ A random model never writes tool markup, so the engine here replays a fixed repl
 """
 
 import json
-from collections.abc import Sequence
 
 import pytest
+from replay_engine import TWO_CALLS
 
-from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
-from mlxcel_core.generate import FinishReason, GenerationStats
-
-TWO_CALLS = (
-    "I'll check both cities.\n"
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "°C"}}\n'
-    "</tool_call>"
-)
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -32,29 +23,6 @@ WEATHER_TOOL = {
 }
 ASK = [{"role": "user", "content": "Weather in Paris and Tokyo?"}]
 CHAT = "/v1/chat/completions"
-
-
-class ScriptedEngine:
-    """Answers every request with `reply`, sent in pieces of `piece_size` characters."""
-
-    def __init__(self, reply: str, piece_size: int = 7) -> None:
-        self.reply = reply
-        self.piece_size = piece_size
-        self.prompts: list[tuple[int, ...]] = []
-
-    def submit(self, requests: Sequence[EngineRequest], sink: OutputSink) -> RequestHandle:
-        for request in requests:
-            self.prompts.append(request.prompt_ids)
-            for start in range(0, len(self.reply), self.piece_size):
-                piece = self.reply[start : start + self.piece_size]
-                sink.put(EngineOutput(index=request.index, text=piece, token_id=0))
-            stats = GenerationStats(len(request.prompt_ids), 0.01, 10, 0.01, 0)
-            stop = EngineOutput(index=request.index, finish_reason=FinishReason.STOP, stats=stats)
-            sink.put(stop)
-        return RequestHandle(len(self.prompts))
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        return None
 
 
 def ask(client, **fields):
