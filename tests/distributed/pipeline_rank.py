@@ -8,7 +8,6 @@ before and after building its stage, and how many layers it caches to OUTPUT's f
 rank-RANK.json.
 
     python pipeline_rank.py OUTPUT --cache dense|paged [--reference] [--decode-steps N]
-        [--repeat-prompt K]  (each prompt's text K times, for timing longer prefills)
 
 - dense: one prompt, prefilled in two chunks (the first with logits for every position),
   then N decode steps, over the stage's DenseKVCache caches.
@@ -21,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -56,33 +54,33 @@ def next_tokens(group: mx.distributed.Group | None, logits: mx.array) -> list[in
     return mx.distributed.all_sum(picks, group=group).tolist()
 
 
-def run_dense(model: LanguageModel, group, prompt: list[int], num_steps: int) -> dict:
+def run_dense(
+    model: LanguageModel, group: mx.distributed.Group | None, prompt: list[int], num_steps: int
+) -> dict[str, np.ndarray]:
     cache = model.make_cache()
     split = len(prompt) // 2
-    start = time.perf_counter()
     first = model(mx.array([prompt[:split]]), cache)
     last = model(mx.array([prompt[split:]]), cache, last_only=True)
     mx.eval(first, last)
-    prefill_seconds = time.perf_counter() - start
     step_logits = [last[:, -1]]
     tokens = [next_tokens(group, last[:, -1])]
-    start = time.perf_counter()
     for _ in range(num_steps):
         logits = model(mx.array([tokens[-1]]), cache, last_only=True)[:, -1]
         step_logits.append(logits)
         tokens.append(next_tokens(group, logits))
-    decode_seconds = time.perf_counter() - start
     return {
         "prefill_logits": np.array(first),
         "step_logits": np.stack([np.array(x) for x in step_logits]),
         "tokens": np.array(tokens),
-        "prefill_seconds": prefill_seconds,
-        "decode_seconds": decode_seconds,
-        "num_prompt_tokens": len(prompt),
     }
 
 
-def run_paged(model: LanguageModel, group, prompts: list[list[int]], num_steps: int) -> dict:
+def run_paged(
+    model: LanguageModel,
+    group: mx.distributed.Group | None,
+    prompts: list[list[int]],
+    num_steps: int,
+) -> dict[str, np.ndarray]:
     profile = profile_model(model, max(map(len, prompts)))
     blocks_per_row = -(-(max(map(len, prompts)) + num_steps + 1) // BLOCK_SIZE)
     storage = PagedKVStorage(profile.layers, BLOCK_SIZE, 1 + blocks_per_row * len(prompts))
@@ -92,15 +90,12 @@ def run_paged(model: LanguageModel, group, prompts: list[list[int]], num_steps: 
         list(range(1 + row * blocks_per_row, 1 + (row + 1) * blocks_per_row))
         for row in range(len(prompts))
     ]
-    start = time.perf_counter()
     step = runner.run([RowInput(p, tables[i], 0) for i, p in enumerate(prompts)])
     logits = step.last(range(len(prompts)))
     mx.eval(logits, storage.arrays())
-    prefill_seconds = time.perf_counter() - start
     offsets = [len(p) for p in prompts]
     step_logits = [logits]
     tokens = [next_tokens(group, logits)]
-    start = time.perf_counter()
     for _ in range(num_steps):
         rows = [RowInput([t], tables[i], offsets[i]) for i, t in enumerate(tokens[-1])]
         logits = runner.run(rows).last(range(len(rows)))
@@ -108,14 +103,10 @@ def run_paged(model: LanguageModel, group, prompts: list[list[int]], num_steps: 
         offsets = [offset + 1 for offset in offsets]
         step_logits.append(logits)
         tokens.append(next_tokens(group, logits))
-    decode_seconds = time.perf_counter() - start
     return {
-        "num_profiled_layers": len(profile.layers),
+        "num_profiled_layers": np.array(len(profile.layers)),
         "step_logits": np.stack([np.array(x) for x in step_logits]),
         "tokens": np.array(tokens),
-        "prefill_seconds": prefill_seconds,
-        "decode_seconds": decode_seconds,
-        "num_prompt_tokens": sum(map(len, prompts)),
     }
 
 
@@ -125,13 +116,11 @@ def main() -> None:
     parser.add_argument("--cache", choices=("dense", "paged"), required=True)
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--decode-steps", type=int, default=6)
-    parser.add_argument("--repeat-prompt", type=int, default=1)
     args = parser.parse_args()
     group = None if args.reference else mx.distributed.init(backend="ring", strict=True)
     loaded = load_model(default_model_path())
     prompts = [
-        loaded.tokenizer.encode_chat([{"role": "user", "content": text * args.repeat_prompt}])
-        for text in PROMPTS
+        loaded.tokenizer.encode_chat([{"role": "user", "content": text}]) for text in PROMPTS
     ]
     memory_before = mx.get_active_memory()
     model: LanguageModel = loaded.model

@@ -75,7 +75,8 @@ def test_the_largest_stage_is_as_small_as_any_split_allows(seed):
         ([1, 2, 3], 4, (), r"number of layers \(3\), got 4"),
         ([], 1, (), "at least one layer"),
         ([1, 2, 3], 2, [0], r"one entry per stage \(2\), got 1"),
-        ([1, -2, 3], 2, (), "must be >= 0"),
+        ([1, -2, 3], 2, (), "layer_bytes must all be >= 0, got -2"),
+        ([1, 2, 3], 2, [0, -5], "stage_bytes must all be >= 0, got -5"),
     ],
 )
 def test_bad_arguments_raise_value_errors(layer_bytes, num_stages, stage_bytes, message):

@@ -50,8 +50,9 @@ def split_layers(
         raise ValueError(
             f"stage_bytes must hold one entry per stage ({num_stages}), got {len(fixed)}"
         )
-    if min(layer_bytes) < 0 or min(fixed) < 0:
-        raise ValueError("layer_bytes and stage_bytes must be >= 0")
+    for name, sizes in (("layer_bytes", layer_bytes), ("stage_bytes", fixed)):
+        if min(sizes) < 0:
+            raise ValueError(f"{name} must all be >= 0, got {min(sizes)}")
     prefix = [0]
     for size in layer_bytes:
         prefix.append(prefix[-1] + size)
