@@ -121,6 +121,8 @@ class PipelineStage:
             del body.norm
             if not tied:
                 del module.lm_head
+        # Hand the dropped weights' buffers back to the system, not to MLX's buffer cache.
+        mx.clear_cache()
 
     def make_cache(self) -> list[KVCache]:
         """One empty dense KV cache per layer this rank runs."""
