@@ -1,0 +1,231 @@
+"""One rank's pipeline-parallel stage of an mlx-lm decoder, over `mx.distributed`.
+
+Rank r of a group of P owns a contiguous range of the decoder's layers. Every rank is
+called with the same tokens, in the same order: rank 0 embeds them, each rank runs its
+layers over its own KV caches and sends the hidden states to rank r + 1, and the last rank
+applies the final norm and the LM head and sends the logits back to rank 0, which samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from mlxcel_core.cache import AttentionMask, DenseKVCache, KVCache
+from mlxcel_distributed.pipeline_split import split_layers
+from mlxcel_models.language_model import MlxLmLanguageModel
+
+LayerWindows = Callable[[nn.Module], list[int | None]]
+"""Per decoder layer, its attention window: None for full attention."""
+
+
+def _llama_windows(module: nn.Module) -> list[int | None]:
+    body = module.model
+    return [body.sliding_window if layer.use_sliding else None for layer in body.layers]
+
+
+def _full_attention_windows(module: nn.Module) -> list[int | None]:
+    return [None] * len(module.model.layers)
+
+
+# Families whose mlx-lm body is embed -> one mask per attention kind, taken from the layer
+# caches -> layer(h, mask, cache) in order -> norm, with a tied or separate LM head.
+PIPELINE_FAMILIES: dict[str, LayerWindows] = {
+    "llama": _llama_windows,
+    "mistral": _llama_windows,
+    "qwen2": _full_attention_windows,
+    "qwen3": _full_attention_windows,
+}
+
+
+def _nbytes(module: nn.Module) -> int:
+    return sum(array.nbytes for _, array in tree_flatten(module.parameters()))
+
+
+def _check_family(model_type: str) -> None:
+    if model_type not in PIPELINE_FAMILIES:
+        raise ValueError(
+            f"pipeline parallelism does not support model type '{model_type}'; "
+            f"supported: {', '.join(sorted(PIPELINE_FAMILIES))}"
+        )
+
+
+class PipelineStage:
+    """Rank `rank`'s stage of a pipeline over `group`: a `LanguageModel` for its layers.
+
+    Every rank must make the same calls with the same token shapes in the same order (the
+    lockstep the engine keeps); transfers are matched by that order alone. Each transfer is
+    therefore evaluated when it is issued: left lazy, the transfers of two forward passes
+    evaluated together (a step's decode batch and a prefill chunk) could run in either
+    order, on one rank one way and on the next the other.
+
+    What `__call__` returns, for (B, L) tokens (N = 1 with `last_only`, else L):
+        - rank 0: the model's logits (B, N, V), received from the last rank (computed
+          there when P = 1); equal to one process's logits.
+        - the last rank (P > 1): the same logits, which it computed and sent.
+        - any other rank: zeros broadcast to (B, N, V), never materialized.
+    Logits are always computed and sent, so a caller that discards them (the middle chunks
+    of a chunked prefill) should pass `last_only=True` to send one position, not L.
+
+    Building a stage consumes `module`: the decoder layers it does not own become None
+    (layer numbering, hence parameter names, is kept, as mlx-lm's pipeline does), and the
+    embedding, final norm and LM head are removed from ranks that do not use them, so their
+    weights are freed once no other reference holds them.
+
+    Args:
+        module: an mlx-lm `Model` of a family in `PIPELINE_FAMILIES`, weights loaded.
+        layers: the global indices of the layers this rank runs (from `split_layers`).
+        group: the pipeline's group; rank r runs after rank r - 1.
+
+    Raises:
+        ValueError: the model type is not in `PIPELINE_FAMILIES`, or `layers` is empty or
+            not within the model's layers.
+    """
+
+    def __init__(self, module: nn.Module, layers: range, group: mx.distributed.Group) -> None:
+        model_type = module.args.model_type
+        _check_family(model_type)
+        body = module.model
+        num_layers = len(body.layers)
+        if len(layers) == 0 or layers.start < 0 or layers.stop > num_layers or layers.step != 1:
+            raise ValueError(
+                f"layers must be a non-empty contiguous range within 0..{num_layers - 1}, "
+                f"got {layers}"
+            )
+        self.group = group
+        self.rank = group.rank()
+        self.num_stages = group.size()
+        self.layers = layers
+        self.is_first = self.rank == 0
+        self.is_last = self.rank == self.num_stages - 1
+        self.hidden_size = int(module.args.hidden_size)
+        self.vocab_size = int(body.embed_tokens.weight.shape[0])
+        tied = bool(module.args.tie_word_embeddings)
+        self.input_dtype, self.logits_dtype = _transfer_dtypes(module, layers)
+        self._windows = PIPELINE_FAMILIES[model_type](module)[layers.start : layers.stop]
+        self._layers = list(body.layers[layers.start : layers.stop])
+        self._embed = body.embed_tokens if self.is_first or (self.is_last and tied) else None
+        self._norm = body.norm if self.is_last else None
+        self._head = None
+        if self.is_last:
+            self._head = body.embed_tokens.as_linear if tied else module.lm_head
+        body.layers = [
+            layer if index in layers else None for index, layer in enumerate(body.layers)
+        ]
+        if self._embed is None:
+            del body.embed_tokens
+        if not self.is_last:
+            del body.norm
+            if not tied:
+                del module.lm_head
+        # Hand the dropped weights' buffers back to the system, not to MLX's buffer cache.
+        mx.clear_cache()
+
+    def make_cache(self) -> list[KVCache]:
+        """One empty dense KV cache per layer this rank runs."""
+        return [DenseKVCache() for _ in self._layers]
+
+    def __call__(
+        self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
+    ) -> mx.array:
+        """Run this rank's part of the forward pass (see the class docstring).
+
+        Args:
+            tokens: (B, L) int32 token ids, the same on every rank.
+            cache: this rank's per-layer caches (`make_cache`, or paged views of storage
+                sized by `profile_model` on this stage), updated in place.
+            last_only: logits for the last position only.
+
+        Returns:
+            (B, N, V) logits on rank 0 and the last rank, a placeholder elsewhere.
+        """
+        B, L = tokens.shape
+        if self.is_first:
+            hidden = self._embed(tokens)
+        else:
+            hidden = self._receive((B, L, self.hidden_size), self.input_dtype, self.rank - 1)
+        # Every layer's cache holds the same positions, so the first one of each attention
+        # kind gives the mask mlx-lm's body takes from its first layer of that kind.
+        masks: dict[int | None, AttentionMask] = {}
+        for layer, layer_cache, window in zip(self._layers, cache, self._windows, strict=True):
+            if window not in masks:
+                masks[window] = layer_cache.make_mask(L, window_size=window)
+            hidden = layer(hidden, masks[window], cache=layer_cache)
+        num_logits = 1 if last_only else L
+        if not self.is_last:
+            self._send(hidden, self.rank + 1)
+            if self.is_first:
+                shape = (B, num_logits, self.vocab_size)
+                return self._receive(shape, self.logits_dtype, self.num_stages - 1)
+            zero = mx.zeros((1, 1, 1), self.logits_dtype)
+            return mx.broadcast_to(zero, (B, num_logits, self.vocab_size))
+        hidden = self._norm(hidden)
+        if last_only:
+            hidden = hidden[:, -1:, :]
+        logits = self._head(hidden)
+        if not self.is_first:
+            self._send(logits, 0)
+        return logits
+
+    def _send(self, x: mx.array, destination: int) -> None:
+        mx.eval(mx.distributed.send(x, destination, group=self.group))
+
+    def _receive(self, shape: tuple[int, ...], dtype: mx.Dtype, source: int) -> mx.array:
+        received = mx.distributed.recv(shape, dtype, source, group=self.group)
+        mx.eval(received)
+        return received
+
+
+def _transfer_dtypes(module: nn.Module, layers: range) -> tuple[mx.Dtype, mx.Dtype]:
+    """The dtypes of the hidden states entering `layers` and of the logits.
+
+    Read from a lazy one-token pass through the whole model, which is never evaluated:
+    MLX knows an array's dtype when the graph is built.
+    """
+    body = module.model
+    hidden = body.embed_tokens(mx.zeros((1, 1), mx.int32))
+    input_dtype = hidden.dtype
+    for index, layer in enumerate(body.layers):
+        if index == layers.start:
+            input_dtype = hidden.dtype
+        hidden = layer(hidden, None, cache=None)
+    hidden = body.norm(hidden)
+    if module.args.tie_word_embeddings:
+        return input_dtype, body.embed_tokens.as_linear(hidden).dtype
+    return input_dtype, module.lm_head(hidden).dtype
+
+
+def make_pipeline_stage(model: MlxLmLanguageModel, group: mx.distributed.Group) -> PipelineStage:
+    """This rank's stage, the layers split across the group by memory (`split_layers`).
+
+    The first stage's fixed bytes are the embedding, the last stage's the final norm and
+    the LM head (the embedding again when the head is tied). Every rank computes the same
+    split from the same weights.
+
+    Args:
+        model: the loaded model; its module is consumed (see `PipelineStage`).
+        group: the pipeline's group, one stage per rank.
+
+    Raises:
+        ValueError: the model type is not supported, or the group has more ranks than the
+            model has layers.
+    """
+    module = model.module
+    body = module.model
+    _check_family(module.args.model_type)
+    num_stages = group.size()
+    if num_stages > len(body.layers):
+        raise ValueError(
+            f"the pipeline has {num_stages} ranks but the model only {len(body.layers)} layers"
+        )
+    head = body.embed_tokens if module.args.tie_word_embeddings else module.lm_head
+    stage_bytes = [0] * num_stages
+    stage_bytes[0] += _nbytes(body.embed_tokens)
+    stage_bytes[-1] += _nbytes(body.norm) + _nbytes(head)
+    split = split_layers(
+        [_nbytes(layer) for layer in body.layers], num_stages, stage_bytes=stage_bytes
+    )
+    return PipelineStage(module, split[group.rank()], group)
