@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-# About 27 English words; pieces this long synthesize at the real-time factor of ordinary
-# sentences with at most about 1.3 GB of MLX memory (ADR 0009).
+# About 27 English words: pieces this long synthesize at the real-time factor of ordinary
+# sentences, with about 650 MiB of MLX memory at the peak (ADR 0009).
 MAX_PIECE_PHONEMES = 200
 CLAUSE_PUNCTUATION = frozenset(",;:.!?")
 WORD_BREAK = " "
