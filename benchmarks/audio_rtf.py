@@ -14,14 +14,23 @@ Each figure is the best of `--repeats` runs after one warm-up. Run it with OpenB
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         uv run python benchmarks/audio_rtf.py
+
+`--long-sentence` adds mlxcel's synthesis of one 300-word sentence without punctuation,
+spoken in pieces (the default) and in one pass (`max_piece_phonemes=None`, as before pieces
+existed), beside the four sentences and the same 300 words as 22 sentences: each case in a
+fresh process, after a warm-up on a short sentence, timed once, with the peak resident
+memory of the synthesis alone (Linux: the process's high-water mark is reset after loading
+and warm-up) and MLX's peak allocation.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 import ctranslate2
 import mlx.core as mx
@@ -32,6 +41,7 @@ import soxr
 from mlxcel_audio.default_models import default_stt_model, default_tts_voice
 from mlxcel_audio.features import log_mel_spectrogram, pad_or_trim
 from mlxcel_audio.piper import load_voice
+from mlxcel_audio.piper.pieces import MAX_PIECE_PHONEMES
 from mlxcel_audio.whisper import TranscribeOptions, load_whisper, transcribe
 
 SENTENCES = (
@@ -42,6 +52,22 @@ SENTENCES = (
 )
 WHISPER_RATE = 16_000
 MAX_TOKENS = 224
+CLAUSES = (
+    "the quick brown fox jumps over the lazy dog near the river bank",
+    "scientists discovered a new species of butterfly deep in the jungle",
+    "please remember to bring your umbrella because it might rain this afternoon",
+    "the children played in the garden with their friends under a bright blue sky",
+    "my grandmother baked fresh bread every morning before the sun came up",
+    "the old train rolled slowly through the valley past green fields and quiet farms",
+    "a small boat drifted across the lake while the fishermen waited for the wind",
+    "the library on the corner keeps thousands of books about history and science",
+    "our neighbors painted their front door red and planted roses along the fence",
+    "the musicians practiced for hours in the basement until their fingers were sore",
+)
+# The clauses joined by "and", again and again, cut at 300 words: one sentence, no punctuation.
+LONG_SENTENCE = " ".join(" and ".join(CLAUSES * 3).split()[:300])
+# The same 300 words as 22 ordinary sentences: a full stop before each joining "and".
+SAME_WORDS_IN_SENTENCES = " ".join(". And ".join(CLAUSES * 3).split()[:300]) + "."
 
 
 def best_seconds(run: Callable[[], object], repeats: int) -> tuple[float, object]:
@@ -78,9 +104,78 @@ def ctranslate2_transcriber(model_path: str) -> Callable[[np.ndarray], str]:
     return run
 
 
+def synthesis_cost(texts: tuple[str, ...], max_piece_phonemes: int | None) -> tuple[float, ...]:
+    """(wall seconds, CPU seconds, audio seconds, peak resident MiB, MLX peak MiB) of mlxcel
+    speaking `texts`, run in the calling process after loading the voice and a warm-up.
+    CPU seconds (all threads) say more than wall seconds when other work shares the cores."""
+    voice = load_voice(default_tts_voice())
+    list(voice.synthesize(SENTENCES[0], seed=0))
+    mx.reset_peak_memory()
+    reset_peak_resident_memory()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    samples = sum(
+        len(piece)
+        for text in texts
+        for piece in voice.synthesize(text, seed=0, max_piece_phonemes=max_piece_phonemes)
+    )
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    audio_seconds = samples / voice.sample_rate
+    return seconds, cpu_seconds, audio_seconds, peak_resident_mib(), mx.get_peak_memory() / 2**20
+
+
+def reset_peak_resident_memory() -> None:
+    """Start the process's resident high-water mark (VmHWM) over from its current size
+    (Linux's `clear_refs`, value 5)."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+
+
+def peak_resident_mib() -> float:
+    """The process's resident high-water mark (VmHWM) in MiB."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def fresh_process_cost(texts: tuple[str, ...], max_piece_phonemes: int | None) -> tuple[float, ...]:
+    """`synthesis_cost` in a new process, so that its peak memory is this case's alone."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        return pool.submit(synthesis_cost, texts, max_piece_phonemes).result()
+
+
+def print_long_sentence_costs() -> None:
+    cases = (
+        ("four sentences", SENTENCES, MAX_PIECE_PHONEMES),
+        ("the 300 words as 22 sentences", (SAME_WORDS_IN_SENTENCES,), MAX_PIECE_PHONEMES),
+        ("300-word sentence, in pieces", (LONG_SENTENCE,), MAX_PIECE_PHONEMES),
+        ("300-word sentence, one pass", (LONG_SENTENCE,), None),
+    )
+    print()
+    print(
+        "| mlxcel synthesis | audio s | wall s | RTF | CPU s | CPU s per audio s "
+        "| peak RSS MiB | MLX peak MiB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, texts, max_piece_phonemes in cases:
+        seconds, cpu_seconds, audio_seconds, peak_rss, mlx_peak = fresh_process_cost(
+            texts, max_piece_phonemes
+        )
+        print(
+            f"| {name} | {audio_seconds:.1f} | {seconds:.1f} | {seconds / audio_seconds:.3f} "
+            f"| {cpu_seconds:.1f} | {cpu_seconds / audio_seconds:.3f} "
+            f"| {peak_rss:.0f} | {mlx_peak:.0f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure")
+    parser.add_argument(
+        "--long-sentence",
+        action="store_true",
+        help="also time a 300-word sentence in pieces and in one pass, with peak memory",
+    )
     args = parser.parse_args()
     stt_path, voice_path = default_stt_model(), default_tts_voice()
     if stt_path is None or voice_path is None:
@@ -126,6 +221,8 @@ def main() -> None:
             f"| {task} | {seconds:.2f} | {mlxcel_rtf:.3f} | {reference} | {reference_rtf:.3f} "
             f"| {mlxcel_rtf / reference_rtf:.2f}x |"
         )
+    if args.long_sentence:
+        print_long_sentence_costs()
 
 
 if __name__ == "__main__":

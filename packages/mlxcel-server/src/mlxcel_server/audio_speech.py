@@ -1,7 +1,8 @@
 """`POST /v1/audio/speech`: its request body, voice choice and the audio stream it answers.
 
-Audio is sent sentence by sentence as the voice speaks it for `pcm` (16-bit little-endian
-mono) and `wav` (a header with an open length, then 16-bit samples, as OpenAI streams it).
+Audio is sent sentence by sentence (a long sentence piece by piece) as the voice speaks it
+for `pcm` (16-bit little-endian mono) and `wav` (a header with an open length, then 16-bit
+samples, as OpenAI streams it).
 Files of the other formats cannot be joined (an MP3 file's Xing header gives its frame count,
 so decoders stop after the first), so they are encoded once the last sentence is spoken.
 """

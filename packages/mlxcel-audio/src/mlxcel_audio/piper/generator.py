@@ -66,9 +66,14 @@ class Generator(nn.Module):
         for i, up in enumerate(self.ups):
             x = up(nn.leaky_relu(x, LRELU_SLOPE))
             blocks = self.resblocks[i * n : (i + 1) * n]
+            # Evaluating each branch as it is summed frees its shifted copies before the
+            # next branch makes its own: half the peak memory at no cost in time (1,235 MiB
+            # against 637 MiB for 9.7 s of audio, docs/adr/0009-piper-long-sentences.md).
             y = blocks[0](x)
+            mx.eval(y)
             for block in blocks[1:]:
                 y = y + block(x)
+                mx.eval(y)
             x = y / n
         x = self.conv_post.channels_first(nn.leaky_relu(x, 0.01))
         return mx.tanh(x[:, 0])

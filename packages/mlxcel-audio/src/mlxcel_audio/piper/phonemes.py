@@ -22,15 +22,22 @@ _espeak: EspeakPhonemizer | None = None
 
 def sentence_phoneme_ids(text: str, config: VoiceConfig) -> list[list[int]]:
     """Phoneme ids of each sentence of `text`, in order; sentences without phonemes are left
-    out. Phonemes missing from the voice's map are skipped, as Piper does."""
-    return [
-        phonemes_to_ids(phonemes, config.phoneme_id_map)
-        for phonemes in _sentence_phonemes(text, config)
-        if phonemes
-    ]
+    out."""
+    return [phoneme_ids(phonemes, config) for phonemes in sentence_phonemes(text, config)]
 
 
-def _sentence_phonemes(text: str, config: VoiceConfig) -> list[list[str]]:
+def phoneme_ids(phonemes: list[str], config: VoiceConfig) -> list[int]:
+    """One utterance's ids, BOS and EOS included; phonemes missing from the voice's map are
+    skipped, as Piper does."""
+    return phonemes_to_ids(phonemes, config.phoneme_id_map)
+
+
+def sentence_phonemes(text: str, config: VoiceConfig) -> list[list[str]]:
+    """The phonemes (single characters) of each sentence of `text` that has any, in order."""
+    return [phonemes for phonemes in _phonemize(text, config) if phonemes]
+
+
+def _phonemize(text: str, config: VoiceConfig) -> list[list[str]]:
     if config.phoneme_type == "text":
         return [list(unicodedata.normalize("NFD", text))]
     global _espeak

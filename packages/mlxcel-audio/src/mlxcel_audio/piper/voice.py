@@ -1,4 +1,5 @@
-"""A Piper voice on MLX: load it, then synthesize text one sentence at a time."""
+"""A Piper voice on MLX: load it, then synthesize text one sentence, or one piece of a long
+sentence, at a time."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from mlxcel_audio.errors import AudioInputError
 from mlxcel_audio.piper.config import VoiceConfig, read_voice_config
 from mlxcel_audio.piper.errors import VoiceLoadError
 from mlxcel_audio.piper.model import Synthesis, Vits, make_vits
-from mlxcel_audio.piper.phonemes import sentence_phoneme_ids
+from mlxcel_audio.piper.phonemes import phoneme_ids, sentence_phoneme_ids, sentence_phonemes
+from mlxcel_audio.piper.pieces import MAX_PIECE_PHONEMES, split_phonemes
 from mlxcel_audio.piper.weights import read_voice_weights
 
 MIN_SPEED = 0.25
@@ -36,18 +38,30 @@ class PiperVoice:
         self.speakers: tuple[str, ...] = tuple(config.speaker_ids)
 
     def synthesize(
-        self, text: str, *, speaker: str | None = None, speed: float = 1.0, seed: int | None = None
+        self,
+        text: str,
+        *,
+        speaker: str | None = None,
+        speed: float = 1.0,
+        seed: int | None = None,
+        max_piece_phonemes: int | None = MAX_PIECE_PHONEMES,
     ) -> Iterator[np.ndarray]:
-        """Speak `text`, yielding each sentence's audio as soon as it is ready.
+        """Speak `text`, yielding each sentence's audio as soon as it is ready; a sentence of
+        more than `max_piece_phonemes` phonemes is spoken in pieces (`split_phonemes`), each
+        yielded as soon as it is ready, so that its cost grows with its length as short
+        sentences' does (docs/adr/0009-piper-long-sentences.md). None speaks every sentence
+        whole.
 
         Each array is (N,) float32 mono at `sample_rate`, scaled so its peak is 1 as Piper
-        does by default (`SynthesisConfig.normalize_audio`). `speed` divides the voice's
-        length scale; `seed` fixes the noise (a fresh one per call otherwise).
+        does by default (`SynthesisConfig.normalize_audio`), per sentence or piece; the
+        arrays concatenate into the speech. `speed` divides the voice's length scale; `seed`
+        fixes the noise (a fresh one per call otherwise).
 
         Raises:
             AudioInputError: the text is empty or has nothing to speak, `speaker` is not
                 one of `speakers`, or `speed` is outside [0.25, 4.0]. Raised before the
                 first sentence is synthesized.
+            ValueError: `max_piece_phonemes` is below 1.
         """
         if speaker is not None and speaker not in self.speakers:
             known = ", ".join(self.speakers) if self.speakers else "none: it has one speaker"
@@ -56,16 +70,14 @@ class PiperVoice:
             raise AudioInputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}], got {speed}")
         if not text.strip():
             raise AudioInputError("the text to speak is empty")
-        sentences = sentence_phoneme_ids(text, self.config)
-        if not sentences:
+        pieces = self.piece_ids(text, max_piece_phonemes)
+        if not pieces:
             raise AudioInputError("the text has nothing to speak")
-        return self._sentences(sentences, speed, secrets.randbits(63) if seed is None else seed)
+        return self._pieces(pieces, speed, secrets.randbits(63) if seed is None else seed)
 
-    def _sentences(
-        self, sentences: list[list[int]], speed: float, seed: int
-    ) -> Iterator[np.ndarray]:
-        keys = mx.random.split(mx.random.key(seed), len(sentences))
-        for ids, key in zip(sentences, keys, strict=True):
+    def _pieces(self, pieces: list[list[int]], speed: float, seed: int) -> Iterator[np.ndarray]:
+        keys = mx.random.split(mx.random.key(seed), len(pieces))
+        for ids, key in zip(pieces, keys, strict=True):
             audio = self.synthesize_ids(ids, speed=speed, key=key).audio
             peak = float(np.max(np.abs(audio)))
             yield (audio / peak if peak > 1e-8 else np.zeros_like(audio)).astype(np.float32)
@@ -94,6 +106,24 @@ class PiperVoice:
     def phoneme_ids(self, text: str) -> list[list[int]]:
         """Phoneme ids of each sentence of `text` (Piper's phonemizer and id rules)."""
         return sentence_phoneme_ids(text, self.config)
+
+    def piece_ids(
+        self, text: str, max_piece_phonemes: int | None = MAX_PIECE_PHONEMES
+    ) -> list[list[int]]:
+        """Phoneme ids of each utterance `synthesize` speaks for `text`: its sentences, the
+        longer ones cut into pieces of at most `max_piece_phonemes` phonemes (None: whole).
+
+        Raises:
+            ValueError: `max_piece_phonemes` is below 1.
+        """
+        sentences = sentence_phonemes(text, self.config)
+        if max_piece_phonemes is not None:
+            sentences = [
+                piece
+                for sentence in sentences
+                for piece in split_phonemes(sentence, max_piece_phonemes)
+            ]
+        return [phoneme_ids(phonemes, self.config) for phonemes in sentences]
 
 
 def load_voice(onnx_path: str | Path, config_path: str | Path | None = None) -> PiperVoice:
