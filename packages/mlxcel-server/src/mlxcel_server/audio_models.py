@@ -132,7 +132,8 @@ class TextToSpeech(Protocol):
         ...
 
     def synthesize(self, text: str, *, speaker: str | None, speed: float) -> Iterator[np.ndarray]:
-        """Speak `text`: float32 mono samples in [-1, 1], one array per sentence.
+        """Speak `text`: float32 mono samples in [-1, 1], one array per sentence (or per piece
+        of a long sentence).
 
         Raises:
             ValueError: the text, speaker or speed is not usable.

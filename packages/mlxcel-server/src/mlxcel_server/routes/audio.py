@@ -157,8 +157,8 @@ def _transcription_work(
 def speech_work(
     audio: ServingAudio, tts: TextToSpeech, text: str, speaker: str | None, speed: float
 ) -> Callable[[], Iterator[np.ndarray]]:
-    """The worker's job for one speech request: `text` spoken sentence by sentence, counted
-    in `audio.totals` when it ends, finished or abandoned."""
+    """The worker's job for one speech request: `text` spoken sentence by sentence (long ones
+    in pieces), counted in `audio.totals` when it ends, finished or abandoned."""
 
     def work() -> Iterator[np.ndarray]:
         started = time.perf_counter()
