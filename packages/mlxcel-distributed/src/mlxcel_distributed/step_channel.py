@@ -4,9 +4,10 @@ A message travels as an all-sum to which rank 0 adds its ints and every other ra
 zeros, so it reaches all ranks whatever the backend's topology. It goes in a fixed frame of
 `FRAME_INTS` ints, the first holding the message's length; a message longer than the frame
 (a prefill chunk's tokens) sends the rest in a second all-sum of exactly that size. A decode
-step of a few rows fits in one frame: one collective per step. (On the ring backend over
-loopback, one all-sum to three ranks costs about as much as rank 0's two sends;
-benchmarks/step_channel.py measures both.)
+step of a few rows fits in one frame: one collective per step, beside the two per layer the
+sharded model makes. Rank 0 sending the frame to each rank costs it less (benchmarks.md,
+`benchmarks/step_channel.py`), but the step's first layer waits for every rank anyway, and
+the all-sum works on every backend and group shape.
 """
 
 from __future__ import annotations
