@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
+import mlx.core as mx
+
 from mlxcel.flags import Flag, RunError, UsageError
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RowAdapterScales, RunnerFactory
@@ -60,6 +62,7 @@ def check_tensor_parallel(args: argparse.Namespace, engine_config: EngineConfig)
 
     Raises:
         UsageError: any of these, in one line.
+        ModelLoadError: the model cannot be found or its headers read.
     """
     if args.tp < 1:
         raise UsageError(f"--tp must be >= 1, got {args.tp}")
@@ -88,7 +91,9 @@ class TensorParallelRank:
         is_front: rank 0, which runs the engine; the others follow its steps.
     """
 
-    def __init__(self, group, channel: StepChannel, local_ranks: LocalRanks | None) -> None:
+    def __init__(
+        self, group: mx.distributed.Group, channel: StepChannel, local_ranks: LocalRanks | None
+    ) -> None:
         self._group = group
         self._channel = channel
         self._local_ranks = local_ranks
@@ -121,8 +126,16 @@ class TensorParallelRank:
         return make_runner
 
     def follow(self, loaded: LoadedModel, engine_config: EngineConfig) -> int:
-        """Run rank 0's engine steps on this rank until it stops; the exit code (0)."""
-        _import_distributed().follow_steps(loaded.model, engine_config, self._channel)
+        """Run rank 0's engine steps on this rank until it stops; the exit code (0).
+
+        Raises:
+            RunError: a message from rank 0 came out of order.
+        """
+        distributed = _import_distributed()
+        try:
+            distributed.follow_steps(loaded.model, engine_config, self._channel)
+        except distributed.LockstepError as error:
+            raise RunError(f"rank {self._group.rank()}: {error}") from error
         return 0
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ class LockstepRunner(ModelRunner):
         channel: the group's step channel.
     """
 
-    def __init__(self, model: LanguageModel, storage: PagedKVStorage, channel: StepChannel):
+    def __init__(self, model: LanguageModel, storage: PagedKVStorage, channel: StepChannel) -> None:
         super().__init__(model, storage)
         self._channel = channel
         self._num_blocks = 0
