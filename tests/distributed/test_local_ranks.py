@@ -44,3 +44,35 @@ def test_stop_kills_children_still_running_without_reporting_them():
     )
     assert ranks.stop(timeout=0) == {1: -9}
     assert reported == []
+
+
+SIGNAL_THEN_SLEEP = (
+    "import os, time; from mlxcel_distributed import READY_FD_VARIABLE, signal_ready; "
+    "signal_ready(int(os.environ[READY_FD_VARIABLE])); time.sleep(600)"
+)
+
+
+def test_rank_0_waits_until_every_child_is_joining():
+    ranks = LocalRanks(
+        [sys.executable, "-c", SIGNAL_THEN_SLEEP],
+        3,
+        environ=dict(os.environ),
+        on_exit=lambda rank, code: None,
+    )
+    try:
+        assert ranks.wait_until_ready()
+    finally:
+        assert ranks.stop(timeout=0) == {1: -9, 2: -9}
+
+
+def test_children_that_exit_before_joining_are_reported_before_the_wait_ends():
+    exits: dict[int, int] = {}
+    ranks = LocalRanks(
+        [sys.executable, "-c", EXIT_WITH_RANK],
+        3,
+        environ=dict(os.environ),
+        on_exit=exits.__setitem__,
+    )
+    assert not ranks.wait_until_ready()
+    assert exits == {1: 4, 2: 5}
+    ranks.stop(timeout=5)

@@ -4,6 +4,10 @@ or the other flags cannot use it."""
 from __future__ import annotations
 
 import io
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -67,3 +71,23 @@ def test_unsupported_combinations_are_refused(smollm2_path, tmp_path, no_spawnin
     flags = [flag.format(adapter=tmp_path) for flag in flags]
     code, err = _run(["generate", "-m", str(smollm2_path), "-p", "hi", *flags])
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_while_starting_ends_rank_0_with_one_line(smollm2_path, tmp_path):
+    # Every process but rank 0 ends at interpreter start-up with status 7.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nif os.environ.get('MLX_RANK', '0') != '0':\n    os._exit(7)\n",
+        encoding="utf-8",
+    )
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_", "MLXCEL_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "generate", "-m", str(smollm2_path), "--tp", "3",
+         "-p", "hi"],
+        capture_output=True,
+        text=True,
+        env={**environ, "PYTHONPATH": str(tmp_path)},
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert re.fullmatch(r"mlxcel: error: rank [12] exited with code 7\n", result.stderr)

@@ -183,7 +183,11 @@ def tensor_parallel_rank(
             )
         except OSError as error:
             raise RunError(f"cannot start the other --tp ranks: {error}") from error
+        if not local_ranks.wait_until_ready():
+            raise RunError("the other --tp ranks exited while starting")
         os.environ.update(local_ranks.environment)
+    elif distributed.READY_FD_VARIABLE in environ:
+        distributed.signal_ready(int(environ[distributed.READY_FD_VARIABLE]))
     backend = "ring" if "MLX_HOSTFILE" in os.environ else "any"
     try:
         group = distributed.join_group(args.tp, backend=backend)

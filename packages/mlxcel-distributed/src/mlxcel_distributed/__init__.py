@@ -6,7 +6,7 @@ machine, `group` joins one however it was started.
 """
 
 from mlxcel_distributed.group import GroupError, join_group
-from mlxcel_distributed.local_ranks import LocalRanks
+from mlxcel_distributed.local_ranks import READY_FD_VARIABLE, LocalRanks, signal_ready
 from mlxcel_distributed.lockstep import (
     LockstepError,
     LockstepRunner,
@@ -30,6 +30,7 @@ from mlxcel_distributed.tensor_parallel import (
 )
 
 __all__ = [
+    "READY_FD_VARIABLE",
     "GroupError",
     "KVPlan",
     "LocalRanks",
@@ -47,5 +48,6 @@ __all__ = [
     "join_group",
     "make_lockstep_runner_factory",
     "shard_model",
+    "signal_ready",
     "valid_tp_sizes",
 ]

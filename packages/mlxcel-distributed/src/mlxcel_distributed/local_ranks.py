@@ -5,12 +5,18 @@ one `["127.0.0.1:PORT"]` per rank in rank order, the format `mlx.launch --backen
 writes. Children run the same command with `MLX_RANK` set, so they join the group as the
 other ranks. On Linux a child is killed when its parent dies (`PR_SET_PDEATHSIG`); a child
 that exits before `stop` is reported through `on_exit`.
+
+Joining a ring group blocks inside MLX without releasing Python's lock, so nothing in rank
+0 could report a child that dies while rank 0 waits there. Each child therefore says it is
+about to join by writing one byte to the file descriptor named in `READY_FD_VARIABLE`, and
+rank 0 joins only once every child has (`wait_until_ready`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -23,6 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+READY_FD_VARIABLE = "MLXCEL_RANK_READY_FD"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -82,29 +89,55 @@ class LocalRanks:
         self._on_exit = on_exit
         self._stopping = threading.Event()
         self._processes: list[subprocess.Popen] = []
+        self._ready, ready_writer = os.pipe()
+        group = {"MLX_HOSTFILE": str(hostfile), READY_FD_VARIABLE: str(ready_writer)}
         try:
             for rank in range(1, size):
                 self._processes.append(
                     subprocess.Popen(
                         list(command),
-                        env={**environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)},
+                        env={**environ, **group, "MLX_RANK": str(rank)},
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
+                        pass_fds=(ready_writer,),
                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                     )
                 )
         except OSError:
             self.stop(timeout=0)
             raise
-        for rank, process in enumerate(self._processes, start=1):
+        finally:
+            os.close(ready_writer)
+        self._watchers = [
             threading.Thread(
                 target=self._watch, args=(rank, process), name=f"mlxcel-rank-{rank}", daemon=True
-            ).start()
+            )
+            for rank, process in enumerate(self._processes, start=1)
+        ]
+        for watcher in self._watchers:
+            watcher.start()
 
     def _watch(self, rank: int, process: subprocess.Popen) -> None:
         code = process.wait()
         if not self._stopping.is_set():
             self._on_exit(rank, code)
+
+    def wait_until_ready(self) -> bool:
+        """Wait until every child has signalled it is joining the group (`signal_ready`).
+
+        Returns:
+            False when the children ended before all signalled, once `on_exit` has been
+            called for each of them.
+        """
+        missing = len(self._processes)
+        while missing:
+            signalled = os.read(self._ready, missing)
+            if not signalled:  # every child has exited or closed its end
+                for watcher in self._watchers:
+                    watcher.join()
+                return False
+            missing -= len(signalled)
+        return True
 
     def stop_watching(self) -> None:
         """From now on a child's exit is expected: `on_exit` is no longer called."""
@@ -126,5 +159,12 @@ class LocalRanks:
             except subprocess.TimeoutExpired:
                 process.kill()
                 codes[rank] = process.wait()
+        os.close(self._ready)
         self._directory.cleanup()
         return codes
+
+
+def signal_ready(ready_fd: int) -> None:
+    """In a child: tell rank 0 this rank is about to join the group (see the module)."""
+    os.write(ready_fd, b"r")
+    os.close(ready_fd)
