@@ -16,7 +16,13 @@ from mlxcel.engine_flags import open_engine
 from mlxcel.engine_outputs import next_output
 from mlxcel.flags import InputError, RunError
 from mlxcel.reply_reasoning import ReplyReasoning
-from mlxcel_core.engine import EngineConfig, EngineOutput, EngineRequest, OutputQueue
+from mlxcel_core.engine import (
+    EngineConfig,
+    EngineOutput,
+    EngineRequest,
+    OutputQueue,
+    RunnerFactory,
+)
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
@@ -44,11 +50,14 @@ def run_batch(
     params: SamplingParams,
     out: TextIO,
     err: TextIO,
+    *,
+    make_runner: RunnerFactory | None = None,
 ) -> int:
     """Generate every prompt's reply together; write one JSON line per prompt, in order.
 
     `reasoning` gives each prompt's reasoning settings: its budget, and the markers that
     keep the reasoning out of its text (written apart with `--show-reasoning`).
+    `make_runner` builds the engine's model runner (`--tp`'s lockstep runner).
 
     Raises:
         InputError: a prompt does not fit the context.
@@ -70,7 +79,9 @@ def run_batch(
     )
     breakers = tokenizer.token_ids_containing(params.dry_sequence_breakers)
     start = time.perf_counter()
-    engine = open_engine(args, loaded, engine_config, context_size=context_size)
+    engine = open_engine(
+        args, loaded, engine_config, context_size=context_size, make_runner=make_runner
+    )
     try:
         sink = OutputQueue()
         engine.submit(

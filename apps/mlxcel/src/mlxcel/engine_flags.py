@@ -13,7 +13,13 @@ from dataclasses import replace
 from mlxcel.flags import Flag, RunError, UsageError, flag_error
 from mlxcel.speculative_flags import SPECULATIVE_FLAGS, load_draft_model, speculative_config_from
 from mlxcel_core.cache.quant import CACHE_TYPES
-from mlxcel_core.engine import Engine, EngineConfig, InsufficientMemoryError, SchedulerConfig
+from mlxcel_core.engine import (
+    Engine,
+    EngineConfig,
+    InsufficientMemoryError,
+    RunnerFactory,
+    SchedulerConfig,
+)
 from mlxcel_models.loaded import LoadedModel
 
 _CACHE_TYPE_HELP = f"({', '.join(CACHE_TYPES)}); auto = the model's own dtype"
@@ -39,10 +45,16 @@ ENGINE_FLAGS = (
 
 
 def open_engine(
-    args: argparse.Namespace, loaded: LoadedModel, config: EngineConfig, *, context_size: int
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    config: EngineConfig,
+    *,
+    context_size: int,
+    make_runner: RunnerFactory | None = None,
 ) -> Engine:
     """Start an engine on `loaded` (with its unfused adapters) with `config` (from
-    `engine_config_from`) and `context_size`, loading the draft model `-md` names.
+    `engine_config_from`) and `context_size`, loading the draft model `-md` names;
+    `make_runner` builds its model runner (`--tp`'s lockstep runner), None the plain one.
 
     Raises:
         UsageError: the draft model's vocabulary differs, or a KV cache type cannot store
@@ -54,7 +66,13 @@ def open_engine(
     draft = load_draft_model(args, loaded)
     draft_model = None if draft is None else draft.model
     try:
-        return Engine(loaded.model, config, draft_model=draft_model, adapters=loaded.row_adapters)
+        return Engine(
+            loaded.model,
+            config,
+            draft_model=draft_model,
+            adapters=loaded.row_adapters,
+            make_runner=make_runner,
+        )
     except InsufficientMemoryError as error:
         raise RunError(str(error)) from error
     except ValueError as error:

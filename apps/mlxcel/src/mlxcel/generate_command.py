@@ -50,7 +50,8 @@ from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
-from mlxcel_core.engine import EngineConfig
+from mlxcel.tensor_parallel_flags import TP_FLAG, check_tensor_parallel, tensor_parallel_rank
+from mlxcel_core.engine import EngineConfig, RunnerFactory
 from mlxcel_core.generate import GenerationStats
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
@@ -78,6 +79,7 @@ FLAGS = (
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
     *SAMPLING_FLAGS,
+    TP_FLAG,
 )
 
 
@@ -158,9 +160,32 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=len(prompts))
     check_draft_model_path(args)
+    check_tensor_parallel(args, engine_config)
     surgery = surgery_plan_from(args)
     check_memory(args, err)
-    loaded = load_target_model(args, adapters, surgery)
+    with tensor_parallel_rank(args, environ, err) as rank:
+        loaded = load_target_model(args, adapters, surgery)
+        if rank is None:
+            return _generate(args, loaded, engine_config, prompts, params, out, err)
+        rank.shard(loaded)
+        if not rank.is_front:
+            return rank.follow(loaded, engine_config)
+        return _generate(
+            args, loaded, engine_config, prompts, params, out, err, make_runner=rank.make_runner()
+        )
+
+
+def _generate(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    engine_config: EngineConfig,
+    prompts: list[str],
+    params: SamplingParams,
+    out: TextIO,
+    err: TextIO,
+    *,
+    make_runner: RunnerFactory | None = None,
+) -> int:
     token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):
         if not tokens:
@@ -172,10 +197,29 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     ]
     if args.prompts_file is not None:
         return run_batch(
-            args, loaded, engine_config, prompts, token_ids, reasoning, params, out, err
+            args,
+            loaded,
+            engine_config,
+            prompts,
+            token_ids,
+            reasoning,
+            params,
+            out,
+            err,
+            make_runner=make_runner,
         )
     (tokens,) = token_ids
-    return generate_one(args, loaded, engine_config, tokens, reasoning[0], params, out, err)
+    return generate_one(
+        args,
+        loaded,
+        engine_config,
+        tokens,
+        reasoning[0],
+        params,
+        out,
+        err,
+        make_runner=make_runner,
+    )
 
 
 def generate_one(
@@ -187,9 +231,12 @@ def generate_one(
     params: SamplingParams,
     out: TextIO,
     err: TextIO,
+    *,
+    make_runner: RunnerFactory | None = None,
 ) -> int:
     """Stream one reply from the engine to `out`, its reasoning hidden unless
-    `--show-reasoning`; timings to `err`.
+    `--show-reasoning`; timings to `err`. `make_runner` builds the engine's model runner
+    (`--tp`'s lockstep runner).
 
     Raises:
         InputError: the prompt does not fit the context.
@@ -216,7 +263,9 @@ def generate_one(
         show=args.show_reasoning,
         dim=stream_is_terminal(out),
     )
-    engine = open_engine(args, loaded, engine_config, context_size=context_size)
+    engine = open_engine(
+        args, loaded, engine_config, context_size=context_size, make_runner=make_runner
+    )
     try:
         final = stream_reply(engine, request, display.write)
     finally:

@@ -43,7 +43,13 @@ from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
-from mlxcel_core.engine import Engine, InsufficientMemoryError
+from mlxcel.tensor_parallel_flags import (
+    TP_FLAG,
+    TensorParallelRank,
+    check_tensor_parallel,
+    tensor_parallel_rank,
+)
+from mlxcel_core.engine import Engine, InsufficientMemoryError, RunnerFactory
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
@@ -101,6 +107,7 @@ FLAGS = (
     *SERVER_FLAGS,
     *AUDIO_FLAGS,
     *SAMPLING_FLAGS,
+    TP_FLAG,
 )
 
 
@@ -167,9 +174,14 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
 
 
 def serving_model(
-    loaded: LoadedModel, settings: ServerSettings, draft: LoadedModel | None = None
+    loaded: LoadedModel,
+    settings: ServerSettings,
+    draft: LoadedModel | None = None,
+    *,
+    make_runner: RunnerFactory | None = None,
 ) -> ServingModel:
-    """Start an engine on `loaded` (with its draft model, if any) and name it as the API will.
+    """Start an engine on `loaded` (with its draft model, if any) and name it as the API will;
+    `make_runner` builds the engine's model runner (`--tp`'s lockstep runner).
 
     Raises:
         InsufficientMemoryError: the KV cache cannot hold one sequence of the context size.
@@ -185,6 +197,7 @@ def serving_model(
         draft_model=draft_model,
         on_fatal=_exit_process,
         adapters=loaded.row_adapters,
+        make_runner=make_runner,
     )
     return ServingModel(loaded, engine, model_id, context_size)
 
@@ -200,11 +213,14 @@ Models = tuple[LoadedModel, LoadedModel | None, ServingAudio | None]
 
 
 def _loader(
-    args: argparse.Namespace, settings: ServerSettings, err: TextIO
+    args: argparse.Namespace,
+    settings: ServerSettings,
+    err: TextIO,
+    rank: TensorParallelRank | None = None,
 ) -> Callable[[], Models]:
     """Checks that the models fit in memory (`check_memory`, its estimate on `err`), then
-    loads the model and adapters the flags name, then the draft model, on the calling
-    thread's stream, then the speech models.
+    loads the model and adapters the flags name (keeping `rank`'s shard of it under
+    `--tp`), then the draft model, on the calling thread's stream, then the speech models.
 
     Raises:
         UsageError: the adapter or speech flags conflict.
@@ -220,6 +236,8 @@ def _loader(
         check_memory(args, err)
         with thread_stream():
             loaded = load_target_model(args, adapters, surgery)
+            if rank is not None:
+                rank.shard(loaded)
             draft = load_draft_model(args, loaded)
             return loaded, draft, serving_audio(speech_paths, settings)
 
@@ -232,9 +250,10 @@ async def serve_until_stopped(
     state: ServerState,
     settings: ServerSettings,
     load_models: Callable[[], Models],
+    make_runner: RunnerFactory | None = None,
 ) -> None:
     """Serve `app` while `load_models` runs on a thread (the model, its draft model and the
-    speech models); stop on SIGINT/SIGTERM.
+    speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner.
 
     Raises:
         ModelLoadError: the model, an adapter, the draft model or a speech model cannot be
@@ -255,7 +274,7 @@ async def serve_until_stopped(
             loaded, draft, audio = load_models()
             if audio is not None:
                 state.set_audio(audio)
-            state.set_ready(serving_model(loaded, settings, draft))
+            state.set_ready(serving_model(loaded, settings, draft, make_runner=make_runner))
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
@@ -292,7 +311,34 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     settings = settings_from(args)
-    load_models = _loader(args, settings, err)
+    check_tensor_parallel(args, settings.engine)
+    with tensor_parallel_rank(args, environ, err) as rank:
+        if rank is not None and not rank.is_front:
+            return _follow(args, settings, rank, err)
+        return _serve(args, settings, rank, err)
+
+
+def _follow(
+    args: argparse.Namespace, settings: ServerSettings, rank: TensorParallelRank, err: TextIO
+) -> int:
+    """A rank > 0 of `--tp`: load and shard the model, then run rank 0's engine steps;
+    no HTTP."""
+    adapters = adapter_specs_from(args)
+    surgery = surgery_plan_from(args)
+    check_memory(args, err)
+    loaded = load_target_model(args, adapters, surgery)
+    rank.shard(loaded)
+    return rank.follow(loaded, settings.engine)
+
+
+def _serve(
+    args: argparse.Namespace,
+    settings: ServerSettings,
+    rank: TensorParallelRank | None,
+    err: TextIO,
+) -> int:
+    load_models = _loader(args, settings, err, rank)
+    make_runner = None if rank is None else rank.make_runner()
     state = ServerState()
     app = create_app(state, settings)
     config = Config()
@@ -303,7 +349,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     _check_can_listen(args.host, args.port)
     print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
     try:
-        asyncio.run(serve_until_stopped(app, config, state, settings, load_models))
+        asyncio.run(serve_until_stopped(app, config, state, settings, load_models, make_runner))
     except OSError as error:
         message = f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
         raise RunError(message) from error

@@ -7,7 +7,7 @@ loop schedules every request over a paged KV cache.
 
 from mlxcel_core.adapters import AdapterScales, RowAdapterScales
 from mlxcel_core.engine.config import EngineConfig, InsufficientMemoryError
-from mlxcel_core.engine.engine import Engine
+from mlxcel_core.engine.engine import Engine, RunnerFactory
 from mlxcel_core.engine.output_queue import OutputQueue
 from mlxcel_core.engine.request import (
     EngineClosedError,
@@ -19,6 +19,7 @@ from mlxcel_core.engine.request import (
     RequestCancelledError,
     RequestHandle,
 )
+from mlxcel_core.engine.runner import ModelRunner, RowInput
 from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.engine.stats import EngineStats, SlotState
 
@@ -33,11 +34,14 @@ __all__ = [
     "EngineRequest",
     "EngineStats",
     "InsufficientMemoryError",
+    "ModelRunner",
     "OutputQueue",
     "OutputSink",
     "RequestCancelledError",
     "RequestHandle",
     "RowAdapterScales",
+    "RowInput",
+    "RunnerFactory",
     "SchedulerConfig",
     "SlotState",
 ]

@@ -69,6 +69,16 @@ class _Submission:
 _GroupPrompt = tuple[int, tuple[int, ...], tuple[str, ...]]
 
 
+# Builds the engine's model runner from the model, its KV storage and unfused adapters.
+RunnerFactory = Callable[[LanguageModel, PagedKVStorage, RowAdapterScales | None], ModelRunner]
+
+
+def _make_model_runner(
+    model: LanguageModel, storage: PagedKVStorage, adapters: RowAdapterScales | None
+) -> ModelRunner:
+    return ModelRunner(model, storage, adapters=adapters)
+
+
 def _log_fatal(error: BaseException) -> None:
     logger.critical("the engine stopped: %s", error, exc_info=error)
 
@@ -91,6 +101,9 @@ class Engine:
         adapters: the model's unfused LoRA adapters, or None: each request's scales are
             resolved on arrival and set per row before every forward pass (the draft model
             runs without them).
+        make_runner: builds the model runner once the KV storage exists (after the profile
+            pass); tensor parallelism wraps the runner here to replay each step on other
+            ranks. None builds a plain `ModelRunner`.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
@@ -106,9 +119,11 @@ class Engine:
         draft_model: LanguageModel | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         adapters: RowAdapterScales | None = None,
+        make_runner: RunnerFactory | None = None,
     ) -> None:
         self._model = model
         self._adapters = adapters
+        self._make_runner = _make_model_runner if make_runner is None else make_runner
         self._config = EngineConfig() if config is None else config
         wants_draft = (
             self._config.speculative is not None
@@ -278,7 +293,7 @@ class Engine:
                 0 if config.speculative is None else config.speculative.num_draft_tokens
             ),
         )
-        self._runner = ModelRunner(self._model, self._storage, adapters=self._adapters)
+        self._runner = self._make_runner(self._model, self._storage, self._adapters)
         self._consecutive_failures = 0
         self._num_draft_tokens = 0
         self._num_accepted_draft_tokens = 0
@@ -381,7 +396,8 @@ class Engine:
     def _forward_and_sample(self, plan: SchedulerOutput) -> list[Draw | BatchDraw]:
         kv = self._kv
         copies = kv.take_block_copies()
-        for storage in self._storages:
+        self._runner.prepare_storage(kv.num_materialized_blocks, copies)
+        for storage in self._storages[1:]:  # the draft model's
             storage.ensure_capacity(kv.num_materialized_blocks)
             storage.copy_blocks(copies)
         if self._speculation is None:

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.adapters import AdapterScales, RowAdapterScales
-from mlxcel_core.cache.paged import BatchRow, PagedBatch, PagedKVStorage, make_layer_caches
+from mlxcel_core.cache.paged import (
+    BatchRow,
+    BlockCopy,
+    PagedBatch,
+    PagedKVStorage,
+    make_layer_caches,
+)
 from mlxcel_core.generate import LanguageModel
 
 
@@ -113,6 +119,16 @@ class ModelRunner:
         self.model = model
         self.storage = storage
         self.adapters = adapters
+
+    def prepare_storage(self, num_blocks: int, copies: Sequence[BlockCopy]) -> None:
+        """Grow the pools to hold `num_blocks` blocks and make the step's copy-on-write
+        copies, before the step that writes them.
+
+        Raises:
+            ValueError: `num_blocks` exceeds the storage's `max_blocks`.
+        """
+        self.storage.ensure_capacity(num_blocks)
+        self.storage.copy_blocks(copies)
 
     def execute(self, rows: Sequence[RowInput]) -> list[mx.array]:
         """Compute every row's tokens, storing their KV.
