@@ -20,7 +20,7 @@ RANK_SCRIPT = Path(__file__).with_name("pipeline_rank.py")
 NUM_MODEL_LAYERS = 30
 TIMEOUT_SECONDS = 240
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def free_ports(count: int) -> list[int]:

@@ -32,6 +32,7 @@ def _generate(*flags: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tp_3_generates_what_one_process_does_for_a_batch_of_prompts(smollm2_path, tmp_path):
     prompts_file = tmp_path / "prompts.txt"
     prompts_file.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")

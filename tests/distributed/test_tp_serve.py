@@ -36,6 +36,7 @@ def _answers(server: LiveServer, model: str) -> tuple[list[str], list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tp_3_server_answers_as_one_process(smollm2_path):
     flags = ("-m", str(smollm2_path), "-c", "512", "-np", "2")
     one = LiveServer(*flags)
