@@ -3,8 +3,9 @@
 Piper exports VITS with `torch.onnx.export`, which keeps most parameters under their
 PyTorch names (`enc_p...`, `dp...`, `flow...`, `dec...`) but constant-folds others:
 weight-normalized convolutions of the flow's WaveNet layers become `onnx::Conv_NNNN`, the
-phoneme embedding is stored under the name `sid`, and the duration predictor's first
-affine flow keeps `exp(-logs)` instead of `logs`. Those tensors are named here after the
+phoneme embedding of a single-speaker voice is stored under the name `sid`, and the
+duration predictor's first affine flow keeps `exp(-logs)` (or, from torch 2.13's exporter,
+`-logs` feeding an `Exp` node) instead of `logs`. Those tensors are named here after the
 node that consumes them, so the model sees one naming scheme.
 """
 
@@ -70,8 +71,10 @@ def read_voice_weights(onnx_path: Path) -> VoiceWeights:
                     tensors[f"{module}.{role}"] = initializers[name]
         elif node.op_type == "Gather" and module == "enc_p.emb":
             tensors["enc_p.emb.weight"] = initializers[node.input[0]]
+        elif node.op_type == "Exp" and module == "dp.flows.0" and node.input[0] in initializers:
+            tensors["dp.flows.0.logs"] = -initializers[node.input[0]]
     for name, value in initializers.items():
-        if name.startswith(("enc_p.", "dp.", "flow.", "dec.")):
+        if name.startswith(("enc_p.", "dp.", "flow.", "dec.", "emb_g.")):
             tensors.setdefault(name, value)
         elif name.lstrip("/").replace("/", ".") == _AFFINE_EXP:
             tensors["dp.flows.0.logs"] = -np.log(value)
