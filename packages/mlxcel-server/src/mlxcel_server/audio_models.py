@@ -123,7 +123,7 @@ class TextToSpeech(Protocol):
 
     @property
     def speakers(self) -> tuple[str, ...]:
-        """Speaker names of a multi-speaker voice; empty for one speaker."""
+        """Speaker names of a multi-speaker voice in id order; empty for one speaker."""
         ...
 
     @property

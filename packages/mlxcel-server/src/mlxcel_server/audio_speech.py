@@ -57,10 +57,11 @@ class SpeechRequest(BaseModel):
 
 
 def choose_speaker(voice: TextToSpeech, name: str | None) -> str | None:
-    """The speaker `name` asks for: None is the voice's default speaker.
+    """The speaker `name` asks for, by its name: None is the voice's default speaker.
 
     A one-speaker voice answers to its own name and OpenAI's voice names; a multi-speaker
-    voice to its speakers' names and its own name (the first speaker).
+    voice to its speakers' names, their ids in decimal (a name wins over an id it spells)
+    and its own name (the default speaker).
 
     Raises:
         ApiError: 400 naming the voices this server has.
@@ -70,8 +71,14 @@ def choose_speaker(voice: TextToSpeech, name: str | None) -> str | None:
     if voice.speakers:
         if name in voice.speakers:
             return name
+        if name.isdecimal() and int(name) < len(voice.speakers):
+            return voice.speakers[int(name)]
         shown = ", ".join(voice.speakers[:10])
-        raise invalid(f"voice {name!r} is not a speaker of {voice.name!r}; try {shown}", "voice")
+        raise invalid(
+            f"voice {name!r} is not a speaker of {voice.name!r}; try {shown} "
+            f"or an id below {len(voice.speakers)}",
+            "voice",
+        )
     if name in OPENAI_VOICES:
         return None
     raise invalid(

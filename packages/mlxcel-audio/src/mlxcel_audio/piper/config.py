@@ -24,7 +24,9 @@ class VoiceConfig:
         espeak_voice: the espeak-ng voice name, such as "en-us".
         phoneme_id_map: phoneme -> ids.
         vowel_clusters: phoneme sequences merged into one phoneme before lookup.
+        num_speakers: 1 for a single-speaker voice, else the number of speaker ids.
         speaker_ids: speaker name -> id; empty for single-speaker voices.
+        default_speaker_id: the speaker of a multi-speaker voice when none is asked for.
     """
 
     sample_rate: int
@@ -35,15 +37,18 @@ class VoiceConfig:
     espeak_voice: str
     phoneme_id_map: dict[str, tuple[int, ...]]
     vowel_clusters: frozenset[tuple[str, ...]]
+    num_speakers: int
     speaker_ids: dict[str, int]
+    default_speaker_id: int
 
 
 def read_voice_config(path: Path) -> VoiceConfig:
     """Read a Piper voice config; defaults follow piper.config.PiperConfig.from_dict.
 
     Raises:
-        VoiceLoadError: the file is missing, not JSON, lacks a required field, or names a
-            phoneme type other than "espeak" or "text".
+        VoiceLoadError: the file is missing, not JSON, lacks a required field, names a
+            phoneme type other than "espeak" or "text", or a speaker id outside
+            [0, num_speakers).
     """
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -63,7 +68,9 @@ def read_voice_config(path: Path) -> VoiceConfig:
             espeak_voice=raw.get("espeak", {}).get("voice", ""),
             phoneme_id_map={k: tuple(v) for k, v in raw["phoneme_id_map"].items()},
             vowel_clusters=frozenset(tuple(c) for c in raw.get("vowel_clusters", ())),
-            speaker_ids=dict(raw.get("speaker_id_map", {})),
+            num_speakers=int(raw.get("num_speakers", 1)),
+            speaker_ids={str(k): int(v) for k, v in raw.get("speaker_id_map", {}).items()},
+            default_speaker_id=int(raw.get("default_speaker_id", 0)),
         )
     except KeyError as error:
         raise VoiceLoadError(f"the voice config {path} lacks the field {error.args[0]!r}") from None
@@ -73,5 +80,12 @@ def read_voice_config(path: Path) -> VoiceConfig:
         raise VoiceLoadError(
             f"the voice config {path} has phoneme_type {phoneme_type!r}; "
             f"supported: {', '.join(PHONEME_TYPES)}"
+        )
+    ids = [*config.speaker_ids.values(), config.default_speaker_id]
+    outside = [i for i in ids if not 0 <= i < config.num_speakers]
+    if outside:
+        raise VoiceLoadError(
+            f"the voice config {path} has speaker id {outside[0]}, outside "
+            f"[0, {config.num_speakers}) (num_speakers)"
         )
     return config

@@ -15,10 +15,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxcel_audio.piper.duration import StochasticDurationPredictor
+from mlxcel_audio.piper.duration import DurationPredictor, StochasticDurationPredictor
 from mlxcel_audio.piper.errors import VoiceLoadError
 from mlxcel_audio.piper.flow import ResidualCoupling, ResidualCouplingBlock
-from mlxcel_audio.piper.generator import Generator
+from mlxcel_audio.piper.generator import Generator, ResBlock1, ResBlock2
 from mlxcel_audio.piper.text_encoder import TextEncoder
 from mlxcel_audio.piper.weights import ConvSpec, VoiceWeights
 
@@ -32,25 +32,37 @@ class Synthesis:
 
 
 class Vits(nn.Module):
-    """Text encoder, stochastic duration predictor, flow and HiFi-GAN decoder of one voice."""
+    """Text encoder, duration predictor, flow and HiFi-GAN decoder of one voice, and the
+    speaker embeddings `emb_g` of a multi-speaker voice.
+
+    Attributes:
+        num_speakers: rows of the speaker embedding; 1 for a single-speaker voice.
+    """
 
     def __init__(
         self,
         enc_p: TextEncoder,
-        dp: StochasticDurationPredictor,
+        dp: StochasticDurationPredictor | DurationPredictor,
         flow: ResidualCouplingBlock,
         dec: Generator,
+        speaker_embedding: tuple[int, int] | None = None,
     ):
+        """speaker_embedding: (speakers, channels) of a multi-speaker voice, else None."""
         super().__init__()
         self.enc_p = enc_p
         self.dp = dp
         self.flow = flow
         self.dec = dec
+        self.num_speakers = 1
+        if speaker_embedding is not None:
+            self.num_speakers = speaker_embedding[0]
+            self.emb_g = nn.Embedding(*speaker_embedding)
 
     def synthesize(
         self,
         phoneme_ids: list[int],
         *,
+        speaker_id: int | None,
         length_scale: float,
         noise_scale: float,
         noise_w: float,
@@ -58,14 +70,24 @@ class Vits(nn.Module):
     ) -> Synthesis:
         """Phoneme ids -> waveform, as `SynthesizerTrn.infer` (batch of one, no mask).
 
+        `speaker_id` is in [0, num_speakers) for a multi-speaker voice, None otherwise.
         Durations are ceil(exp(log-durations) * length_scale) frames per id; each frame
-        becomes prod(upsample strides) samples (256 for Piper's voices).
+        becomes prod(upsample strides) samples (256 for Piper's voices). `noise_w` scales
+        the stochastic duration predictor's noise; the deterministic one has none.
+
+        Raises:
+            ValueError: `speaker_id` is None for a multi-speaker voice, given for a
+                single-speaker one, or out of range.
         """
+        speaker = self._speaker_embedding(speaker_id)
         duration_key, prior_key = mx.random.split(key)
         ids = mx.array([phoneme_ids], dtype=mx.int32)
         hidden, mean, log_scale = self.enc_p(ids)
-        noise = mx.random.normal((1, len(phoneme_ids), 2), key=duration_key) * noise_w
-        log_durations = self.dp(hidden, noise)
+        if isinstance(self.dp, StochasticDurationPredictor):
+            noise = mx.random.normal((1, len(phoneme_ids), 2), key=duration_key) * noise_w
+            log_durations = self.dp(hidden, noise, speaker)
+        else:
+            log_durations = self.dp(hidden, speaker)
         durations = np.asarray(mx.ceil(mx.exp(log_durations) * length_scale))[0, :, 0]
         durations = durations.astype(np.int64)
         frames = np.repeat(np.arange(len(phoneme_ids)), durations)
@@ -75,29 +97,43 @@ class Vits(nn.Module):
         index = mx.array(frames.astype(np.int32))
         mean, log_scale = mean[:, index], log_scale[:, index]
         z_p = mean + mx.random.normal(mean.shape, key=prior_key) * mx.exp(log_scale) * noise_scale
-        audio = self.dec(self.flow.reverse(z_p))
+        audio = self.dec(self.flow.reverse(z_p, speaker), speaker)
         return Synthesis(audio=np.asarray(audio[0]), durations=durations)
+
+    def _speaker_embedding(self, speaker_id: int | None) -> mx.array | None:
+        """The speaker's embedding (1, 1, G), None for a single-speaker voice."""
+        if "emb_g" not in self:
+            if speaker_id is not None:
+                raise ValueError("this voice has one speaker; speaker_id must be None")
+            return None
+        if speaker_id is None or not 0 <= speaker_id < self.num_speakers:
+            raise ValueError(
+                f"speaker_id must be in [0, {self.num_speakers}) for this voice, got {speaker_id}"
+            )
+        return self.emb_g(mx.array([[speaker_id]]))
 
 
 def make_vits(weights: VoiceWeights) -> Vits:
     """Build the model that fits `weights` and load them into it.
 
+    The voice's parts follow from its tensors: a speaker embedding `emb_g` makes it
+    multi-speaker, `dp.flows` the stochastic duration predictor (else the deterministic
+    one), `convs1` in the decoder's residual blocks ResBlock1 (else ResBlock2).
+
     Raises:
-        VoiceLoadError: the voice is multi-speaker, has a deterministic duration predictor
-            or HiFi-GAN's ResBlock1, or lacks a tensor the architecture needs.
+        VoiceLoadError: the voice lacks a tensor the architecture needs, or one has a shape
+            that does not fit.
     """
     t, convs = weights.tensors, weights.convs
-    unsupported = [
-        (any(k.startswith("emb_g.") or ".cond" in k for k in t), "multi-speaker voices"),
-        ("dp.flows.0.m" not in t, "the deterministic duration predictor"),
-        (any(".convs1." in k for k in t), "HiFi-GAN's ResBlock1"),
-    ]
-    for found, what in unsupported:
-        if found:
-            raise VoiceLoadError(f"this voice uses {what}, which mlxcel does not support yet")
+    speakers = t["emb_g.weight"].shape if "emb_g.weight" in t else None
+    speaker_channels = 0 if speakers is None else speakers[1]
     try:
         model = Vits(
-            _text_encoder(t), _duration_predictor(t), _flow(t, convs), _generator(t, convs)
+            _text_encoder(t),
+            _duration_predictor(t, speaker_channels),
+            _flow(t, convs, speaker_channels),
+            _generator(t, convs, speaker_channels),
+            speakers,
         )
         model.load_weights(list(_to_mlx_layout(t).items()), strict=True)
     except (KeyError, ValueError) as error:
@@ -130,13 +166,20 @@ def _text_encoder(t: dict[str, np.ndarray]) -> TextEncoder:
     )
 
 
-def _duration_predictor(t: dict[str, np.ndarray]) -> StochasticDurationPredictor:
+def _duration_predictor(
+    t: dict[str, np.ndarray], speaker_channels: int
+) -> StochasticDurationPredictor | DurationPredictor:
+    if "dp.flows.0.m" not in t:
+        filter_channels, channels, kernel = t["dp.conv_1.weight"].shape
+        return DurationPredictor(channels, filter_channels, kernel, speaker_channels)
     channels, _, kernel = t["dp.convs.convs_sep.0.weight"].shape
     flows = _indices(t, r"dp\.flows\.(\d+)\.pre\.")
-    return StochasticDurationPredictor(channels, kernel, len(flows))
+    return StochasticDurationPredictor(channels, kernel, len(flows), speaker_channels)
 
 
-def _flow(t: dict[str, np.ndarray], convs: dict[str, ConvSpec]) -> ResidualCouplingBlock:
+def _flow(
+    t: dict[str, np.ndarray], convs: dict[str, ConvSpec], speaker_channels: int
+) -> ResidualCouplingBlock:
     couplings = []
     for index in _indices(t, r"flow\.flows\.(\d+)\.pre\."):
         prefix = f"flow.flows.{index}"
@@ -144,29 +187,45 @@ def _flow(t: dict[str, np.ndarray], convs: dict[str, ConvSpec]) -> ResidualCoupl
         layers = _indices(t, rf"{re.escape(prefix)}\.enc\.in_layers\.(\d+)\.")
         kernel = t[f"{prefix}.enc.in_layers.0.weight"].shape[-1]
         specs = [convs[f"{prefix}.enc.in_layers.{i}"] for i in layers]
-        couplings.append(ResidualCoupling(2 * half, hidden, kernel, specs))
+        couplings.append(ResidualCoupling(2 * half, hidden, kernel, specs, speaker_channels))
     return ResidualCouplingBlock(couplings)
 
 
-def _generator(t: dict[str, np.ndarray], convs: dict[str, ConvSpec]) -> Generator:
+def _generator(
+    t: dict[str, np.ndarray], convs: dict[str, ConvSpec], speaker_channels: int
+) -> Generator:
     channels, in_channels, kernel = t["dec.conv_pre.weight"].shape
     ups = [
         (*t[f"dec.ups.{i}.weight"].shape, convs[f"dec.ups.{i}"])
         for i in _indices(t, r"dec\.ups\.(\d+)\.")
     ]
-    resblocks = []
-    for i in _indices(t, r"dec\.resblocks\.(\d+)\."):
-        prefix = f"dec.resblocks.{i}"
-        c, _, k = t[f"{prefix}.convs.0.weight"].shape
-        layers = _indices(t, rf"{re.escape(prefix)}\.convs\.(\d+)\.")
-        resblocks.append((c, k, [convs[f"{prefix}.convs.{j}"] for j in layers]))
+    resblocks = [
+        _resblock(t, convs, f"dec.resblocks.{i}") for i in _indices(t, r"dec\.resblocks\.(\d+)\.")
+    ]
     return Generator(
         in_channels,
         (channels, kernel, convs["dec.conv_pre"]),
         ups,
         resblocks,
         (t["dec.conv_post.weight"].shape[-1], convs["dec.conv_post"]),
+        speaker_channels,
     )
+
+
+def _resblock(
+    t: dict[str, np.ndarray], convs: dict[str, ConvSpec], prefix: str
+) -> ResBlock1 | ResBlock2:
+    """The residual block at `prefix`: ResBlock1 when it has `convs1`, else ResBlock2."""
+
+    def specs(group: str) -> list[ConvSpec]:
+        layers = _indices(t, rf"{re.escape(prefix)}\.{group}\.(\d+)\.")
+        return [convs[f"{prefix}.{group}.{j}"] for j in layers]
+
+    if f"{prefix}.convs1.0.weight" in t:
+        channels, _, kernel = t[f"{prefix}.convs1.0.weight"].shape
+        return ResBlock1(channels, kernel, specs("convs1"), specs("convs2"))
+    channels, _, kernel = t[f"{prefix}.convs.0.weight"].shape
+    return ResBlock2(channels, kernel, specs("convs"))
 
 
 def _to_mlx_layout(tensors: dict[str, np.ndarray]) -> dict[str, mx.array]:

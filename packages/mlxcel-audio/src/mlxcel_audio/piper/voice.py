@@ -27,7 +27,8 @@ class PiperVoice:
 
     Attributes:
         sample_rate: output rate in Hz.
-        speakers: speaker names; empty for single-speaker voices (the only kind supported).
+        speakers: a multi-speaker voice's speaker names in id order (its ids, as decimal
+            text, where the config names none); empty for a single-speaker voice.
         config: the voice's JSON config.
     """
 
@@ -35,7 +36,39 @@ class PiperVoice:
         self.model = model
         self.config = config
         self.sample_rate = config.sample_rate
-        self.speakers: tuple[str, ...] = tuple(config.speaker_ids)
+        names = {i: name for name, i in config.speaker_ids.items()}
+        self.speakers: tuple[str, ...] = (
+            tuple(names.get(i, str(i)) for i in range(config.num_speakers))
+            if config.num_speakers > 1
+            else ()
+        )
+
+    def speaker_id(self, speaker: str | int | None) -> int | None:
+        """The speaker id `speaker` names: a name from the config's `speaker_id_map`, or an
+        id (an int or its decimal text) in [0, num_speakers); a name wins over an id it
+        spells. None is the config's `default_speaker_id` for a multi-speaker voice and
+        None for a single-speaker one, which takes no speaker.
+
+        Raises:
+            AudioInputError: `speaker` is neither a name nor an id of this voice.
+        """
+        num_speakers = self.config.num_speakers
+        if num_speakers == 1 and speaker is None:
+            return None
+        if num_speakers > 1:
+            if speaker is None:
+                return self.config.default_speaker_id
+            if isinstance(speaker, str) and speaker in self.config.speaker_ids:
+                return self.config.speaker_ids[speaker]
+            text = str(speaker)
+            if text.isdecimal() and int(text) < num_speakers:
+                return int(text)
+        known = (
+            f"{', '.join(self.speakers[:10])} or an id below {num_speakers}"
+            if self.speakers
+            else "none: it has one speaker"
+        )
+        raise AudioInputError(f"unknown speaker {speaker!r}; this voice's speakers: {known}")
 
     def synthesize(
         self,
@@ -46,7 +79,8 @@ class PiperVoice:
         seed: int | None = None,
         max_piece_phonemes: int | None = MAX_PIECE_PHONEMES,
     ) -> Iterator[np.ndarray]:
-        """Speak `text`, yielding each sentence's audio as soon as it is ready; a sentence of
+        """Speak `text` in the voice of `speaker` (a name or id, `speaker_id`), yielding each
+        sentence's audio as soon as it is ready; a sentence of
         more than `max_piece_phonemes` phonemes is spoken in pieces (`split_phonemes`), each
         yielded as soon as it is ready, so that its cost grows with its length as short
         sentences' does (docs/adr/0009-piper-long-sentences.md). None speaks every sentence
@@ -59,13 +93,11 @@ class PiperVoice:
 
         Raises:
             AudioInputError: the text is empty or has nothing to speak, `speaker` is not
-                one of `speakers`, or `speed` is outside [0.25, 4.0]. Raised before the
-                first sentence is synthesized.
+                a speaker of this voice, or `speed` is outside [0.25, 4.0]. Raised before
+                the first sentence is synthesized.
             ValueError: `max_piece_phonemes` is below 1.
         """
-        if speaker is not None and speaker not in self.speakers:
-            known = ", ".join(self.speakers) if self.speakers else "none: it has one speaker"
-            raise AudioInputError(f"unknown speaker {speaker!r}; this voice's speakers: {known}")
+        speaker_id = self.speaker_id(speaker)
         if not (MIN_SPEED <= speed <= MAX_SPEED):
             raise AudioInputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}], got {speed}")
         if not text.strip():
@@ -73,12 +105,15 @@ class PiperVoice:
         pieces = self.piece_ids(text, max_piece_phonemes)
         if not pieces:
             raise AudioInputError("the text has nothing to speak")
-        return self._pieces(pieces, speed, secrets.randbits(63) if seed is None else seed)
+        seed = secrets.randbits(63) if seed is None else seed
+        return self._pieces(pieces, speaker_id, speed, seed)
 
-    def _pieces(self, pieces: list[list[int]], speed: float, seed: int) -> Iterator[np.ndarray]:
+    def _pieces(
+        self, pieces: list[list[int]], speaker_id: int | None, speed: float, seed: int
+    ) -> Iterator[np.ndarray]:
         keys = mx.random.split(mx.random.key(seed), len(pieces))
         for ids, key in zip(pieces, keys, strict=True):
-            audio = self.synthesize_ids(ids, speed=speed, key=key).audio
+            audio = self.synthesize_ids(ids, speaker=speaker_id, speed=speed, key=key).audio
             peak = float(np.max(np.abs(audio)))
             yield (audio / peak if peak > 1e-8 else np.zeros_like(audio)).astype(np.float32)
 
@@ -86,6 +121,7 @@ class PiperVoice:
         self,
         phoneme_ids: list[int],
         *,
+        speaker: str | int | None = None,
         speed: float = 1.0,
         noise_scale: float | None = None,
         noise_w: float | None = None,
@@ -93,10 +129,15 @@ class PiperVoice:
     ) -> Synthesis:
         """One utterance from phoneme ids, unnormalized, with its durations in frames.
 
-        Noise scales default to the voice config's; 0 makes synthesis deterministic.
+        `speaker` is a name or id as `speaker_id` takes it. Noise scales default to the voice
+        config's; 0 makes synthesis deterministic.
+
+        Raises:
+            AudioInputError: `speaker` is not a speaker of this voice.
         """
         return self.model.synthesize(
             phoneme_ids,
+            speaker_id=self.speaker_id(speaker),
             length_scale=self.config.length_scale / speed,
             noise_scale=self.config.noise_scale if noise_scale is None else noise_scale,
             noise_w=self.config.noise_w if noise_w is None else noise_w,
@@ -130,17 +171,19 @@ def load_voice(onnx_path: str | Path, config_path: str | Path | None = None) -> 
     """Load a Piper voice: its ONNX file and JSON config (default: `onnx_path` + ".json").
 
     Raises:
-        VoiceLoadError: (a `ModelLoadError`) a file is missing or unreadable, or the voice
-            uses a part mlxcel does not support (multi-speaker, deterministic durations,
-            ResBlock1).
+        VoiceLoadError: (a `ModelLoadError`) a file is missing or unreadable, its weights
+            do not fit a Piper VITS model, or the config's `num_speakers` differs from the
+            number of speaker embeddings in the weights.
     """
     onnx_path = Path(onnx_path)
     config_path = Path(f"{onnx_path}.json") if config_path is None else Path(config_path)
     if not onnx_path.is_file():
         raise VoiceLoadError(f"no voice file at {onnx_path}")
     config = read_voice_config(config_path)
-    if config.speaker_ids:
+    model = make_vits(read_voice_weights(onnx_path))
+    if model.num_speakers != config.num_speakers:
         raise VoiceLoadError(
-            f"{onnx_path} is a multi-speaker voice, which mlxcel does not support yet"
+            f"{config_path} says num_speakers {config.num_speakers}, but {onnx_path} holds "
+            f"{model.num_speakers}"
         )
-    return PiperVoice(make_vits(read_voice_weights(onnx_path)), config)
+    return PiperVoice(model, config)

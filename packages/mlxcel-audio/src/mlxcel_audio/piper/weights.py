@@ -3,9 +3,11 @@
 Piper exports VITS with `torch.onnx.export`, which keeps most parameters under their
 PyTorch names (`enc_p...`, `dp...`, `flow...`, `dec...`) but constant-folds others:
 weight-normalized convolutions of the flow's WaveNet layers become `onnx::Conv_NNNN`, the
-phoneme embedding is stored under the name `sid`, and the duration predictor's first
-affine flow keeps `exp(-logs)` instead of `logs`. Those tensors are named here after the
-node that consumes them, so the model sees one naming scheme.
+phoneme embedding of a single-speaker voice is stored under the name `sid`, and the
+duration predictor's first affine flow keeps `exp(-logs)` (or, from torch 2.13's exporter,
+`-logs` feeding an `Exp` node) instead of `logs`. Those tensors are named here after the
+node that consumes them, so the model sees one naming scheme; the phoneme and speaker
+embeddings (`enc_p.emb`, `emb_g`) are always read through the `Gather` that looks them up.
 """
 
 from __future__ import annotations
@@ -68,8 +70,10 @@ def read_voice_weights(onnx_path: Path) -> VoiceWeights:
             for role, name in zip(("weight", "bias"), node.input[1:], strict=False):
                 if name in initializers:
                     tensors[f"{module}.{role}"] = initializers[name]
-        elif node.op_type == "Gather" and module == "enc_p.emb":
-            tensors["enc_p.emb.weight"] = initializers[node.input[0]]
+        elif node.op_type == "Gather" and module in ("enc_p.emb", "emb_g"):
+            tensors[f"{module}.weight"] = initializers[node.input[0]]
+        elif node.op_type == "Exp" and module == "dp.flows.0" and node.input[0] in initializers:
+            tensors["dp.flows.0.logs"] = -initializers[node.input[0]]
     for name, value in initializers.items():
         if name.startswith(("enc_p.", "dp.", "flow.", "dec.")):
             tensors.setdefault(name, value)
