@@ -4,6 +4,9 @@ or the other flags cannot use it; the families that allow it are the stage's fam
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -73,3 +76,23 @@ def test_a_family_without_stages_is_refused_from_its_headers(smollm2_path):
 def test_families_marked_for_pipeline_parallel_are_the_stage_families():
     marked = {name for name, family in FAMILIES.items() if family.supports_pipeline_parallel}
     assert marked == set(PIPELINE_FAMILIES)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_stage_that_dies_while_starting_ends_rank_0_with_one_line(smollm2_path, tmp_path):
+    # Every process but rank 0 ends at interpreter start-up with status 7.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nif os.environ.get('MLX_RANK', '0') != '0':\n    os._exit(7)\n",
+        encoding="utf-8",
+    )
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_", "MLXCEL_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "generate", "-m", str(smollm2_path), "--pp", "2",
+         "-p", "hi"],
+        capture_output=True,
+        text=True,
+        env={**environ, "PYTHONPATH": str(tmp_path)},
+        timeout=120,
+    )  # fmt: skip
+    assert (result.returncode, result.stderr) == (1, "mlxcel: error: rank 1 exited with code 7\n")
