@@ -80,7 +80,7 @@ def main(
     command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
         args = make_parser(command).parse_args(argv)
-        args.argv = tuple(argv)  # other ranks of `--tp` run the same command line
+        args.argv = tuple(argv)  # other ranks of `--tp`/`--pp` run the same command line
         return args.command(args, environ, out, err)
     except UsageError as error:
         _report(err, error)

@@ -54,7 +54,7 @@ def open_engine(
 ) -> Engine:
     """Start an engine on `loaded` (with its unfused adapters) with `config` (from
     `engine_config_from`) and `context_size`, loading the draft model `-md` names;
-    `make_runner` builds its model runner (`--tp`'s lockstep runner), None the plain one.
+    `make_runner` builds its model runner (`--tp`/`--pp`'s lockstep runner), None the plain one.
 
     Raises:
         UsageError: the draft model's vocabulary differs, or a KV cache type cannot store

@@ -38,6 +38,7 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
+from mlxcel.parallel_flags import PARALLEL_FLAGS, check_parallel, parallel_rank
 from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
 from mlxcel.reply_reasoning import (
     REASONING_FLAGS,
@@ -50,7 +51,6 @@ from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
-from mlxcel.tensor_parallel_flags import TP_FLAG, check_tensor_parallel, tensor_parallel_rank
 from mlxcel_core.engine import EngineConfig, RunnerFactory
 from mlxcel_core.generate import GenerationStats
 from mlxcel_core.sampling import SamplingParams
@@ -79,7 +79,7 @@ FLAGS = (
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
     *SAMPLING_FLAGS,
-    TP_FLAG,
+    *PARALLEL_FLAGS,
 )
 
 
@@ -160,14 +160,14 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=len(prompts))
     check_draft_model_path(args)
-    check_tensor_parallel(args, engine_config)
+    check_parallel(args, engine_config)
     surgery = surgery_plan_from(args)
     check_memory(args, err)
-    with tensor_parallel_rank(args, environ, err) as rank:
+    with parallel_rank(args, environ, err) as rank:
         loaded = load_target_model(args, adapters, surgery)
         if rank is None:
             return _generate(args, loaded, engine_config, prompts, params, out, err)
-        rank.shard(loaded)
+        loaded = rank.prepare(loaded)
         if not rank.is_front:
             return rank.follow(loaded, engine_config)
         return _generate(
@@ -236,7 +236,7 @@ def generate_one(
 ) -> int:
     """Stream one reply from the engine to `out`, its reasoning hidden unless
     `--show-reasoning`; timings to `err`. `make_runner` builds the engine's model runner
-    (`--tp`'s lockstep runner).
+    (`--tp`/`--pp`'s lockstep runner).
 
     Raises:
         InputError: the prompt does not fit the context.

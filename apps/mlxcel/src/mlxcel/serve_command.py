@@ -40,15 +40,10 @@ from mlxcel.flags import (
 )
 from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
+from mlxcel.parallel_flags import PARALLEL_FLAGS, ParallelRank, check_parallel, parallel_rank
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
-from mlxcel.tensor_parallel_flags import (
-    TP_FLAG,
-    TensorParallelRank,
-    check_tensor_parallel,
-    tensor_parallel_rank,
-)
 from mlxcel_core.engine import Engine, InsufficientMemoryError, RunnerFactory
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
@@ -107,7 +102,7 @@ FLAGS = (
     *SERVER_FLAGS,
     *AUDIO_FLAGS,
     *SAMPLING_FLAGS,
-    TP_FLAG,
+    *PARALLEL_FLAGS,
 )
 
 
@@ -181,7 +176,7 @@ def serving_model(
     make_runner: RunnerFactory | None = None,
 ) -> ServingModel:
     """Start an engine on `loaded` (with its draft model, if any) and name it as the API will;
-    `make_runner` builds the engine's model runner (`--tp`'s lockstep runner).
+    `make_runner` builds the engine's model runner (`--tp`/`--pp`'s lockstep runner).
 
     Raises:
         InsufficientMemoryError: the KV cache cannot hold one sequence of the context size.
@@ -216,11 +211,11 @@ def _loader(
     args: argparse.Namespace,
     settings: ServerSettings,
     err: TextIO,
-    rank: TensorParallelRank | None = None,
+    rank: ParallelRank | None = None,
 ) -> Callable[[], Models]:
     """Checks that the models fit in memory (`check_memory`, its estimate on `err`), then
-    loads the model and adapters the flags name (keeping `rank`'s shard of it under
-    `--tp`), then the draft model, on the calling thread's stream, then the speech models.
+    loads the model and adapters the flags name (keeping `rank`'s part of it under
+    `--tp`/`--pp`), then the draft model, on the calling thread's stream, then the speech models.
 
     Raises:
         UsageError: the adapter or speech flags conflict.
@@ -237,7 +232,7 @@ def _loader(
         with thread_stream():
             loaded = load_target_model(args, adapters, surgery)
             if rank is not None:
-                rank.shard(loaded)
+                loaded = rank.prepare(loaded)
             draft = load_draft_model(args, loaded)
             return loaded, draft, serving_audio(speech_paths, settings)
 
@@ -311,30 +306,29 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     settings = settings_from(args)
-    check_tensor_parallel(args, settings.engine)
-    with tensor_parallel_rank(args, environ, err) as rank:
+    check_parallel(args, settings.engine)
+    with parallel_rank(args, environ, err) as rank:
         if rank is not None and not rank.is_front:
             return _follow(args, settings, rank, err)
         return _serve(args, settings, rank, err)
 
 
 def _follow(
-    args: argparse.Namespace, settings: ServerSettings, rank: TensorParallelRank, err: TextIO
+    args: argparse.Namespace, settings: ServerSettings, rank: ParallelRank, err: TextIO
 ) -> int:
-    """A rank > 0 of `--tp`: load and shard the model, then run rank 0's engine steps;
-    no HTTP."""
+    """A rank > 0 of `--tp`/`--pp`: load the model and keep this rank's part, then run
+    rank 0's engine steps; no HTTP."""
     adapters = adapter_specs_from(args)
     surgery = surgery_plan_from(args)
     check_memory(args, err)
-    loaded = load_target_model(args, adapters, surgery)
-    rank.shard(loaded)
+    loaded = rank.prepare(load_target_model(args, adapters, surgery))
     return rank.follow(loaded, settings.engine)
 
 
 def _serve(
     args: argparse.Namespace,
     settings: ServerSettings,
-    rank: TensorParallelRank | None,
+    rank: ParallelRank | None,
     err: TextIO,
 ) -> int:
     load_models = _loader(args, settings, err, rank)

@@ -1,8 +1,9 @@
-"""mlxcel distributed: tensor-parallel inference on `mx.distributed`.
+"""mlxcel distributed: tensor- and pipeline-parallel inference on `mx.distributed`.
 
 Rank 0 runs the engine and sends each step to the other ranks, which run the same forward
-passes over their shards of the model (`lockstep`); `local_ranks` starts a group on one
-machine, `group` joins one however it was started.
+passes over their part of the model (`lockstep`): a shard of every layer
+(`tensor_parallel`) or a stage of consecutive layers (`pipeline_stage`); `local_ranks`
+starts a group on one machine, `group` joins one however it was started.
 """
 
 from mlxcel_distributed.group import GroupError, join_group
@@ -12,6 +13,11 @@ from mlxcel_distributed.lockstep import (
     LockstepRunner,
     follow_steps,
     make_lockstep_runner_factory,
+)
+from mlxcel_distributed.pipeline_stage import (
+    PIPELINE_FAMILIES,
+    PipelineStage,
+    make_pipeline_stage,
 )
 from mlxcel_distributed.step_channel import StepChannel
 from mlxcel_distributed.step_messages import (
@@ -30,6 +36,7 @@ from mlxcel_distributed.tensor_parallel import (
 )
 
 __all__ = [
+    "PIPELINE_FAMILIES",
     "READY_FD_VARIABLE",
     "GroupError",
     "KVPlan",
@@ -37,6 +44,7 @@ __all__ = [
     "LockstepError",
     "LockstepRunner",
     "Message",
+    "PipelineStage",
     "Shutdown",
     "StepChannel",
     "StepMessage",
@@ -47,6 +55,7 @@ __all__ = [
     "follow_steps",
     "join_group",
     "make_lockstep_runner_factory",
+    "make_pipeline_stage",
     "shard_model",
     "signal_ready",
     "valid_tp_sizes",

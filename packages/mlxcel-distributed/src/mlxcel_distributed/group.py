@@ -26,5 +26,5 @@ def join_group(size: int, *, backend: str = "any") -> mx.distributed.Group:
     except RuntimeError as error:
         raise GroupError(f"cannot join the distributed group ({backend}): {error}") from error
     if group.size() != size:
-        raise GroupError(f"--tp {size} needs {size} ranks but the launch started {group.size()}")
+        raise GroupError(f"the group needs {size} ranks but the launch started {group.size()}")
     return group

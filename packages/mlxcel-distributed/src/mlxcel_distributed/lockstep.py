@@ -1,9 +1,10 @@
-"""The engine's steps run in lockstep over a tensor-parallel group.
+"""The engine's steps run in lockstep over a tensor- or pipeline-parallel group.
 
 Rank 0 owns the engine (scheduler, KV manager, sampler); its runner sends each step's rows
 to the other ranks before running them. The other ranks (followers) run the same forward
-passes over their own shards and their own KV heads, never sampling. Each sharded layer
-ends in an all-sum, so every rank must evaluate the same graph in the same order: both
+passes over their own part of the model (a shard of every layer, or a pipeline stage) and
+their own KV caches, never sampling. Each sharded layer ends in an all-sum, and each stage
+sends to the next, so every rank must evaluate the same graph in the same order: both
 sides evaluate a step's logits and KV writes together, in one `mx.eval` of the same arrays,
 inside the runner (rank 0's engine then samples from logits already computed).
 """
@@ -76,7 +77,7 @@ def make_lockstep_runner_factory(channel: StepChannel) -> RunnerFactory:
         model: LanguageModel, storage: PagedKVStorage, adapters: RowAdapterScales | None
     ) -> ModelRunner:
         if adapters is not None:
-            raise ValueError("tensor parallelism does not support unfused LoRA adapters")
+            raise ValueError("lockstep ranks do not support unfused LoRA adapters")
         channel.send(KVPlan(storage.max_blocks))
         return LockstepRunner(model, storage, channel)
 

@@ -49,10 +49,19 @@ _SAFETENSORS_ONLY = frozenset({WeightFormat.SAFETENSORS})
 FAMILIES: dict[str, FamilyMetadata] = {
     family.model_type: family
     for family in (
-        FamilyMetadata("llama", ModelKind.TEXT, _BOTH, True, gguf_rope_permuted=True),
-        FamilyMetadata("mistral", ModelKind.TEXT, _SAFETENSORS_ONLY, True),
-        FamilyMetadata("qwen2", ModelKind.TEXT, _BOTH, True),
-        FamilyMetadata("qwen3", ModelKind.TEXT, _BOTH, True),
+        FamilyMetadata(
+            "llama",
+            ModelKind.TEXT,
+            _BOTH,
+            True,
+            gguf_rope_permuted=True,
+            supports_pipeline_parallel=True,
+        ),
+        FamilyMetadata(
+            "mistral", ModelKind.TEXT, _SAFETENSORS_ONLY, True, supports_pipeline_parallel=True
+        ),
+        FamilyMetadata("qwen2", ModelKind.TEXT, _BOTH, True, supports_pipeline_parallel=True),
+        FamilyMetadata("qwen3", ModelKind.TEXT, _BOTH, True, supports_pipeline_parallel=True),
     )
 }
 

@@ -1,11 +1,14 @@
-"""`--tp N`: split the model over N ranks (tensor parallelism), for `generate` and `serve`.
+"""`--tp N` and `--pp N`: run the model over N ranks, for `generate` and `serve`.
 
-Every rank runs the same command line. Rank 0 runs the command as usual, its engine
-sending each step to the others; ranks > 0 load and shard the same model and run those
-steps (`mlxcel_distributed.lockstep`), printing and serving nothing. Launched by
-`mlx.launch` (`MLX_RANK` set), a process joins the launcher's group; otherwise it becomes
-rank 0 and starts ranks 1..N-1 on this machine over loopback. llama-server has no such
-flag; the name is vLLM's (`--tensor-parallel-size`) shortened.
+`--tp` splits every layer over the ranks (tensor parallelism), `--pp` gives each rank a
+stage of consecutive layers (pipeline parallelism); they differ only in what each rank
+keeps of the loaded model (`parallel_modes`). Every rank runs the same command line.
+Rank 0 runs the command as usual, its engine sending each step to the others; ranks > 0
+load the same model, keep their part, and run those steps (`mlxcel_distributed.lockstep`),
+printing and serving nothing. Launched by `mlx.launch` (`MLX_RANK` set), a process joins
+the launcher's group; otherwise it becomes rank 0 and starts ranks 1..N-1 on this machine
+over loopback. llama-server has neither flag; the names are vLLM's
+(`--tensor-parallel-size`, `--pipeline-parallel-size`) shortened.
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ from typing import TYPE_CHECKING, TextIO
 import mlx.core as mx
 
 from mlxcel.flags import Flag, RunError, UsageError
+from mlxcel.parallel_modes import (
+    PIPELINE_PARALLEL,
+    TENSOR_PARALLEL,
+    ParallelMode,
+    import_distributed,
+)
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RowAdapterScales, RunnerFactory
 from mlxcel_core.generate import LanguageModel
@@ -40,81 +49,99 @@ TP_FLAG = Flag(
     "processes start on this machine",
     env="MLXCEL_TP",
 )
+PP_FLAG = Flag(
+    ("--pp", "--pipeline-parallel-size"),
+    "pp",
+    int,
+    1,
+    "ranks to split the model's layers over (pipeline parallel); without mlx.launch, N-1 "
+    "more processes start on this machine",
+    env="MLXCEL_PP",
+)
+PARALLEL_FLAGS = (TP_FLAG, PP_FLAG)
 # Time for the other ranks to leave their step loop once told the engine has stopped.
 FOLLOWER_STOP_SECONDS = 30.0
 _LAUNCHER_VARIABLES = ("MLX_RANK", "MLX_HOSTFILE")
 
 
-def _import_distributed():
-    try:
-        import mlxcel_distributed
-    except ImportError as error:
-        raise UsageError(
-            "--tp needs the distributed extra: pip install 'mlxcel[distributed]'"
-        ) from error
-    return mlxcel_distributed
+def parallel_mode_from(args: argparse.Namespace) -> tuple[ParallelMode, int] | None:
+    """The way `--tp`/`--pp` split the model and the number of ranks; None for one process.
+
+    Raises:
+        UsageError: a size < 1, or both flags above 1.
+    """
+    for flag, size in (("--tp", args.tp), ("--pp", args.pp)):
+        if size < 1:
+            raise UsageError(f"{flag} must be >= 1, got {size}")
+    if args.tp > 1 and args.pp > 1:
+        raise UsageError("--tp and --pp cannot be combined: use one of them")
+    if args.tp > 1:
+        return TENSOR_PARALLEL, args.tp
+    if args.pp > 1:
+        return PIPELINE_PARALLEL, args.pp
+    return None
 
 
-def check_tensor_parallel(args: argparse.Namespace, engine_config: EngineConfig) -> None:
-    """Refuse, before anything starts or loads, a `--tp` this model or these flags cannot
-    use: the model's heads and MLP width must divide by N (read from its headers);
+def check_parallel(args: argparse.Namespace, engine_config: EngineConfig) -> None:
+    """Refuse, before anything starts or loads, a `--tp`/`--pp` this model or these flags
+    cannot use: the model (read from its headers) must allow the split (`ParallelMode`);
     speculative decoding and unfused LoRA adapters are not supported.
 
     Raises:
         UsageError: any of these, in one line.
         ModelLoadError: the model cannot be found or its headers read.
     """
-    if args.tp < 1:
-        raise UsageError(f"--tp must be >= 1, got {args.tp}")
-    if args.tp == 1:
+    chosen = parallel_mode_from(args)
+    if chosen is None:
         return
+    mode, size = chosen
     if engine_config.speculative is not None:
-        raise UsageError("--tp does not support speculative decoding (-md, --prompt-lookup-max)")
+        raise UsageError(
+            f"{mode.flag} does not support speculative decoding (-md, --prompt-lookup-max)"
+        )
     if (args.lora or args.lora_scaled) and not args.lora_fuse:
-        raise UsageError("--tp needs LoRA adapters fused into the weights: add --lora-fuse")
-    distributed = _import_distributed()
+        raise UsageError(f"{mode.flag} needs LoRA adapters fused into the weights: add --lora-fuse")
+    import_distributed(mode.flag)
     path = (
         default_model_path()
         if args.model is None
         else resolve_model(args.model, args.model_store, revision=args.revision)
     )
-    try:
-        distributed.check_tp_size(read_model_inventory(path).architecture, args.tp)
-    except distributed.TensorParallelError as error:
-        raise UsageError(str(error)) from error
+    mode.check_model(read_model_inventory(path), size)
 
 
-class TensorParallelRank:
-    """This process's place in a tensor-parallel group.
+class ParallelRank:
+    """This process's place in a `--tp` or `--pp` group.
 
     Attributes:
         is_front: rank 0, which runs the engine; the others follow its steps.
     """
 
     def __init__(
-        self, group: mx.distributed.Group, channel: StepChannel, local_ranks: LocalRanks | None
+        self,
+        mode: ParallelMode,
+        group: mx.distributed.Group,
+        channel: StepChannel,
+        local_ranks: LocalRanks | None,
     ) -> None:
+        self._mode = mode
         self._group = group
         self._channel = channel
         self._local_ranks = local_ranks
         self._engine_started = False
         self.is_front = group.rank() == 0
 
-    def shard(self, loaded: LoadedModel) -> None:
-        """Keep this rank's shard of the model.
+    def prepare(self, loaded: LoadedModel) -> LoadedModel:
+        """Keep this rank's part of the model (its shard or its stage); the model to run.
 
         Raises:
-            UsageError: the model's class cannot be sharded.
+            UsageError: the model's class cannot be split this way.
         """
-        distributed = _import_distributed()
-        try:
-            distributed.shard_model(loaded.model, self._group)
-        except distributed.TensorParallelError as error:
-            raise UsageError(str(error)) from error
+        return self._mode.prepare(loaded, self._group)
 
     def make_runner(self) -> RunnerFactory:
         """Rank 0's runner factory for the engine: it sends every step to the other ranks."""
-        factory = _import_distributed().make_lockstep_runner_factory(self._channel)
+        factory = import_distributed(self._mode.flag).make_lockstep_runner_factory(self._channel)
 
         def make_runner(
             model: LanguageModel, storage: PagedKVStorage, adapters: RowAdapterScales | None
@@ -131,7 +158,7 @@ class TensorParallelRank:
         Raises:
             RunError: a message from rank 0 came out of order.
         """
-        distributed = _import_distributed()
+        distributed = import_distributed(self._mode.flag)
         try:
             distributed.follow_steps(loaded.model, engine_config, self._channel)
         except distributed.LockstepError as error:
@@ -146,26 +173,30 @@ class TensorParallelRank:
         if self._local_ranks is not None:
             self._local_ranks.stop_watching()
         if self._engine_started:
-            self._channel.send(_import_distributed().Shutdown())
+            self._channel.send(import_distributed(self._mode.flag).Shutdown())
         if self._local_ranks is not None:
             timeout = FOLLOWER_STOP_SECONDS if self._engine_started else 0.0
             self._local_ranks.stop(timeout)
 
 
 @contextmanager
-def tensor_parallel_rank(
+def parallel_rank(
     args: argparse.Namespace, environ: Mapping[str, str], err: TextIO
-) -> Iterator[TensorParallelRank | None]:
-    """Join the group of `--tp N` ranks (None for `--tp 1`), starting ranks 1..N-1 on
-    this machine unless a launcher started this process; on leaving, rank 0 stops them.
+) -> Iterator[ParallelRank | None]:
+    """Join the group of `--tp N` or `--pp N` ranks (None for one process), starting ranks
+    1..N-1 on this machine unless a launcher started this process; on leaving, rank 0
+    stops them.
 
     Raises:
+        UsageError: the flags are invalid (see `parallel_mode_from`).
         RunError: the group cannot be formed, or a local rank cannot be started.
     """
-    if args.tp == 1:
+    chosen = parallel_mode_from(args)
+    if chosen is None:
         yield None
         return
-    distributed = _import_distributed()
+    mode, size = chosen
+    distributed = import_distributed(mode.flag)
     local_ranks = None
     if not any(name in environ for name in _LAUNCHER_VARIABLES):
 
@@ -176,26 +207,26 @@ def tensor_parallel_rank(
         try:
             local_ranks = distributed.LocalRanks(
                 [sys.executable, "-m", "mlxcel", *args.argv],
-                args.tp,
+                size,
                 # The other ranks' loading bars would interleave with rank 0's.
                 environ={**environ, "TQDM_DISABLE": "1"},
                 on_exit=report_exit,
             )
         except OSError as error:
-            raise RunError(f"cannot start the other --tp ranks: {error}") from error
+            raise RunError(f"cannot start the other {mode.flag} ranks: {error}") from error
         if not local_ranks.wait_until_ready():
-            raise RunError("the other --tp ranks exited while starting")
+            raise RunError(f"the other {mode.flag} ranks exited while starting")
         os.environ.update(local_ranks.environment)
     elif distributed.READY_FD_VARIABLE in environ:
         distributed.signal_ready(int(environ[distributed.READY_FD_VARIABLE]))
     backend = "ring" if "MLX_HOSTFILE" in os.environ else "any"
     try:
-        group = distributed.join_group(args.tp, backend=backend)
+        group = distributed.join_group(size, backend=backend)
     except distributed.GroupError as error:
         if local_ranks is not None:
             local_ranks.stop(0.0)
-        raise RunError(str(error)) from error
-    rank = TensorParallelRank(group, distributed.StepChannel(group), local_ranks)
+        raise RunError(f"{mode.flag} {size}: {error}") from error
+    rank = ParallelRank(mode, group, distributed.StepChannel(group), local_ranks)
     try:
         yield rank
     finally:
