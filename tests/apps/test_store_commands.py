@@ -213,7 +213,7 @@ def test_arch_lists_the_families_and_what_they_support():
     for entry in architectures:
         assert entry["inputs"] == ["text"]
         assert entry["lora"] is True
-        assert entry["tensor_parallel"] is False
+        assert entry["tensor_parallel"] is True
         assert entry["pipeline_parallel"] is True
     formats = {entry["architecture"]: entry["formats"] for entry in architectures}
     assert formats["mistral"] == ["safetensors"]

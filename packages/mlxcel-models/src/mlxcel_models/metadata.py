@@ -55,13 +55,33 @@ FAMILIES: dict[str, FamilyMetadata] = {
             _BOTH,
             True,
             gguf_rope_permuted=True,
+            supports_tensor_parallel=True,
             supports_pipeline_parallel=True,
         ),
         FamilyMetadata(
-            "mistral", ModelKind.TEXT, _SAFETENSORS_ONLY, True, supports_pipeline_parallel=True
+            "mistral",
+            ModelKind.TEXT,
+            _SAFETENSORS_ONLY,
+            True,
+            supports_tensor_parallel=True,
+            supports_pipeline_parallel=True,
         ),
-        FamilyMetadata("qwen2", ModelKind.TEXT, _BOTH, True, supports_pipeline_parallel=True),
-        FamilyMetadata("qwen3", ModelKind.TEXT, _BOTH, True, supports_pipeline_parallel=True),
+        FamilyMetadata(
+            "qwen2",
+            ModelKind.TEXT,
+            _BOTH,
+            True,
+            supports_tensor_parallel=True,
+            supports_pipeline_parallel=True,
+        ),
+        FamilyMetadata(
+            "qwen3",
+            ModelKind.TEXT,
+            _BOTH,
+            True,
+            supports_tensor_parallel=True,
+            supports_pipeline_parallel=True,
+        ),
     )
 }
 
