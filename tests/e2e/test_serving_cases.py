@@ -36,7 +36,8 @@ PREFILL_CHUNK = 128
 BATCH_CONTEXT = 2048
 SINGLE_CONTEXT = 4096
 TIMEOUT = httpx.Timeout(180.0)
-# Time for the engine to notice a closed connection and free the sequence.
+# Time for the engine to notice a closed connection and free the sequence, on a quiet machine;
+# under load the bound is a short request's measured latency, whichever is longer.
 ABANDON_SECONDS = 1.0
 
 CODES = (48213, 10957, 73640, 29381, 55502, 86124, 31079, 64458,
@@ -253,15 +254,17 @@ def check_abandoned(
     """After a client abandoned task `task_id` at `closed_at`: a short request sent right away
     completes within 2x its idle latency (plus `step_seconds`, the engine step that was in
     flight: a step is never interrupted); the task leaves its slot within `ABANDON_SECONDS`
-    (plus `step_seconds`); then, read twice 1 s apart, no slot is busy, no request runs or
-    holds KV blocks, and the predicted-token total does not move."""
+    or the idle latency, whichever is longer (plus `step_seconds`), far less than the minutes
+    the abandoned request would still have run; then, read twice 1 s apart, no slot is busy,
+    no request runs or holds KV blocks, and the predicted-token total does not move."""
     with ThreadPoolExecutor(1) as pool:
         short = pool.submit(timed_short_request, server)
 
         def gone() -> bool:
             return all(slot.get("id_task") != task_id for slot in slots(server))
 
-        allowed = ABANDON_SECONDS + step_seconds - (time.monotonic() - closed_at)
+        noticing = max(ABANDON_SECONDS, idle_seconds)
+        allowed = noticing + step_seconds - (time.monotonic() - closed_at)
         wait_for(gone, allowed, f"task {task_id} to leave its slot")
         latency = short.result(timeout=TIMEOUT.read)
     assert latency < 2 * idle_seconds + step_seconds, (latency, idle_seconds, step_seconds)
