@@ -38,7 +38,7 @@ from mlxcel_models.memory import read_model_inventory
 from mlxcel_models.store import resolve_model
 
 if TYPE_CHECKING:
-    from mlxcel_distributed import LocalRanks, StepChannel
+    from mlxcel_distributed import LocalRanks, StageGuard, StageHealth, StepChannel
 
 TP_FLAG = Flag(
     ("--tp", "--tensor-parallel-size"),
@@ -115,6 +115,8 @@ class ParallelRank:
 
     Attributes:
         is_front: rank 0, which runs the engine; the others follow its steps.
+        size: ranks in the group.
+        health: the group's faults, as rank 0 sees them.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class ParallelRank:
         group: mx.distributed.Group,
         channel: StepChannel,
         local_ranks: LocalRanks | None,
+        health: StageHealth,
     ) -> None:
         self._mode = mode
         self._group = group
@@ -130,6 +133,8 @@ class ParallelRank:
         self._local_ranks = local_ranks
         self._engine_started = False
         self.is_front = group.rank() == 0
+        self.size = group.size()
+        self.health = health
 
     def prepare(self, loaded: LoadedModel) -> LoadedModel:
         """Keep this rank's part of the model (its shard or its stage); the model to run.
@@ -139,9 +144,11 @@ class ParallelRank:
         """
         return self._mode.prepare(loaded, self._group)
 
-    def make_runner(self) -> RunnerFactory:
-        """Rank 0's runner factory for the engine: it sends every step to the other ranks."""
-        factory = import_distributed(self._mode.flag).make_lockstep_runner_factory(self._channel)
+    def make_runner(self, guard: StageGuard | None = None) -> RunnerFactory:
+        """Rank 0's runner factory for the engine: it sends every step to the other ranks,
+        under `guard` (the stage timeout, health and metrics) when one is given."""
+        distributed = import_distributed(self._mode.flag)
+        factory = distributed.make_lockstep_runner_factory(self._channel, guard)
 
         def make_runner(
             model: LanguageModel, storage: PagedKVStorage, adapters: RowAdapterScales | None
@@ -156,13 +163,17 @@ class ParallelRank:
         """Run rank 0's engine steps on this rank until it stops; the exit code (0).
 
         Raises:
-            RunError: a message from rank 0 came out of order.
+            RunError: a message from rank 0 came out of order, or another rank is gone.
         """
         distributed = import_distributed(self._mode.flag)
         try:
             distributed.follow_steps(loaded.model, engine_config, self._channel)
         except distributed.LockstepError as error:
             raise RunError(f"rank {self._group.rank()}: {error}") from error
+        # MLX's error when another rank of the group is gone (see `stage_guard`), or what a
+        # collective it failed midway left in the step frame.
+        except (RuntimeError, ValueError) as error:
+            raise RunError(f"rank {self._group.rank()} lost the group: {error}") from error
         return 0
 
     def close(self) -> None:
@@ -172,20 +183,29 @@ class ParallelRank:
             return
         if self._local_ranks is not None:
             self._local_ranks.stop_watching()
-        if self._engine_started:
+        # A group with a rank at fault can run no collective, the shutdown message included.
+        in_step = self._engine_started and self.health.fault is None
+        if in_step:
             self._channel.send(import_distributed(self._mode.flag).Shutdown())
         if self._local_ranks is not None:
-            timeout = FOLLOWER_STOP_SECONDS if self._engine_started else 0.0
+            timeout = FOLLOWER_STOP_SECONDS if in_step else 0.0
             self._local_ranks.stop(timeout)
 
 
 @contextmanager
 def parallel_rank(
-    args: argparse.Namespace, environ: Mapping[str, str], err: TextIO
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    err: TextIO,
+    *,
+    keep_front_up: bool = False,
 ) -> Iterator[ParallelRank | None]:
     """Join the group of `--tp N` or `--pp N` ranks (None for one process), starting ranks
     1..N-1 on this machine unless a launcher started this process; on leaving, rank 0
     stops them.
+
+    A local rank that exits early ends rank 0 with one line, unless `keep_front_up`: then
+    it is reported to the rank's `health` instead (the server decides).
 
     Raises:
         UsageError: the flags are invalid (see `parallel_mode_from`).
@@ -197,10 +217,14 @@ def parallel_rank(
         return
     mode, size = chosen
     distributed = import_distributed(mode.flag)
+    health = distributed.StageHealth()
     local_ranks = None
     if not any(name in environ for name in _LAUNCHER_VARIABLES):
 
         def report_exit(rank: int, code: int) -> None:
+            if keep_front_up:
+                health.report(distributed.StageFault(rank, f"exited with code {code}"))
+                return
             print(f"mlxcel: error: rank {rank} exited with code {code}", file=err, flush=True)
             os._exit(1)
 
@@ -226,7 +250,7 @@ def parallel_rank(
         if local_ranks is not None:
             local_ranks.stop(0.0)
         raise RunError(f"{mode.flag} {size}: {error}") from error
-    rank = ParallelRank(mode, group, distributed.StepChannel(group), local_ranks)
+    rank = ParallelRank(mode, group, distributed.StepChannel(group), local_ranks, health)
     try:
         yield rank
     finally:

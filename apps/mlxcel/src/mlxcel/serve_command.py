@@ -42,6 +42,12 @@ from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.parallel_flags import PARALLEL_FLAGS, ParallelRank, check_parallel, parallel_rank
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
+from mlxcel.stage_faults import (
+    STAGE_TIMEOUT_FLAG,
+    check_stage_timeout,
+    exit_now_if_degraded,
+    guard_stages,
+)
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.engine import Engine, InsufficientMemoryError, RunnerFactory
@@ -103,6 +109,7 @@ FLAGS = (
     *AUDIO_FLAGS,
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
+    STAGE_TIMEOUT_FLAG,
 )
 
 
@@ -307,10 +314,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_store_flags(args, environ)
     settings = settings_from(args)
     check_parallel(args, settings.engine)
-    with parallel_rank(args, environ, err) as rank:
+    check_stage_timeout(args)
+    with parallel_rank(args, environ, err, keep_front_up=True) as rank:
         if rank is not None and not rank.is_front:
             return _follow(args, settings, rank, err)
-        return _serve(args, settings, rank, err)
+        code = _serve(args, settings, rank, err)
+    exit_now_if_degraded(rank, code)
+    return code
 
 
 def _follow(
@@ -332,8 +342,12 @@ def _serve(
     err: TextIO,
 ) -> int:
     load_models = _loader(args, settings, err, rank)
-    make_runner = None if rank is None else rank.make_runner()
     state = ServerState()
+    make_runner = (
+        None
+        if rank is None
+        else rank.make_runner(guard_stages(rank, state, args.stage_timeout, err))
+    )
     app = create_app(state, settings)
     config = Config()
     config.bind = [f"{args.host}:{args.port}"]

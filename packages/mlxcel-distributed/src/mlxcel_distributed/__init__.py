@@ -4,6 +4,8 @@ Rank 0 runs the engine and sends each step to the other ranks, which run the sam
 passes over their part of the model (`lockstep`): a shard of every layer
 (`tensor_parallel`) or a stage of consecutive layers (`pipeline_stage`); `local_ranks`
 starts a group on one machine, `group` joins one however it was started.
+`stage_guard` holds rank 0's steps to the stage timeout (`watchdog`), records the
+group's faults (`stage_health`) and measures the steps (`stage_metrics`).
 """
 
 from mlxcel_distributed.group import GroupError, join_group
@@ -19,6 +21,9 @@ from mlxcel_distributed.pipeline_stage import (
     PipelineStage,
     make_pipeline_stage,
 )
+from mlxcel_distributed.stage_guard import StageGuard
+from mlxcel_distributed.stage_health import StageFault, StageHealth
+from mlxcel_distributed.stage_metrics import Histogram, StageMetrics, StageMetricsSnapshot
 from mlxcel_distributed.step_channel import StepChannel
 from mlxcel_distributed.step_messages import (
     KVPlan,
@@ -34,11 +39,13 @@ from mlxcel_distributed.tensor_parallel import (
     shard_model,
     valid_tp_sizes,
 )
+from mlxcel_distributed.watchdog import StepWatchdog
 
 __all__ = [
     "PIPELINE_FAMILIES",
     "READY_FD_VARIABLE",
     "GroupError",
+    "Histogram",
     "KVPlan",
     "LocalRanks",
     "LockstepError",
@@ -46,8 +53,14 @@ __all__ = [
     "Message",
     "PipelineStage",
     "Shutdown",
+    "StageFault",
+    "StageGuard",
+    "StageHealth",
+    "StageMetrics",
+    "StageMetricsSnapshot",
     "StepChannel",
     "StepMessage",
+    "StepWatchdog",
     "TensorParallelError",
     "check_tp_size",
     "decode_message",

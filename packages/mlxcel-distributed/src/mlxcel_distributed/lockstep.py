@@ -21,6 +21,7 @@ from mlxcel_core.engine import EngineConfig, ModelRunner, RowInput, RunnerFactor
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.runner import StepLogits
 from mlxcel_core.generate import LanguageModel
+from mlxcel_distributed.stage_guard import StageGuard, timed
 from mlxcel_distributed.step_channel import StepChannel
 from mlxcel_distributed.step_messages import KVPlan, Shutdown, StepMessage
 
@@ -40,11 +41,19 @@ class LockstepRunner(ModelRunner):
         model: rank 0's shard of the model.
         storage: rank 0's KV pools (its own KV heads).
         channel: the group's step channel.
+        guard: the group's health, metrics and stage timeout; None runs steps unguarded.
     """
 
-    def __init__(self, model: LanguageModel, storage: PagedKVStorage, channel: StepChannel) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        storage: PagedKVStorage,
+        channel: StepChannel,
+        guard: StageGuard | None = None,
+    ) -> None:
         super().__init__(model, storage)
         self._channel = channel
+        self._guard = guard
         self._num_blocks = 0
         self._copies: tuple[BlockCopy, ...] = ()
 
@@ -58,17 +67,42 @@ class LockstepRunner(ModelRunner):
 
         Raises:
             ValueError: a row carries LoRA adapter scales.
+            EngineUnavailableError: a rank is gone or the step overran the stage timeout
+                (this step's collectives failed, or an earlier step's did).
         """
-        self._channel.send(StepMessage(self._num_blocks, self._copies, tuple(rows)))
+        guard = self._guard
+        if guard is None:
+            return self._run_step(rows)
+        guard.check()
+        with guard.step() as record:
+            lap = timed()
+            nbytes = self._channel.send(self._take_message(rows))
+            channel_seconds = lap()
+            step = self._compute(rows)
+            record(channel_seconds, lap(), nbytes)
+        return step
+
+    def _run_step(self, rows: Sequence[RowInput]) -> StepLogits:
+        self._channel.send(self._take_message(rows))
+        return self._compute(rows)
+
+    def _take_message(self, rows: Sequence[RowInput]) -> StepMessage:
+        message = StepMessage(self._num_blocks, self._copies, tuple(rows))
         self._copies = ()
+        return message
+
+    def _compute(self, rows: Sequence[RowInput]) -> StepLogits:
         step = super().run(rows)
         _evaluate(step, len(rows), self.storage)
         return step
 
 
-def make_lockstep_runner_factory(channel: StepChannel) -> RunnerFactory:
+def make_lockstep_runner_factory(
+    channel: StepChannel, guard: StageGuard | None = None
+) -> RunnerFactory:
     """The `Engine(make_runner=...)` factory of rank 0: it sends the KV plan (the number of
-    blocks the engine sized its cache to) and returns a `LockstepRunner`.
+    blocks the engine sized its cache to) and returns a `LockstepRunner` under `guard`
+    (None: unguarded).
 
     The factory raises `ValueError` for a model with unfused LoRA adapters.
     """
@@ -79,7 +113,7 @@ def make_lockstep_runner_factory(channel: StepChannel) -> RunnerFactory:
         if adapters is not None:
             raise ValueError("lockstep ranks do not support unfused LoRA adapters")
         channel.send(KVPlan(storage.max_blocks))
-        return LockstepRunner(model, storage, channel)
+        return LockstepRunner(model, storage, channel, guard)
 
     return make_runner
 

@@ -33,8 +33,11 @@ class StepChannel:
     def __init__(self, group: mx.distributed.Group) -> None:
         self.group = group
 
-    def send(self, message: Message) -> None:
+    def send(self, message: Message) -> int:
         """Send `message` to every other rank (rank 0 only).
+
+        Returns:
+            The bytes rank 0 put into the all-sums (its frames, int32).
 
         Raises:
             ValueError: the message cannot be encoded (`encode_message`).
@@ -45,8 +48,11 @@ class StepChannel:
         head = ints[: FRAME_INTS - 1]
         frame[1 : 1 + len(head)] = head
         self._all_sum(frame)
-        if len(ints) > len(head):
-            self._all_sum(np.asarray(ints[len(head) :], dtype=np.int32))
+        if len(ints) == len(head):
+            return frame.nbytes
+        rest = np.asarray(ints[len(head) :], dtype=np.int32)
+        self._all_sum(rest)
+        return frame.nbytes + rest.nbytes
 
     def receive(self) -> Message:
         """The next message rank 0 sends (ranks > 0 only).

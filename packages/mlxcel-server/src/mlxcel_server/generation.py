@@ -19,6 +19,7 @@ from mlxcel_core.engine import (
     EngineOutput,
     EngineOverloadedError,
     EngineRequest,
+    EngineUnavailableError,
     RequestHandle,
 )
 from mlxcel_core.generate import ContextOverflowError, GenerationStats
@@ -203,6 +204,8 @@ def _submit(model: ServingModel, prepared: Prepared) -> tuple[RequestHandle, Asy
 def _api_error(error: Exception) -> ApiError:
     if isinstance(error, EngineClosedError):
         return ApiError(503, "the server is shutting down")
+    if isinstance(error, EngineUnavailableError):
+        return ApiError(503, str(error))
     if isinstance(error, ContextOverflowError):
         return invalid(str(error), code="context_length_exceeded")
     logger.error("generation failed", exc_info=error)

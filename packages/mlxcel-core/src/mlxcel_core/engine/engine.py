@@ -25,6 +25,7 @@ from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.request import (
     EngineClosedError,
+    EngineError,
     EngineOutput,
     EngineOverloadedError,
     EngineRequest,
@@ -229,6 +230,27 @@ class Engine:
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+
+    def abandon(self, error: EngineError) -> None:
+        """End every unfinished request with `error` now, from the calling thread, and
+        refuse new ones, without waiting for the engine thread.
+
+        For an engine thread that may be blocked for good inside a step (a collective whose
+        peer hangs or died: MLX cannot interrupt it). `shutdown` must not be called after
+        this; the thread is a daemon and is left behind. Should the thread resume, its later
+        outputs follow each request's terminal error, and sinks ignore them.
+        """
+        with self._condition:
+            self._closing = True
+            self._failure = error
+            arrivals = list(self._inbox)
+            scheduler = self._scheduler
+            sequences = [*scheduler.waiting, *scheduler.running]
+        for submission in arrivals:
+            submission.sink.put(EngineOutput(submission.request.index, error=error))
+        for sequence in sequences:
+            if not sequence.status.finished:
+                sequence.sink.put(EngineOutput(sequence.request.index, error=error))
 
     # The engine thread from here on.
 

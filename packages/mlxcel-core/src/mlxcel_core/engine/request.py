@@ -33,6 +33,11 @@ class EngineClosedError(EngineError):
     """The engine is shutting down: the request was refused or ended early."""
 
 
+class EngineUnavailableError(EngineError):
+    """A part of the model that runs elsewhere (another rank) is gone or does not answer;
+    the message names it. The engine cannot run steps again."""
+
+
 class RequestCancelledError(EngineError):
     """The request was cancelled by its submitter (e.g. the client disconnected)."""
 

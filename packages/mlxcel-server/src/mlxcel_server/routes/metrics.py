@@ -138,12 +138,24 @@ def _engine_metrics(stats: EngineStats) -> Iterator[Metric]:
     )
 
 
+class _AddedCollectors(Collector):
+    """The collectors added to the state (`ServerState.add_collector`), read at each scrape."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self._state.collectors:
+            yield from collector.collect()
+
+
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     blueprint = Blueprint("metrics", __name__)
     # One registry per app: two apps in one process (tests) never share series.
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LlamaServerCollector(state))
     registry.register(AudioCollector(state))
+    registry.register(_AddedCollectors(state))
 
     @blueprint.get("/metrics")
     async def metrics() -> Response:

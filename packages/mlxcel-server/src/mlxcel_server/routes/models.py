@@ -12,10 +12,14 @@ def make_blueprint(state: ServerState) -> Blueprint:
     blueprint = Blueprint("models", __name__)
 
     @blueprint.get("/health")
-    async def health() -> Response:
+    async def health() -> Response | tuple[Response, int]:
         model = state.serving_model
         if model is None:
             raise ApiError(503, "the model is loading", headers={"Retry-After": "1"})
+        degradation = state.degradation
+        if degradation is not None:
+            body = {"status": "degraded", "message": degradation.message, **degradation.detail}
+            return jsonify(body), 503
         if model.engine.failure is not None:
             raise ApiError(503, "the engine stopped after repeated failures; restart the server")
         audio = state.audio
