@@ -79,3 +79,16 @@ def test_abandon_ends_running_and_waiting_requests_while_the_thread_is_blocked()
     with pytest.raises(EngineClosedError):
         engine.submit([_request()], OutputQueue())
     model.release.set()
+
+
+def _engine_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "mlxcel-engine"}
+
+
+def test_abandon_ends_an_idle_engine_thread():
+    before = _engine_threads()
+    engine = Engine(HangingModel())
+    (thread,) = _engine_threads() - before
+    engine.abandon(EngineUnavailableError("rank 1 exited with code -9"))
+    thread.join(WAIT_SECONDS)
+    assert not thread.is_alive()

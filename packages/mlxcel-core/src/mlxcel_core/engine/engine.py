@@ -238,10 +238,12 @@ class Engine:
         For an engine thread that may be blocked for good inside a step (a collective whose
         peer hangs or died: MLX cannot interrupt it). `shutdown` must not be called after
         this; the thread is a daemon and is left behind. Should the thread resume, its later
-        outputs follow each request's terminal error, and sinks ignore them.
+        outputs follow each request's terminal error, and sinks ignore them; an idle thread
+        ends at once.
         """
         with self._condition:
             self._closing = True
+            self._condition.notify_all()
             self._failure = error
             arrivals = list(self._inbox)
             scheduler = self._scheduler
