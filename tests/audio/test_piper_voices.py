@@ -103,6 +103,10 @@ def test_a_speaker_is_named_or_numbered(multi_speaker):
         ("3", "unknown speaker '3'"),
         (-1, "unknown speaker -1"),
         ("Ann", "unknown speaker 'Ann'"),
+        ("1.5", "unknown speaker '1.5'"),
+        # Digits of other scripts, which int() reads as 1 and 2.
+        ("\u0661", "unknown speaker '\u0661'"),
+        ("\uff12", "unknown speaker '\uff12'"),
     ],
 )
 def test_unknown_speakers_raise_audio_input_error(multi_speaker, speaker, message):

@@ -45,7 +45,7 @@ class PiperVoice:
 
     def speaker_id(self, speaker: str | int | None) -> int | None:
         """The speaker id `speaker` names: a name from the config's `speaker_id_map`, or an
-        id (an int or its decimal text) in [0, num_speakers); a name wins over an id it
+        id (an int or its ASCII decimal text) in [0, num_speakers); a name wins over an id it
         spells. None is the config's `default_speaker_id` for a multi-speaker voice and
         None for a single-speaker one, which takes no speaker.
 
@@ -61,7 +61,8 @@ class PiperVoice:
             if isinstance(speaker, str) and speaker in self.config.speaker_ids:
                 return self.config.speaker_ids[speaker]
             text = str(speaker)
-            if text.isdecimal() and int(text) < num_speakers:
+            # int() also reads digits of other scripts (Arabic-Indic, fullwidth): ids are ASCII.
+            if text.isascii() and text.isdecimal() and int(text) < num_speakers:
                 return int(text)
         known = (
             f"{', '.join(self.speakers[:10])} or an id below {num_speakers}"
