@@ -225,6 +225,8 @@ def test_an_unknown_model_gets_404(client):
         ({"temperature": "hot"}, "temperature"),
         ({"temperature": "1.5"}, "temperature"),
         ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
+        ({"stream": "true"}, "stream"),
+        ({"langauge": "en"}, "langauge"),
     ],
 )
 def test_bad_fields_get_400_naming_them(client, form, param):
