@@ -94,13 +94,16 @@ class PiperVoice:
 
         Raises:
             AudioInputError: the text is empty or has nothing to speak, `speaker` is not
-                a speaker of this voice, or `speed` is outside [0.25, 4.0]. Raised before
-                the first sentence is synthesized.
+                a speaker of this voice, `speed` is outside [0.25, 4.0], or `seed` is
+                outside [0, 2**64) (MLX's keys are unsigned 64-bit). Raised before the
+                first sentence is synthesized.
             ValueError: `max_piece_phonemes` is below 1.
         """
         speaker_id = self.speaker_id(speaker)
         if not (MIN_SPEED <= speed <= MAX_SPEED):
             raise AudioInputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}], got {speed}")
+        if seed is not None and not 0 <= seed < 2**64:
+            raise AudioInputError(f"seed must be in [0, 2**64), got {seed}")
         if not text.strip():
             raise AudioInputError("the text to speak is empty")
         pieces = self.piece_ids(text, max_piece_phonemes)
