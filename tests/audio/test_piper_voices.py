@@ -177,6 +177,25 @@ def test_configs_that_disagree_on_speakers_are_refused(tmp_path, edit, message):
         load_voice(DATA / "multi-speaker.onnx", config_path)
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda config: config["audio"].update(sample_rate=0), "audio.sample_rate 0"),
+        (lambda config: config["inference"].update(length_scale=0), "length_scale 0.0"),
+        (lambda config: config["inference"].update(length_scale=float("nan")), "length_scale"),
+        (lambda config: config["inference"].update(noise_w=float("inf")), "noise_w inf"),
+        (lambda config: config["espeak"].update(voice="xx-nope"), "no voice 'xx-nope'"),
+    ],
+)
+def test_configs_that_cannot_be_spoken_are_refused_when_loading(tmp_path, edit, message):
+    # Each of these loaded before; then every request failed with a traceback (in the
+    # phonemizer, the model or the encoder) or, at length_scale 0, spoke nothing.
+    config_path = _write_config(tmp_path, edit)
+
+    with pytest.raises(VoiceLoadError, match=message):
+        load_voice(DATA / "multi-speaker.onnx", config_path)
+
+
 def test_speakers_without_names_are_their_ids(tmp_path):
     config_path = _write_config(tmp_path, lambda config: config.update(speaker_id_map={}))
     voice = load_voice(DATA / "multi-speaker.onnx", config_path)

@@ -14,7 +14,12 @@ from mlxcel_audio.errors import AudioInputError
 from mlxcel_audio.piper.config import VoiceConfig, read_voice_config
 from mlxcel_audio.piper.errors import VoiceLoadError
 from mlxcel_audio.piper.model import Synthesis, Vits, make_vits
-from mlxcel_audio.piper.phonemes import phoneme_ids, sentence_phoneme_ids, sentence_phonemes
+from mlxcel_audio.piper.phonemes import (
+    check_espeak_voice,
+    phoneme_ids,
+    sentence_phoneme_ids,
+    sentence_phonemes,
+)
 from mlxcel_audio.piper.pieces import MAX_PIECE_PHONEMES, split_phonemes
 from mlxcel_audio.piper.weights import read_voice_weights
 
@@ -176,14 +181,16 @@ def load_voice(onnx_path: str | Path, config_path: str | Path | None = None) -> 
 
     Raises:
         VoiceLoadError: (a `ModelLoadError`) a file is missing or unreadable, its weights
-            do not fit a Piper VITS model, or the config's `num_speakers` differs from the
-            number of speaker embeddings in the weights.
+            do not fit a Piper VITS model, the config's `num_speakers` differs from the
+            number of speaker embeddings in the weights, or espeak-ng has no voice of the
+            config's `espeak.voice`.
     """
     onnx_path = Path(onnx_path)
     config_path = Path(f"{onnx_path}.json") if config_path is None else Path(config_path)
     if not onnx_path.is_file():
         raise VoiceLoadError(f"no voice file at {onnx_path}")
     config = read_voice_config(config_path)
+    check_espeak_voice(config)
     model = make_vits(read_voice_weights(onnx_path))
     if model.num_speakers != config.num_speakers:
         raise VoiceLoadError(
