@@ -87,12 +87,25 @@ def test_pieces_are_balanced_not_a_long_one_and_a_scrap(config):
     assert max(lengths) - min(lengths) < 30
 
 
-def test_a_word_longer_than_the_bound_is_kept_whole():
+def test_a_word_longer_than_the_bound_is_cut_at_the_bound():
     assert split_phonemes(list("abcdefgh ij kl"), 3) == [
-        [*"abcdefgh", ",", " "],
+        [*"abc"],
+        [*"def"],
+        [*"gh", ",", " "],
         [*"ij", ",", " "],
         [*"kl"],
     ]
+
+
+def test_a_long_word_without_spaces_is_spoken_in_pieces_within_the_bound(voice):
+    # 2,000 letters and no space, as a pasted hash or a key held down gives.
+    word = "".join("qwertyuiopasdfghjklzxcvbnm"[i * 7 % 26] for i in range(2_000))
+
+    pieces = voice.piece_ids(word)
+
+    assert len(pieces) > 1
+    # Ids are the phonemes with a pad between each and at the ends, plus start and end.
+    assert max(len(ids) for ids in pieces) <= 2 * MAX_PIECE_PHONEMES + 3
 
 
 def test_the_bound_must_be_positive():

@@ -103,6 +103,10 @@ def test_a_speaker_is_named_or_numbered(multi_speaker):
         ("3", "unknown speaker '3'"),
         (-1, "unknown speaker -1"),
         ("Ann", "unknown speaker 'Ann'"),
+        ("1.5", "unknown speaker '1.5'"),
+        # Digits of other scripts, which int() reads as 1 and 2.
+        ("\u0661", "unknown speaker '\u0661'"),
+        ("\uff12", "unknown speaker '\uff12'"),
     ],
 )
 def test_unknown_speakers_raise_audio_input_error(multi_speaker, speaker, message):
@@ -167,6 +171,25 @@ def _write_config(tmp_path: Path, edit) -> Path:
     ],
 )
 def test_configs_that_disagree_on_speakers_are_refused(tmp_path, edit, message):
+    config_path = _write_config(tmp_path, edit)
+
+    with pytest.raises(VoiceLoadError, match=message):
+        load_voice(DATA / "multi-speaker.onnx", config_path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda config: config["audio"].update(sample_rate=0), "audio.sample_rate 0"),
+        (lambda config: config["inference"].update(length_scale=0), "length_scale 0.0"),
+        (lambda config: config["inference"].update(length_scale=float("nan")), "length_scale"),
+        (lambda config: config["inference"].update(noise_w=float("inf")), "noise_w inf"),
+        (lambda config: config["espeak"].update(voice="xx-nope"), "no voice 'xx-nope'"),
+    ],
+)
+def test_configs_that_cannot_be_spoken_are_refused_when_loading(tmp_path, edit, message):
+    # Each of these loaded before; then every request failed with a traceback (in the
+    # phonemizer, the model or the encoder) or, at length_scale 0, spoke nothing.
     config_path = _write_config(tmp_path, edit)
 
     with pytest.raises(VoiceLoadError, match=message):

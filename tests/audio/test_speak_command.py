@@ -61,7 +61,8 @@ def test_input_errors_exit_1_with_one_line(tmp_path):
     out_wav = str(tmp_path / "out.wav")
     cases = [
         (("Hi.", "-o", out_wav, "--speed", "9"), "speed must be in [0.25, 4.0], got 9.0"),
-        (("Hi.", "-o", out_wav, "--voice", "narrator"), "unknown speaker 'narrator'"),
+        (("Hi.", "-o", out_wav, "-s", str(2**64)), "seed must be in [0, 2**64)"),
+        (("Hi.", "-o", out_wav, "--voice", "narrator"), "--voice 'narrator': no such voice file"),
         (("Hi.", "-o", out_wav, "--voice", str(tmp_path / "absent.onnx")), "no voice file"),
         (("-f", str(tmp_path / "absent.txt"), "-o", out_wav), "cannot read"),
         (("   ", "-o", out_wav), "empty"),

@@ -225,6 +225,8 @@ def test_an_unknown_model_gets_404(client):
         ({"temperature": "hot"}, "temperature"),
         ({"temperature": "1.5"}, "temperature"),
         ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
+        ({"stream": "true"}, "stream"),
+        ({"langauge": "en"}, "langauge"),
     ],
 )
 def test_bad_fields_get_400_naming_them(client, form, param):
@@ -295,7 +297,17 @@ def test_bad_speech_requests_get_400_naming_the_field(client, body, param):
 def test_a_multi_speaker_voice_takes_its_speaker_names(apps):
     client, _ = apps.make(tts=FakeVoice(speakers=("amy", "bob")))
     assert _speech(client, voice="bob").status == 200
+    assert _speech(client, voice="1").status == 200
     assert _speech(client, voice="alloy").status == 400
+
+
+# "\u0661" and "\uff11" are digits one of other scripts, which int() reads as 1.
+@pytest.mark.parametrize("voice", ["\u0661", "\uff11", "2", "-1", "1.0"])
+def test_a_speaker_id_is_ascii_decimal_below_the_speaker_count(apps, voice):
+    client, _ = apps.make(tts=FakeVoice(speakers=("amy", "bob")))
+    reply = _speech(client, voice=voice)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "voice"
 
 
 def test_unserved_endpoints_answer_501_naming_the_flag(apps):

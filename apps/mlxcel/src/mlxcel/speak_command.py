@@ -72,14 +72,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     text = _text(args)
     audio_format = _output_format(args.output, args.response_format)
-    voice, speaker = _voice(args.voice)
-    if args.speaker is not None:
-        if speaker is not None:
-            raise UsageError(
-                f"--voice {args.voice!r} names a speaker and so does --speaker; "
-                "with --speaker, give --voice a voice file"
-            )
-        speaker = args.speaker
+    voice, speaker = _voice(args.voice, args.speaker)
     seed = None if args.seed < 0 else args.seed
     started = time.perf_counter()
     try:
@@ -130,11 +123,32 @@ def _output_format(output: str, response_format: str | None) -> str:
     return audio_format
 
 
-def _voice(choice: str | None) -> tuple[PiperVoice, str | None]:
-    """The voice to load, and the speaker when `choice` names one rather than a file."""
+def _voice(choice: str | None, speaker: str | None) -> tuple[PiperVoice, str | None]:
+    """The voice to load and its speaker: `speaker`, or `choice` when that names a speaker
+    of the default voice rather than a voice file.
+
+    Raises:
+        UsageError: `choice` names a speaker and so does `speaker`.
+        InputError: `choice` is neither a file nor a speaker, the default voice having one.
+    """
     if choice is not None and (choice.endswith(".onnx") or Path(choice).exists()):
-        return load_voice(choice), None
-    return load_voice(_default_voice_path()), choice
+        return load_voice(choice), speaker
+    if choice is None:
+        return load_voice(_default_voice_path()), speaker
+    if speaker is not None:
+        raise UsageError(
+            f"--voice {choice!r} names a speaker and so does --speaker; "
+            "with --speaker, give --voice a voice file"
+        )
+    voice_path = _default_voice_path()
+    voice = load_voice(voice_path)
+    if not voice.speakers:
+        # A mistyped voice file would otherwise be reported as an unknown speaker.
+        raise InputError(
+            f"--voice {choice!r}: no such voice file, and the default voice "
+            f"{voice_path.stem} has one speaker, so it cannot be a speaker's name"
+        )
+    return voice, choice
 
 
 def _default_voice_path() -> Path:

@@ -60,7 +60,7 @@ def choose_speaker(voice: TextToSpeech, name: str | None) -> str | None:
     """The speaker `name` asks for, by its name: None is the voice's default speaker.
 
     A one-speaker voice answers to its own name and OpenAI's voice names; a multi-speaker
-    voice to its speakers' names, their ids in decimal (a name wins over an id it spells)
+    voice to its speakers' names, their ids in ASCII decimal (a name wins over an id it spells)
     and its own name (the default speaker).
 
     Raises:
@@ -71,7 +71,7 @@ def choose_speaker(voice: TextToSpeech, name: str | None) -> str | None:
     if voice.speakers:
         if name in voice.speakers:
             return name
-        if name.isdecimal() and int(name) < len(voice.speakers):
+        if name.isascii() and name.isdecimal() and int(name) < len(voice.speakers):
             return voice.speakers[int(name)]
         shown = ", ".join(voice.speakers[:10])
         raise invalid(

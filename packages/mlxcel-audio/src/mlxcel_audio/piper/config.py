@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def read_voice_config(path: Path) -> VoiceConfig:
 
     Raises:
         VoiceLoadError: the file is missing, not JSON, lacks a required field, names a
-            phoneme type other than "espeak" or "text", or a speaker id outside
-            [0, num_speakers).
+            phoneme type other than "espeak" or "text", a sample rate below 1, a length
+            scale that is not a positive number, a noise scale that is not finite, or
+            a speaker id outside [0, num_speakers).
     """
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -81,6 +83,7 @@ def read_voice_config(path: Path) -> VoiceConfig:
             f"the voice config {path} has phoneme_type {phoneme_type!r}; "
             f"supported: {', '.join(PHONEME_TYPES)}"
         )
+    _check_synthesis_numbers(config, path)
     ids = [*config.speaker_ids.values(), config.default_speaker_id]
     outside = [i for i in ids if not 0 <= i < config.num_speakers]
     if outside:
@@ -89,3 +92,20 @@ def read_voice_config(path: Path) -> VoiceConfig:
             f"[0, {config.num_speakers}) (num_speakers)"
         )
     return config
+
+
+def _check_synthesis_numbers(config: VoiceConfig, path: Path) -> None:
+    """Numbers that would otherwise fail only when speaking: a rate the encoders refuse,
+    durations scaled by NaN or zero, noise scaled by NaN."""
+    problem = None
+    if config.sample_rate < 1:
+        problem = f"audio.sample_rate {config.sample_rate} (must be at least 1)"
+    elif not (math.isfinite(config.length_scale) and config.length_scale > 0):
+        problem = f"inference.length_scale {config.length_scale} (must be a positive number)"
+    else:
+        for name, value in (("noise_scale", config.noise_scale), ("noise_w", config.noise_w)):
+            if not math.isfinite(value):
+                problem = f"inference.{name} {value} (must be a finite number)"
+                break
+    if problem is not None:
+        raise VoiceLoadError(f"the voice config {path} has {problem}")

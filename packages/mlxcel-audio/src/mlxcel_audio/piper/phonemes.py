@@ -14,6 +14,7 @@ from piper.phoneme_ids import phonemes_to_ids
 from piper.phonemize_espeak import EspeakPhonemizer
 
 from mlxcel_audio.piper.config import VoiceConfig
+from mlxcel_audio.piper.errors import VoiceLoadError
 
 # espeak-ng is a process-wide C library with one current voice: one caller at a time.
 _ESPEAK_LOCK = threading.Lock()
@@ -35,6 +36,23 @@ def phoneme_ids(phonemes: list[str], config: VoiceConfig) -> list[int]:
 def sentence_phonemes(text: str, config: VoiceConfig) -> list[list[str]]:
     """The phonemes (single characters) of each sentence of `text` that has any, in order."""
     return [phonemes for phonemes in _phonemize(text, config) if phonemes]
+
+
+def check_espeak_voice(config: VoiceConfig) -> None:
+    """Phonemize one word, so that a voice naming an espeak-ng voice that does not exist
+    fails when it loads rather than on every request.
+
+    Raises:
+        VoiceLoadError: espeak-ng has no voice named `config.espeak_voice`.
+    """
+    if config.phoneme_type != "espeak":
+        return
+    try:
+        _phonemize("a", config)
+    except RuntimeError as error:  # espeakbridge.set_voice: "Failed to set voice: NAME"
+        raise VoiceLoadError(
+            f"espeak-ng has no voice {config.espeak_voice!r} (the config's espeak.voice): {error}"
+        ) from None
 
 
 def _phonemize(text: str, config: VoiceConfig) -> list[list[str]]:

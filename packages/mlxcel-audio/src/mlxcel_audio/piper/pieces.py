@@ -26,15 +26,17 @@ COMMA_ENDING = [",", WORD_BREAK]
 def split_phonemes(phonemes: list[str], max_phonemes: int) -> list[list[str]]:
     """Cut one sentence's phonemes into pieces of at most `max_phonemes` phonemes each.
 
-    A piece ends at a word break (a space in espeak-ng's phonemes), never inside a word,
+    A piece ends at a word break (a space in espeak-ng's phonemes), not inside a word,
     and preferably after clause punctuation (`, ; : . ! ?`) when that leaves a piece at least
     half the bound long; otherwise at the word break nearest to an even division of what is
     left. A piece cut at a bare word break gets a comma appended, so the voice ends it as a
     clause with a comma's pause rather than a sentence's falling close; the pieces' audio is
     then simply concatenated: each starts and ends in the voice's own silence (about 0.03 s
     before and 0.15-0.2 s after), which together give about the 0.2 s pause a comma gives
-    inside a sentence, with no click to smooth over. A word longer than the bound is kept
-    whole in a piece of its own length.
+    inside a sentence, with no click to smooth over. A word longer than the bound (a
+    string of letters or digits with no space: the 4,096 letters the speech endpoint
+    takes are 2,300 phoneme ids, which in one pass would hold gigabytes) is cut every
+    `max_phonemes` phonemes, with nothing appended.
 
     Args:
         phonemes: one sentence as espeak-ng phonemes (single characters), as
@@ -54,7 +56,9 @@ def split_phonemes(phonemes: list[str], max_phonemes: int) -> list[list[str]]:
     while len(phonemes) - start > max_phonemes:
         cut = _best_cut(phonemes, start, max_phonemes)
         if cut is None:
-            break
+            pieces.append(phonemes[start : start + max_phonemes])
+            start += max_phonemes
+            continue
         if phonemes[cut - 1] in CLAUSE_PUNCTUATION:
             pieces.append(phonemes[start : cut + 1])
         else:
@@ -67,8 +71,8 @@ def split_phonemes(phonemes: list[str], max_phonemes: int) -> list[list[str]]:
 
 
 def _best_cut(phonemes: list[str], start: int, max_phonemes: int) -> int | None:
-    """Index of the word break that ends the piece starting at `start`; None when no word
-    break follows."""
+    """Index of the word break that ends the piece starting at `start`; None when the
+    piece holds none, being one word longer than the bound."""
     left = len(phonemes) - start
     target = start + left / math.ceil(left / max_phonemes)
     breaks = [
@@ -83,8 +87,4 @@ def _best_cut(phonemes: list[str], start: int, max_phonemes: int) -> int | None:
     ]
     if clauses or breaks:
         return min(clauses or breaks, key=lambda i: abs(i - target))
-    # One word longer than the bound: the piece runs to the word's end.
-    return next(
-        (i for i in range(start + max_phonemes + 1, len(phonemes)) if phonemes[i] == WORD_BREAK),
-        None,
-    )
+    return None

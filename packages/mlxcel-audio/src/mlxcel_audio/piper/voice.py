@@ -14,7 +14,12 @@ from mlxcel_audio.errors import AudioInputError
 from mlxcel_audio.piper.config import VoiceConfig, read_voice_config
 from mlxcel_audio.piper.errors import VoiceLoadError
 from mlxcel_audio.piper.model import Synthesis, Vits, make_vits
-from mlxcel_audio.piper.phonemes import phoneme_ids, sentence_phoneme_ids, sentence_phonemes
+from mlxcel_audio.piper.phonemes import (
+    check_espeak_voice,
+    phoneme_ids,
+    sentence_phoneme_ids,
+    sentence_phonemes,
+)
 from mlxcel_audio.piper.pieces import MAX_PIECE_PHONEMES, split_phonemes
 from mlxcel_audio.piper.weights import read_voice_weights
 
@@ -45,7 +50,7 @@ class PiperVoice:
 
     def speaker_id(self, speaker: str | int | None) -> int | None:
         """The speaker id `speaker` names: a name from the config's `speaker_id_map`, or an
-        id (an int or its decimal text) in [0, num_speakers); a name wins over an id it
+        id (an int or its ASCII decimal text) in [0, num_speakers); a name wins over an id it
         spells. None is the config's `default_speaker_id` for a multi-speaker voice and
         None for a single-speaker one, which takes no speaker.
 
@@ -61,7 +66,8 @@ class PiperVoice:
             if isinstance(speaker, str) and speaker in self.config.speaker_ids:
                 return self.config.speaker_ids[speaker]
             text = str(speaker)
-            if text.isdecimal() and int(text) < num_speakers:
+            # int() also reads digits of other scripts (Arabic-Indic, fullwidth): ids are ASCII.
+            if text.isascii() and text.isdecimal() and int(text) < num_speakers:
                 return int(text)
         known = (
             f"{', '.join(self.speakers[:10])} or an id below {num_speakers}"
@@ -93,13 +99,16 @@ class PiperVoice:
 
         Raises:
             AudioInputError: the text is empty or has nothing to speak, `speaker` is not
-                a speaker of this voice, or `speed` is outside [0.25, 4.0]. Raised before
-                the first sentence is synthesized.
+                a speaker of this voice, `speed` is outside [0.25, 4.0], or `seed` is
+                outside [0, 2**64) (MLX's keys are unsigned 64-bit). Raised before the
+                first sentence is synthesized.
             ValueError: `max_piece_phonemes` is below 1.
         """
         speaker_id = self.speaker_id(speaker)
         if not (MIN_SPEED <= speed <= MAX_SPEED):
             raise AudioInputError(f"speed must be in [{MIN_SPEED}, {MAX_SPEED}], got {speed}")
+        if seed is not None and not 0 <= seed < 2**64:
+            raise AudioInputError(f"seed must be in [0, 2**64), got {seed}")
         if not text.strip():
             raise AudioInputError("the text to speak is empty")
         pieces = self.piece_ids(text, max_piece_phonemes)
@@ -172,14 +181,16 @@ def load_voice(onnx_path: str | Path, config_path: str | Path | None = None) -> 
 
     Raises:
         VoiceLoadError: (a `ModelLoadError`) a file is missing or unreadable, its weights
-            do not fit a Piper VITS model, or the config's `num_speakers` differs from the
-            number of speaker embeddings in the weights.
+            do not fit a Piper VITS model, the config's `num_speakers` differs from the
+            number of speaker embeddings in the weights, or espeak-ng has no voice of the
+            config's `espeak.voice`.
     """
     onnx_path = Path(onnx_path)
     config_path = Path(f"{onnx_path}.json") if config_path is None else Path(config_path)
     if not onnx_path.is_file():
         raise VoiceLoadError(f"no voice file at {onnx_path}")
     config = read_voice_config(config_path)
+    check_espeak_voice(config)
     model = make_vits(read_voice_weights(onnx_path))
     if model.num_speakers != config.num_speakers:
         raise VoiceLoadError(

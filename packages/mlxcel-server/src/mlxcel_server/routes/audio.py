@@ -48,6 +48,21 @@ from mlxcel_server.validation import parse_body
 
 T = TypeVar("T")
 
+# The multipart fields a transcription takes; OpenAI's others (`stream`, `include[]`,
+# `chunking_strategy`) and misspelt ones get a 400 rather than being ignored.
+TRANSCRIPTION_FIELDS = frozenset(
+    {
+        "file",
+        "model",
+        "language",
+        "prompt",
+        "temperature",
+        "response_format",
+        "timestamp_granularities[]",
+        "timestamp_granularities",
+    }
+)
+
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the audio upload is larger than {limit} bytes (--audio-max-bytes)")
@@ -126,6 +141,9 @@ async def _read_upload(settings: ServerSettings) -> tuple[bytes, MultiDict]:
         form = await request.form
     except RequestEntityTooLarge as error:
         raise _too_large(settings.audio_max_bytes) from error
+    for field in (*form.keys(), *files.keys()):
+        if field not in TRANSCRIPTION_FIELDS:
+            raise invalid(f"unsupported parameter {field!r}: mlxcel does not implement it", field)
     upload = files.get("file")
     if upload is None:
         raise invalid("file is required: send the audio as the multipart field 'file'", "file")
