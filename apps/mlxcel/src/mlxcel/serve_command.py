@@ -24,6 +24,12 @@ from hypercorn.config import Config
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.audio_flags import AUDIO_FLAGS, serving_audio, speech_model_paths
+from mlxcel.disaggregate_flags import (
+    DISAGGREGATE_FLAG,
+    DisaggregatedRank,
+    check_disaggregate,
+    disaggregated_rank,
+)
 from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
@@ -49,7 +55,12 @@ from mlxcel.tensor_parallel_flags import (
     check_tensor_parallel,
     tensor_parallel_rank,
 )
-from mlxcel_core.engine import Engine, InsufficientMemoryError, RunnerFactory
+from mlxcel_core.engine import (
+    Engine,
+    InsufficientMemoryError,
+    RemotePrefillFactory,
+    RunnerFactory,
+)
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
@@ -108,6 +119,7 @@ FLAGS = (
     *AUDIO_FLAGS,
     *SAMPLING_FLAGS,
     TP_FLAG,
+    DISAGGREGATE_FLAG,
 )
 
 
@@ -179,9 +191,11 @@ def serving_model(
     draft: LoadedModel | None = None,
     *,
     make_runner: RunnerFactory | None = None,
+    make_remote_prefill: RemotePrefillFactory | None = None,
 ) -> ServingModel:
     """Start an engine on `loaded` (with its draft model, if any) and name it as the API will;
-    `make_runner` builds the engine's model runner (`--tp`'s lockstep runner).
+    `make_runner` builds the engine's model runner (`--tp`'s lockstep runner),
+    `make_remote_prefill` where prompts are prefilled (`--disaggregate`'s prefill rank).
 
     Raises:
         InsufficientMemoryError: the KV cache cannot hold one sequence of the context size.
@@ -198,6 +212,7 @@ def serving_model(
         on_fatal=_exit_process,
         adapters=loaded.row_adapters,
         make_runner=make_runner,
+        make_remote_prefill=make_remote_prefill,
     )
     return ServingModel(loaded, engine, model_id, context_size)
 
@@ -251,9 +266,11 @@ async def serve_until_stopped(
     settings: ServerSettings,
     load_models: Callable[[], Models],
     make_runner: RunnerFactory | None = None,
+    make_remote_prefill: RemotePrefillFactory | None = None,
 ) -> None:
     """Serve `app` while `load_models` runs on a thread (the model, its draft model and the
-    speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner.
+    speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner,
+    `make_remote_prefill` where its prompts are prefilled.
 
     Raises:
         ModelLoadError: the model, an adapter, the draft model or a speech model cannot be
@@ -274,7 +291,15 @@ async def serve_until_stopped(
             loaded, draft, audio = load_models()
             if audio is not None:
                 state.set_audio(audio)
-            state.set_ready(serving_model(loaded, settings, draft, make_runner=make_runner))
+            state.set_ready(
+                serving_model(
+                    loaded,
+                    settings,
+                    draft,
+                    make_runner=make_runner,
+                    make_remote_prefill=make_remote_prefill,
+                )
+            )
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
@@ -312,10 +337,16 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_store_flags(args, environ)
     settings = settings_from(args)
     check_tensor_parallel(args, settings.engine)
-    with tensor_parallel_rank(args, environ, err) as rank:
+    check_disaggregate(args, settings.engine)
+    with (
+        tensor_parallel_rank(args, environ, err) as rank,
+        disaggregated_rank(args, environ, err) as pair,
+    ):
         if rank is not None and not rank.is_front:
             return _follow(args, settings, rank, err)
-        return _serve(args, settings, rank, err)
+        if pair is not None and not pair.is_front:
+            return _prefill(args, settings, pair, err)
+        return _serve(args, settings, rank, err, pair)
 
 
 def _follow(
@@ -331,14 +362,28 @@ def _follow(
     return rank.follow(loaded, settings.engine)
 
 
+def _prefill(
+    args: argparse.Namespace, settings: ServerSettings, pair: DisaggregatedRank, err: TextIO
+) -> int:
+    """Rank 1 of `--disaggregate`: load the model, then prefill rank 0's prompts; no HTTP."""
+    adapters = adapter_specs_from(args)
+    surgery = surgery_plan_from(args)
+    check_memory(args, err)
+    loaded = load_target_model(args, adapters, surgery)
+    context_size = settings.context_size or loaded.config.context_length
+    return pair.serve_prefills(loaded, settings.engine, context_size)
+
+
 def _serve(
     args: argparse.Namespace,
     settings: ServerSettings,
     rank: TensorParallelRank | None,
     err: TextIO,
+    pair: DisaggregatedRank | None = None,
 ) -> int:
     load_models = _loader(args, settings, err, rank)
     make_runner = None if rank is None else rank.make_runner()
+    make_remote_prefill = None if pair is None else pair.make_remote_prefill()
     state = ServerState()
     app = create_app(state, settings)
     config = Config()
@@ -349,7 +394,11 @@ def _serve(
     _check_can_listen(args.host, args.port)
     print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
     try:
-        asyncio.run(serve_until_stopped(app, config, state, settings, load_models, make_runner))
+        asyncio.run(
+            serve_until_stopped(
+                app, config, state, settings, load_models, make_runner, make_remote_prefill
+            )
+        )
     except OSError as error:
         message = f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
         raise RunError(message) from error
