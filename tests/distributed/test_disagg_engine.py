@@ -191,3 +191,22 @@ def test_a_stream_decodes_while_another_prompts_kv_is_in_flight(model) -> None:
         hold.set()
         outputs = [second_sink.get(timeout=TIMEOUT) for _ in range(GENERATION.max_tokens + 1)]
     assert outputs[-1].finished and outputs[-1].error is None
+
+
+def test_kv_arriving_for_an_ended_request_is_dropped(model) -> None:
+    engine = Engine(model, make_config())
+    try:
+        expected = tokens_of(engine, [PROMPTS[1]])
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+    hold = threading.Event()
+    with disaggregated_engine(model, hold) as (engine, _):
+        cancelled_sink = OutputQueue()
+        handle = engine.submit([request(PROMPTS[0])], cancelled_sink)
+        handle.cancel()
+        # Its KV is held back while a one-token prompt, prefilled here, runs and the
+        # cancellation ends it.
+        assert tokens_of(engine, [(7,)])[0]
+        assert cancelled_sink.get(timeout=TIMEOUT).error is not None
+        hold.set()
+        assert tokens_of(engine, [PROMPTS[1]]) == expected

@@ -401,8 +401,8 @@ class Engine:
         if sequence is None or job is None or job.attempt != kv.attempt:
             return
         del self._in_flight[kv.seq_id]
-        if not sequence.kv_in_flight or sequence.num_preemptions != job.attempt:
-            return
+        if sequence.status is not SequenceStatus.RUNNING or not sequence.kv_in_flight:
+            return  # it ended, or was preempted and waits to be sent again
         block_ids = returned_block_ids(self._kv.block_table(sequence.seq_id), job)
         self._storage.ensure_capacity(self._kv.num_materialized_blocks)
         self._storage.write_blocks(block_ids, kv.contents)

@@ -242,6 +242,7 @@ class Scheduler:
         elif sequence.status is SequenceStatus.WAITING:
             self.waiting.remove(sequence)
         self.kv.free(sequence.seq_id)
+        sequence.kv_in_flight = False
         sequence.status = status
 
     def _lookahead(self, sequence: Sequence, budget: int) -> int:
