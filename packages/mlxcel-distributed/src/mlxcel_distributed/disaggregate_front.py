@@ -79,6 +79,10 @@ class PrefillClient(RemotePrefill):
     def _receive(self, job: PrefillJob) -> PrefilledKV:
         size = self._layout.num_elements(job.num_blocks)
         flat = mx.distributed.recv((size,), self._layout.dtype, PREFILL_RANK, group=self._group)
+        # The receive waits alone: MLX throttles the tasks in flight over all streams
+        # together, and the slicing tasks queued behind a waiting receive would hold the
+        # engine thread's evaluations back until the KV arrived.
+        mx.eval(flat)
         contents = unpack_blocks(flat, self._layout, job.num_blocks)
         mx.eval(contents)
         return PrefilledKV(job.seq_id, job.attempt, tuple(contents))
