@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
@@ -29,6 +28,7 @@ from mlxcel.parallel_modes import (
     ParallelMode,
     import_distributed,
 )
+from mlxcel.rank_group import form_group
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RowAdapterScales, RunnerFactory
 from mlxcel_core.generate import LanguageModel
@@ -61,7 +61,6 @@ PP_FLAG = Flag(
 PARALLEL_FLAGS = (TP_FLAG, PP_FLAG)
 # Time for the other ranks to leave their step loop once told the engine has stopped.
 FOLLOWER_STOP_SECONDS = 30.0
-_LAUNCHER_VARIABLES = ("MLX_RANK", "MLX_HOSTFILE")
 
 
 def parallel_mode_from(args: argparse.Namespace) -> tuple[ParallelMode, int] | None:
@@ -218,38 +217,17 @@ def parallel_rank(
     mode, size = chosen
     distributed = import_distributed(mode.flag)
     health = distributed.StageHealth()
-    local_ranks = None
-    if not any(name in environ for name in _LAUNCHER_VARIABLES):
 
-        def report_exit(rank: int, code: int) -> None:
-            if keep_front_up:
-                health.report(distributed.StageFault(rank, f"exited with code {code}"))
-                return
-            print(f"mlxcel: error: rank {rank} exited with code {code}", file=err, flush=True)
-            os._exit(1)
+    def report_exit(rank: int, code: int) -> None:
+        if keep_front_up:
+            health.report(distributed.StageFault(rank, f"exited with code {code}"))
+            return
+        print(f"mlxcel: error: rank {rank} exited with code {code}", file=err, flush=True)
+        os._exit(1)
 
-        try:
-            local_ranks = distributed.LocalRanks(
-                [sys.executable, "-m", "mlxcel", *args.argv],
-                size,
-                # The other ranks' loading bars would interleave with rank 0's.
-                environ={**environ, "TQDM_DISABLE": "1"},
-                on_exit=report_exit,
-            )
-        except OSError as error:
-            raise RunError(f"cannot start the other {mode.flag} ranks: {error}") from error
-        if not local_ranks.wait_until_ready():
-            raise RunError(f"the other {mode.flag} ranks exited while starting")
-        os.environ.update(local_ranks.environment)
-    elif distributed.READY_FD_VARIABLE in environ:
-        distributed.signal_ready(int(environ[distributed.READY_FD_VARIABLE]))
-    backend = "ring" if "MLX_HOSTFILE" in os.environ else "any"
-    try:
-        group = distributed.join_group(size, backend=backend)
-    except distributed.GroupError as error:
-        if local_ranks is not None:
-            local_ranks.stop(0.0)
-        raise RunError(f"{mode.flag} {size}: {error}") from error
+    group, local_ranks = form_group(
+        distributed, args.argv, size, f"{mode.flag} {size}", environ, report_exit
+    )
     rank = ParallelRank(mode, group, distributed.StepChannel(group), local_ranks, health)
     try:
         yield rank

@@ -24,6 +24,12 @@ from hypercorn.config import Config
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.audio_flags import AUDIO_FLAGS, serving_audio, speech_model_paths
+from mlxcel.disaggregate_flags import (
+    DISAGGREGATE_FLAG,
+    DisaggregatedRank,
+    check_disaggregate,
+    disaggregated_rank,
+)
 from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
@@ -50,7 +56,12 @@ from mlxcel.stage_faults import (
 )
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
-from mlxcel_core.engine import Engine, InsufficientMemoryError, RunnerFactory
+from mlxcel_core.engine import (
+    Engine,
+    InsufficientMemoryError,
+    RemotePrefillFactory,
+    RunnerFactory,
+)
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
@@ -110,6 +121,7 @@ FLAGS = (
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
     STAGE_TIMEOUT_FLAG,
+    DISAGGREGATE_FLAG,
 )
 
 
@@ -181,9 +193,11 @@ def serving_model(
     draft: LoadedModel | None = None,
     *,
     make_runner: RunnerFactory | None = None,
+    make_remote_prefill: RemotePrefillFactory | None = None,
 ) -> ServingModel:
     """Start an engine on `loaded` (with its draft model, if any) and name it as the API will;
-    `make_runner` builds the engine's model runner (`--tp`/`--pp`'s lockstep runner).
+    `make_runner` builds the engine's model runner (`--tp`/`--pp`'s lockstep runner),
+    `make_remote_prefill` where prompts are prefilled (`--disaggregate`'s prefill rank).
 
     Raises:
         InsufficientMemoryError: the KV cache cannot hold one sequence of the context size.
@@ -200,6 +214,7 @@ def serving_model(
         on_fatal=_exit_process,
         adapters=loaded.row_adapters,
         make_runner=make_runner,
+        make_remote_prefill=make_remote_prefill,
     )
     return ServingModel(loaded, engine, model_id, context_size)
 
@@ -253,9 +268,11 @@ async def serve_until_stopped(
     settings: ServerSettings,
     load_models: Callable[[], Models],
     make_runner: RunnerFactory | None = None,
+    make_remote_prefill: RemotePrefillFactory | None = None,
 ) -> None:
     """Serve `app` while `load_models` runs on a thread (the model, its draft model and the
-    speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner.
+    speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner,
+    `make_remote_prefill` where its prompts are prefilled.
 
     Raises:
         ModelLoadError: the model, an adapter, the draft model or a speech model cannot be
@@ -276,7 +293,15 @@ async def serve_until_stopped(
             loaded, draft, audio = load_models()
             if audio is not None:
                 state.set_audio(audio)
-            state.set_ready(serving_model(loaded, settings, draft, make_runner=make_runner))
+            state.set_ready(
+                serving_model(
+                    loaded,
+                    settings,
+                    draft,
+                    make_runner=make_runner,
+                    make_remote_prefill=make_remote_prefill,
+                )
+            )
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
@@ -315,10 +340,16 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     settings = settings_from(args)
     check_parallel(args, settings.engine)
     check_stage_timeout(args)
-    with parallel_rank(args, environ, err, keep_front_up=True) as rank:
+    check_disaggregate(args, settings.engine)
+    with (
+        parallel_rank(args, environ, err, keep_front_up=True) as rank,
+        disaggregated_rank(args, environ, err) as pair,
+    ):
         if rank is not None and not rank.is_front:
             return _follow(args, settings, rank, err)
-        code = _serve(args, settings, rank, err)
+        if pair is not None and not pair.is_front:
+            return _prefill(args, settings, pair, err)
+        code = _serve(args, settings, rank, err, pair)
     exit_now_if_degraded(rank, code)
     return code
 
@@ -335,13 +366,27 @@ def _follow(
     return rank.follow(loaded, settings.engine)
 
 
+def _prefill(
+    args: argparse.Namespace, settings: ServerSettings, pair: DisaggregatedRank, err: TextIO
+) -> int:
+    """Rank 1 of `--disaggregate`: load the model, then prefill rank 0's prompts; no HTTP."""
+    adapters = adapter_specs_from(args)
+    surgery = surgery_plan_from(args)
+    check_memory(args, err)
+    loaded = load_target_model(args, adapters, surgery)
+    context_size = settings.context_size or loaded.config.context_length
+    return pair.serve_prefills(loaded, settings.engine, context_size)
+
+
 def _serve(
     args: argparse.Namespace,
     settings: ServerSettings,
     rank: ParallelRank | None,
     err: TextIO,
+    pair: DisaggregatedRank | None = None,
 ) -> int:
     load_models = _loader(args, settings, err, rank)
+    make_remote_prefill = None if pair is None else pair.make_remote_prefill()
     state = ServerState()
     make_runner = (
         None
@@ -357,7 +402,11 @@ def _serve(
     _check_can_listen(args.host, args.port)
     print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
     try:
-        asyncio.run(serve_until_stopped(app, config, state, settings, load_models, make_runner))
+        asyncio.run(
+            serve_until_stopped(
+                app, config, state, settings, load_models, make_runner, make_remote_prefill
+            )
+        )
     except OSError as error:
         message = f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
         raise RunError(message) from error

@@ -5,10 +5,15 @@ passes over their part of the model (`lockstep`): a shard of every layer
 (`tensor_parallel`) or a stage of consecutive layers (`pipeline_stage`); `local_ranks`
 starts a group on one machine, `group` joins one however it was started.
 `stage_guard` holds rank 0's steps to the stage timeout (`watchdog`), records the
-group's faults (`stage_health`) and measures the steps (`stage_metrics`).
+group's faults (`stage_health`) and measures the steps (`stage_metrics`). Disaggregated
+prefill runs prompts on a prefill rank (`disaggregate_prefill`) and hands their KV blocks
+to rank 0's engine (`disaggregate_front`, `kv_transfer`).
 """
 
+from mlxcel_distributed.disaggregate_front import PrefillClient, make_prefill_client_factory
+from mlxcel_distributed.disaggregate_prefill import PrefillWorker, serve_prefills
 from mlxcel_distributed.group import GroupError, join_group
+from mlxcel_distributed.kv_transfer import BlockLayout, block_layout, pack_blocks, unpack_blocks
 from mlxcel_distributed.local_ranks import READY_FD_VARIABLE, LocalRanks, signal_ready
 from mlxcel_distributed.lockstep import (
     LockstepError,
@@ -44,6 +49,7 @@ from mlxcel_distributed.watchdog import StepWatchdog
 __all__ = [
     "PIPELINE_FAMILIES",
     "READY_FD_VARIABLE",
+    "BlockLayout",
     "GroupError",
     "Histogram",
     "KVPlan",
@@ -52,6 +58,8 @@ __all__ = [
     "LockstepRunner",
     "Message",
     "PipelineStage",
+    "PrefillClient",
+    "PrefillWorker",
     "Shutdown",
     "StageFault",
     "StageGuard",
@@ -62,6 +70,7 @@ __all__ = [
     "StepMessage",
     "StepWatchdog",
     "TensorParallelError",
+    "block_layout",
     "check_tp_size",
     "decode_message",
     "encode_message",
@@ -69,7 +78,11 @@ __all__ = [
     "join_group",
     "make_lockstep_runner_factory",
     "make_pipeline_stage",
+    "make_prefill_client_factory",
+    "pack_blocks",
+    "serve_prefills",
     "shard_model",
     "signal_ready",
+    "unpack_blocks",
     "valid_tp_sizes",
 ]

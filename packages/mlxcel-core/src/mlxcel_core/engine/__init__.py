@@ -9,6 +9,12 @@ from mlxcel_core.adapters import AdapterScales, RowAdapterScales
 from mlxcel_core.engine.config import EngineConfig, InsufficientMemoryError
 from mlxcel_core.engine.engine import Engine, RunnerFactory
 from mlxcel_core.engine.output_queue import OutputQueue
+from mlxcel_core.engine.remote_prefill import (
+    PrefilledKV,
+    PrefillJob,
+    RemotePrefill,
+    RemotePrefillFactory,
+)
 from mlxcel_core.engine.request import (
     EngineClosedError,
     EngineError,
@@ -39,6 +45,10 @@ __all__ = [
     "ModelRunner",
     "OutputQueue",
     "OutputSink",
+    "PrefillJob",
+    "PrefilledKV",
+    "RemotePrefill",
+    "RemotePrefillFactory",
     "RequestCancelledError",
     "RequestHandle",
     "RowAdapterScales",

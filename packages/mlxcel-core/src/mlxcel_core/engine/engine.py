@@ -23,6 +23,13 @@ from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
+from mlxcel_core.engine.remote_prefill import (
+    PrefilledKV,
+    PrefillJob,
+    RemotePrefill,
+    RemotePrefillFactory,
+    returned_block_ids,
+)
 from mlxcel_core.engine.request import (
     EngineClosedError,
     EngineError,
@@ -105,6 +112,10 @@ class Engine:
         make_runner: builds the model runner once the KV storage exists (after the profile
             pass); tensor parallelism wraps the runner here to replay each step on other
             ranks. None builds a plain `ModelRunner`.
+        make_remote_prefill: builds, once the KV storage exists, where new prompts are
+            prefilled instead of in this engine (disaggregated prefill; see
+            `mlxcel_core.engine.remote_prefill`); it is closed when the engine stops.
+            None prefills here.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
@@ -121,8 +132,10 @@ class Engine:
         on_fatal: Callable[[BaseException], None] | None = None,
         adapters: RowAdapterScales | None = None,
         make_runner: RunnerFactory | None = None,
+        make_remote_prefill: RemotePrefillFactory | None = None,
     ) -> None:
         self._model = model
+        self._make_remote_prefill = make_remote_prefill
         self._adapters = adapters
         self._make_runner = _make_model_runner if make_runner is None else make_runner
         self._config = EngineConfig() if config is None else config
@@ -138,6 +151,11 @@ class Engine:
         self._on_fatal = _log_fatal if on_fatal is None else on_fatal
         self._condition = threading.Condition()
         self._inbox: list[_Submission] = []
+        self._prefilled: list[PrefilledKV] = []
+        # Sequences whose prompt KV is in flight and the jobs sent for them, by seq_id.
+        self._in_flight: dict[int, tuple[Sequence, PrefillJob]] = {}
+        # False while every unfinished sequence waits on KV in flight: nothing to step.
+        self._can_step = True
         # Sequences the engine thread holds as waiting; updated under the lock when arrivals
         # are taken, so no submission sees a moment where a waiting sequence is uncounted.
         self._num_held_waiting = 0
@@ -275,6 +293,8 @@ class Engine:
                 self._on_fatal(error)
             finally:
                 self._close_all(EngineClosedError("the server is shutting down"))
+                if self._remote_prefill is not None:
+                    self._remote_prefill.close()
 
     def _setup(self) -> None:
         config = self._config
@@ -316,8 +336,12 @@ class Engine:
             num_lookahead_tokens=(
                 0 if config.speculative is None else config.speculative.num_draft_tokens
             ),
+            remote_prefill=self._make_remote_prefill is not None,
         )
         self._runner = self._make_runner(self._model, self._storage, self._adapters)
+        self._remote_prefill: RemotePrefill | None = None
+        if self._make_remote_prefill is not None:
+            self._remote_prefill = self._make_remote_prefill(self._storage, self._deliver)
         self._consecutive_failures = 0
         self._num_draft_tokens = 0
         self._num_accepted_draft_tokens = 0
@@ -326,12 +350,21 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._condition:
-                while not self._inbox and not self._scheduler.has_work and not self._closing:
+                while not (
+                    self._inbox
+                    or self._prefilled
+                    or (self._can_step and self._scheduler.has_work)
+                    or self._closing
+                ):
                     self._condition.wait()
                 if self._closing:
                     return
                 arrivals, self._inbox = self._inbox, []
+                prefilled, self._prefilled = self._prefilled, []
                 self._num_held_waiting += len(arrivals)
+            self._can_step = True
+            for kv in prefilled:
+                self._adopt_prefilled(kv)
             # A group arrives whole, so each prompt's first choice is among the same arrivals.
             firsts: dict[_GroupPrompt, Sequence] = {}
             for submission in arrivals:
@@ -379,9 +412,49 @@ class Engine:
                 error = RequestCancelledError("the request was cancelled")
                 sequence.sink.put(EngineOutput(sequence.request.index, error=error))
 
+    def _deliver(self, kv: PrefilledKV) -> None:
+        """Called from the remote prefill's thread: hand arrived KV to the engine thread."""
+        with self._condition:
+            self._prefilled.append(kv)
+            self._condition.notify()
+
+    def _adopt_prefilled(self, kv: PrefilledKV) -> None:
+        """Write arrived prompt KV into the sequence's blocks, unless the sequence ended or
+        was preempted since its job was sent."""
+        sequence, job = self._in_flight.get(kv.seq_id, (None, None))
+        if sequence is None or job is None or job.attempt != kv.attempt:
+            return
+        del self._in_flight[kv.seq_id]
+        if sequence.status is not SequenceStatus.RUNNING or not sequence.kv_in_flight:
+            return  # it ended, or was preempted and waits to be sent again
+        block_ids = returned_block_ids(self._kv.block_table(sequence.seq_id), job)
+        self._storage.ensure_capacity(self._kv.num_materialized_blocks)
+        self._storage.write_blocks(block_ids, kv.contents)
+        self._scheduler.complete_remote_prefill(sequence)
+
+    def _send_to_remote(self, remote: RemotePrefill, sequences: Seq[Sequence]) -> None:
+        size = self._storage.block_size
+        for sequence in sequences:
+            num_prompt = sequence.num_tokens - 1
+            first_block = sequence.num_computed // size
+            job = PrefillJob(
+                sequence.seq_id,
+                sequence.num_preemptions,
+                tuple(sequence.token_ids[:num_prompt]),
+                first_block,
+                -(-num_prompt // size) - first_block,
+            )
+            self._in_flight[sequence.seq_id] = (sequence, job)
+            remote.submit(job)
+
     def _step(self) -> None:
         plan = self._scheduler.schedule()
+        if plan.remote and self._remote_prefill is not None:
+            self._send_to_remote(self._remote_prefill, plan.remote)
         if not plan.scheduled:
+            if plan.remote or self._scheduler.num_in_flight:
+                self._can_step = False
+                return
             raise InvariantError(
                 f"no sequence could be scheduled with {len(self._scheduler.waiting)} waiting "
                 f"and {len(self._scheduler.running)} running"

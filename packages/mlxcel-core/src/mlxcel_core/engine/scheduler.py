@@ -14,6 +14,11 @@ preempt anything. Accepted drafts count as computed when the step completes.
 The later choices of one prompt (`n` > 1) fork from the first: once it has computed all
 but the prompt's last token, they share its blocks (copy-on-write) and compute only that
 last token each, as vLLM's v0 engine did for parallel sampling.
+
+With `remote_prefill`, a new sequence is admitted with blocks for all its tokens, and all
+but its last token (past any prefix-cache hit) are computed elsewhere: it is returned in
+`SchedulerOutput.remote`, runs without being scheduled while its KV is in flight, and
+joins the batch once `complete_remote_prefill` records the KV's arrival.
 """
 
 from __future__ import annotations
@@ -78,10 +83,12 @@ class SchedulerOutput:
     Attributes:
         scheduled: the sequences to run, oldest first.
         preempted: sequences whose KV was freed to make room; they wait to be recomputed.
+        remote: sequences admitted this step whose prompt KV is to be computed elsewhere.
     """
 
     scheduled: tuple[ScheduledSequence, ...]
     preempted: tuple[Sequence, ...]
+    remote: tuple[Sequence, ...] = ()
 
 
 def _by_age(sequence: Sequence) -> int:
@@ -96,14 +103,21 @@ class Scheduler:
         kv: the KV cache manager; the scheduler admits, grows and frees sequences there.
         num_lookahead_tokens: most draft tokens a decoding sequence verifies per step
             (0 without speculative decoding).
+        remote_prefill: prompts are computed elsewhere (see the module).
     """
 
     def __init__(
-        self, config: SchedulerConfig, kv: KVCacheManager, *, num_lookahead_tokens: int = 0
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        *,
+        num_lookahead_tokens: int = 0,
+        remote_prefill: bool = False,
     ) -> None:
         self.config = config
         self.kv = kv
         self.num_lookahead_tokens = num_lookahead_tokens
+        self.remote_prefill = remote_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -122,9 +136,13 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
+        remote: list[Sequence] = []
         index = 0
         while index < len(self.running) and budget > 0:
             sequence = self.running[index]
+            if sequence.kv_in_flight:
+                index += 1
+                continue
             num_new = min(sequence.num_uncomputed, budget, self.config.max_prefill_chunk)
             lookahead = self._lookahead(sequence, budget)
             while not self.kv.allocate_slots(
@@ -152,6 +170,10 @@ class Scheduler:
             if parent is not None and parent.num_computed < sequence.num_prompt_tokens - 1:
                 break  # The parent's prefill is under way; its prompt KV is not there yet.
             wanted = min(budget, self.config.max_prefill_chunk)
+            offload = parent is None and self.remote_prefill and sequence.num_tokens > 1
+            if offload:
+                # Blocks for the whole prompt, since its KV arrives all at once.
+                wanted = sequence.num_tokens
             if parent is not None:
                 num_cached = self._fork(parent, sequence)
             else:
@@ -162,10 +184,32 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self._start(sequence, num_cached)
-            num_new = min(sequence.num_uncomputed, wanted)
+            if offload and num_cached < sequence.num_tokens - 1:
+                sequence.kv_in_flight = True
+                remote.append(sequence)
+                continue
+            num_new = min(sequence.num_uncomputed, wanted, budget)
             scheduled.append(ScheduledSequence(sequence, num_new))
             budget -= num_new
-        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), tuple(remote))
+
+    @property
+    def num_in_flight(self) -> int:
+        """Running sequences whose prompt KV is being computed elsewhere."""
+        return sum(1 for sequence in self.running if sequence.kv_in_flight)
+
+    def complete_remote_prefill(self, sequence: Sequence) -> None:
+        """Record that all but the last of the sequence's tokens now have their KV in its
+        blocks; full blocks join the prefix cache and it is scheduled from the next step.
+
+        Raises:
+            ValueError: the sequence's KV is not in flight.
+        """
+        if not sequence.kv_in_flight:
+            raise ValueError(f"sequence {sequence.seq_id} has no KV in flight")
+        sequence.kv_in_flight = False
+        sequence.num_computed = sequence.num_tokens - 1
+        self.kv.commit(sequence.seq_id, sequence.token_ids, sequence.num_computed)
 
     def complete_step(
         self, output: SchedulerOutput, num_accepted: Mapping[int, int] | None = None
@@ -198,6 +242,7 @@ class Scheduler:
         elif sequence.status is SequenceStatus.WAITING:
             self.waiting.remove(sequence)
         self.kv.free(sequence.seq_id)
+        sequence.kv_in_flight = False
         sequence.status = status
 
     def _lookahead(self, sequence: Sequence, budget: int) -> int:
@@ -231,6 +276,7 @@ class Scheduler:
         self._release_slot(sequence)
         self.kv.free(sequence.seq_id)
         sequence.num_computed = 0
+        sequence.kv_in_flight = False
         sequence.num_draft_computed = None
         sequence.num_preemptions += 1
         sequence.status = SequenceStatus.WAITING

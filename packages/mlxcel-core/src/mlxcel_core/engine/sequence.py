@@ -68,6 +68,8 @@ class Sequence:
             it (see `Scheduler`); None otherwise, and once started.
         adapter_scales: the LoRA adapter scales it runs with, resolved on arrival; None
             when the model has no unfused adapters.
+        kv_in_flight: running, its prompt's KV being computed elsewhere (disaggregated
+            prefill, `remote_prefill`): it holds its blocks and slot but is not scheduled.
     """
 
     seq_id: int
@@ -91,6 +93,7 @@ class Sequence:
     num_accepted_draft_tokens: int = 0
     fork_parent: Sequence | None = None
     adapter_scales: AdapterScales | None = None
+    kv_in_flight: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:

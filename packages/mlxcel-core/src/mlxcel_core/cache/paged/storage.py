@@ -185,6 +185,40 @@ class PagedKVStorage:
         for pool in self.arrays():
             pool[dst] = pool[src]
 
+    def read_blocks(self, block_ids: Sequence[int]) -> list[mx.array]:
+        """The stored contents of whole blocks, to hand to another storage of the same
+        geometry and cache types (disaggregated prefill).
+
+        Returns:
+            One lazy array per pool array, in `arrays()` order, each
+            (len(block_ids) * block_size, H_kv, W) in that array's dtype.
+        """
+        slots = self._block_slots(block_ids)
+        return [array[slots] for array in self.arrays()]
+
+    def write_blocks(self, block_ids: Sequence[int], contents: Sequence[mx.array]) -> None:
+        """Overwrite whole blocks with contents `read_blocks` returned elsewhere.
+
+        Raises:
+            ValueError: `contents` does not match the pools in number, shape or dtype.
+        """
+        arrays = self.arrays()
+        if len(contents) != len(arrays):
+            raise ValueError(f"contents must hold {len(arrays)} arrays, got {len(contents)}")
+        slots = self._block_slots(block_ids)
+        for array, content in zip(arrays, contents, strict=True):
+            expected = (len(block_ids) * self.block_size, *array.shape[1:])
+            if content.shape != expected or content.dtype != array.dtype:
+                raise ValueError(
+                    f"block contents must be {expected} {array.dtype}, "
+                    f"got {tuple(content.shape)} {content.dtype}"
+                )
+            array[slots] = content
+
+    def _block_slots(self, block_ids: Sequence[int]) -> mx.array:
+        offsets = mx.arange(self.block_size)
+        return (mx.array(list(block_ids))[:, None] * self.block_size + offsets).reshape(-1)
+
     def arrays(self) -> list[mx.array]:
         """Every pool's arrays, to evaluate with a step's outputs so writes do not pile up."""
         return [array for pool in (*self.keys, *self.values) for array in pool]

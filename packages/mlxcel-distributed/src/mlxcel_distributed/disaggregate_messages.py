@@ -1,0 +1,50 @@
+"""The front → prefill rank link of disaggregated prefill: jobs as int32 arrays over
+`mx.distributed` send/recv, and the prompt KV coming back as one flat array.
+
+A job travels as a fixed header of `HEADER_INTS` ints (kind, sequence id, attempt, first
+block, block count, token count) then, for a prefill, its token ids; a shutdown is a
+header alone. The reply is `kv_transfer.pack_blocks` of the job's blocks.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxcel_core.engine import PrefillJob
+
+HEADER_INTS = 6
+_PREFILL = 1
+_SHUTDOWN = 2
+
+
+def send_job(job: PrefillJob | None, peer: int, group: mx.distributed.Group) -> None:
+    """Send a job (None: shutdown) to rank `peer`, blocking until it is sent."""
+    if job is None:
+        mx.eval(mx.distributed.send(_header(_SHUTDOWN, 0, 0, 0, 0, 0), peer, group=group))
+        return
+    header = _header(
+        _PREFILL, job.seq_id, job.attempt, job.first_block, job.num_blocks, len(job.token_ids)
+    )
+    tokens = mx.array(job.token_ids, dtype=mx.int32)
+    mx.eval(mx.distributed.send(header, peer, group=group))
+    mx.eval(mx.distributed.send(tokens, peer, group=group))
+
+
+def receive_job(peer: int, group: mx.distributed.Group) -> PrefillJob | None:
+    """The next job rank `peer` sends (None: shutdown), blocking until it arrives.
+
+    Raises:
+        ValueError: the header is of an unknown kind or describes no tokens.
+    """
+    header = mx.distributed.recv((HEADER_INTS,), mx.int32, peer, group=group).tolist()
+    kind, seq_id, attempt, first_block, num_blocks, num_tokens = header
+    if kind == _SHUTDOWN:
+        return None
+    if kind != _PREFILL or num_tokens < 1:
+        raise ValueError(f"not a prefill job header: {header}")
+    tokens = mx.distributed.recv((num_tokens,), mx.int32, peer, group=group).tolist()
+    return PrefillJob(seq_id, attempt, tuple(tokens), first_block, num_blocks)
+
+
+def _header(*ints: int) -> mx.array:
+    return mx.array(ints, dtype=mx.int32)
