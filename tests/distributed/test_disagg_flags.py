@@ -28,7 +28,8 @@ def _run(argv, environ=None) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--tp", "3"], "--disaggregate does not support --tp"),
+        (["--tp", "3"], "--disaggregate does not support --tp or --pp"),
+        (["--pp", "2"], "--disaggregate does not support --tp or --pp"),
         (
             ["--prompt-lookup-max", "3"],
             "--disaggregate does not support speculative decoding (-md, --prompt-lookup-max)",
@@ -52,4 +53,4 @@ def test_unsupported_flags_are_refused_in_one_line(smollm2_path, no_spawning, fl
 
 def test_the_environment_mirror_turns_it_on(smollm2_path, no_spawning):
     code, err = _run(["serve", "-m", str(smollm2_path), "--tp", "3"], {"MLXCEL_DISAGGREGATE": "1"})
-    assert (code, err) == (2, "mlxcel: error: --disaggregate does not support --tp\n")
+    assert (code, err) == (2, "mlxcel: error: --disaggregate does not support --tp or --pp\n")

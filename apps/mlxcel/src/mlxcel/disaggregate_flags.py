@@ -54,8 +54,8 @@ def _import_distributed():
 
 
 def check_disaggregate(args: argparse.Namespace, engine_config: EngineConfig) -> None:
-    """Refuse, before anything starts, what `--disaggregate` does not support: tensor
-    parallelism, speculative decoding, unfused LoRA adapters, and KV cache types whose
+    """Refuse, before anything starts, what `--disaggregate` does not support: tensor and
+    pipeline parallelism, speculative decoding, unfused LoRA adapters, and KV cache types whose
     pools differ in dtype (quantized types, or different key and value types).
 
     Raises:
@@ -63,8 +63,8 @@ def check_disaggregate(args: argparse.Namespace, engine_config: EngineConfig) ->
     """
     if not args.disaggregate:
         return
-    if args.tp > 1:
-        raise UsageError("--disaggregate does not support --tp")
+    if args.tp > 1 or args.pp > 1:
+        raise UsageError("--disaggregate does not support --tp or --pp")
     if engine_config.speculative is not None:
         raise UsageError(
             "--disaggregate does not support speculative decoding (-md, --prompt-lookup-max)"
