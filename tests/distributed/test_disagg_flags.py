@@ -3,26 +3,8 @@ loads, the flags it does not support; its environment mirror sets it too."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
-
-import mlxcel_distributed
-from mlxcel.cli import main
-
-
-@pytest.fixture
-def no_spawning(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a rank was started")
-
-    monkeypatch.setattr(mlxcel_distributed, "LocalRanks", refuse)
-
-
-def _run(argv, environ=None) -> tuple[int, str]:
-    err = io.StringIO()
-    code = main(argv, environ={} if environ is None else environ, out=io.StringIO(), err=err)
-    return code, err.getvalue()
+from cli_runs import run_mlxcel
 
 
 @pytest.mark.parametrize(
@@ -47,10 +29,12 @@ def _run(argv, environ=None) -> tuple[int, str]:
     ],
 )
 def test_unsupported_flags_are_refused_in_one_line(smollm2_path, no_spawning, flags, message):
-    code, err = _run(["serve", "-m", str(smollm2_path), "--disaggregate", *flags])
+    code, err = run_mlxcel(["serve", "-m", str(smollm2_path), "--disaggregate", *flags])
     assert (code, err) == (2, f"mlxcel: error: {message}\n")
 
 
 def test_the_environment_mirror_turns_it_on(smollm2_path, no_spawning):
-    code, err = _run(["serve", "-m", str(smollm2_path), "--tp", "3"], {"MLXCEL_DISAGGREGATE": "1"})
+    code, err = run_mlxcel(
+        ["serve", "-m", str(smollm2_path), "--tp", "3"], {"MLXCEL_DISAGGREGATE": "1"}
+    )
     assert (code, err) == (2, "mlxcel: error: --disaggregate does not support --tp or --pp\n")

@@ -3,11 +3,8 @@ seconds is refused in one line, before anything loads."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
-
-from mlxcel.cli import main
+from cli_runs import run_mlxcel
 
 
 @pytest.mark.parametrize(
@@ -18,7 +15,6 @@ from mlxcel.cli import main
     ],
 )
 def test_a_stage_timeout_that_is_not_positive_is_refused(argv, environ, given):
-    err = io.StringIO()
-    code = main(argv, environ=environ, out=io.StringIO(), err=err)
+    code, err = run_mlxcel(argv, environ)
     assert code == 2
-    assert err.getvalue() == f"mlxcel: error: --stage-timeout must be > 0 seconds, got {given}\n"
+    assert err == f"mlxcel: error: --stage-timeout must be > 0 seconds, got {given}\n"

@@ -3,16 +3,14 @@ or the other flags cannot use it; the families that allow it are the stage's fam
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
+from cli_runs import run_mlxcel
 
-import mlxcel_distributed
-from mlxcel.cli import main
 from mlxcel.flags import UsageError
 from mlxcel.parallel_modes import PIPELINE_PARALLEL
 from mlxcel_distributed import PIPELINE_FAMILIES
@@ -22,32 +20,17 @@ from mlxcel_models.metadata import FAMILIES
 TOO_MANY_STAGES = "mlxcel: error: --pp 31: the model has 30 layers, so at most 30 stages\n"
 
 
-@pytest.fixture
-def no_spawning(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a rank was started")
-
-    monkeypatch.setattr(mlxcel_distributed, "LocalRanks", refuse)
-    monkeypatch.setattr(mlxcel_distributed, "join_group", refuse)
-
-
-def _run(argv, environ=None) -> tuple[int, str]:
-    err = io.StringIO()
-    code = main(argv, environ={} if environ is None else environ, out=io.StringIO(), err=err)
-    return code, err.getvalue()
-
-
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_more_stages_than_smollm2_has_layers_exits_2(smollm2_path, no_spawning, command):
     prompt = ["-p", "hi"] if command == "generate" else []
-    code, err = _run([command, "-m", str(smollm2_path), "--pp", "31", *prompt])
+    code, err = run_mlxcel([command, "-m", str(smollm2_path), "--pp", "31", *prompt])
     assert (code, err) == (2, TOO_MANY_STAGES)
 
 
 def test_the_environment_and_the_vllm_spelling_set_the_size(smollm2_path, no_spawning):
     argv = ["generate", "-m", str(smollm2_path), "-p", "hi"]
-    assert _run(argv, {"MLXCEL_PP": "31"}) == (2, TOO_MANY_STAGES)
-    assert _run([*argv, "--pipeline-parallel-size", "31"]) == (2, TOO_MANY_STAGES)
+    assert run_mlxcel(argv, {"MLXCEL_PP": "31"}) == (2, TOO_MANY_STAGES)
+    assert run_mlxcel([*argv, "--pipeline-parallel-size", "31"]) == (2, TOO_MANY_STAGES)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +44,7 @@ def test_the_environment_and_the_vllm_spelling_set_the_size(smollm2_path, no_spa
 )
 def test_unsupported_combinations_are_refused(smollm2_path, tmp_path, no_spawning, flags, message):
     flags = [flag.format(adapter=tmp_path) for flag in flags]
-    code, err = _run(["generate", "-m", str(smollm2_path), "-p", "hi", *flags])
+    code, err = run_mlxcel(["generate", "-m", str(smollm2_path), "-p", "hi", *flags])
     assert code == 2 and message in err and err.count("\n") == 1, err
 
 

@@ -3,16 +3,14 @@ or the other flags cannot use it."""
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+from cli_runs import run_mlxcel
 
-import mlxcel_distributed
-from mlxcel.cli import main
 from mlxcel_distributed import TensorParallelError, check_tp_size, valid_tp_sizes
 from mlxcel_models.memory import read_model_inventory
 
@@ -20,21 +18,6 @@ HEAD_COUNT_MESSAGE = (
     "mlxcel: error: --tp 2: the model's 9 query heads and 3 key/value heads do not divide "
     "by 2; valid sizes: 1, 3\n"
 )
-
-
-@pytest.fixture
-def no_spawning(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a rank was started")
-
-    monkeypatch.setattr(mlxcel_distributed, "LocalRanks", refuse)
-    monkeypatch.setattr(mlxcel_distributed, "join_group", refuse)
-
-
-def _run(argv, environ=None) -> tuple[int, str]:
-    err = io.StringIO()
-    code = main(argv, environ={} if environ is None else environ, out=io.StringIO(), err=err)
-    return code, err.getvalue()
 
 
 def test_smollm2_sizes_come_from_its_header(smollm2_path):
@@ -49,14 +32,14 @@ def test_smollm2_sizes_come_from_its_header(smollm2_path):
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_tp_2_on_smollm2_exits_2_with_the_head_counts(smollm2_path, no_spawning, command):
     prompt = ["-p", "hi"] if command == "generate" else []
-    code, err = _run([command, "-m", str(smollm2_path), "--tp", "2", *prompt])
+    code, err = run_mlxcel([command, "-m", str(smollm2_path), "--tp", "2", *prompt])
     assert (code, err) == (2, HEAD_COUNT_MESSAGE)
 
 
 def test_the_environment_and_the_vllm_spelling_set_the_size(smollm2_path, no_spawning):
     argv = ["generate", "-m", str(smollm2_path), "-p", "hi"]
-    assert _run(argv, {"MLXCEL_TP": "2"}) == (2, HEAD_COUNT_MESSAGE)
-    assert _run([*argv, "--tensor-parallel-size", "2"]) == (2, HEAD_COUNT_MESSAGE)
+    assert run_mlxcel(argv, {"MLXCEL_TP": "2"}) == (2, HEAD_COUNT_MESSAGE)
+    assert run_mlxcel([*argv, "--tensor-parallel-size", "2"]) == (2, HEAD_COUNT_MESSAGE)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +52,7 @@ def test_the_environment_and_the_vllm_spelling_set_the_size(smollm2_path, no_spa
 )
 def test_unsupported_combinations_are_refused(smollm2_path, tmp_path, no_spawning, flags, message):
     flags = [flag.format(adapter=tmp_path) for flag in flags]
-    code, err = _run(["generate", "-m", str(smollm2_path), "-p", "hi", *flags])
+    code, err = run_mlxcel(["generate", "-m", str(smollm2_path), "-p", "hi", *flags])
     assert code == 2 and message in err and err.count("\n") == 1, err
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
+from mlxcel_core.cache.paged import InvariantError, KVCacheManager
 from mlxcel_core.engine import EngineConfig, ModelRunner, PrefillJob, RowInput
-from mlxcel_core.engine.config import plan_kv_blocks
+from mlxcel_core.engine.config import make_kv_storage, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import returned_block_ids
 from mlxcel_core.generate import LanguageModel
@@ -42,13 +42,7 @@ class PrefillWorker:
         chunk = config.scheduler.max_prefill_chunk
         profile = profile_model(model, chunk)
         num_blocks = plan_kv_blocks(config, profile)
-        self.storage = PagedKVStorage(
-            profile.layers,
-            config.block_size,
-            num_blocks,
-            cache_type_k=config.cache_type_k,
-            cache_type_v=config.cache_type_v,
-        )
+        self.storage = make_kv_storage(config, profile, num_blocks)
         self._kv = KVCacheManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )

@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import BlockCopy, PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RowInput, RunnerFactory
+from mlxcel_core.engine.config import make_kv_storage
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.runner import StepLogits
 from mlxcel_core.generate import LanguageModel
@@ -139,13 +140,7 @@ def follow_steps(model: LanguageModel, config: EngineConfig, channel: StepChanne
         return 0
     if not isinstance(plan, KVPlan):
         raise LockstepError(f"expected the KV plan from rank 0, got {type(plan).__name__}")
-    storage = PagedKVStorage(
-        profile.layers,
-        config.block_size,
-        plan.num_blocks,
-        cache_type_k=config.cache_type_k,
-        cache_type_v=config.cache_type_v,
-    )
+    storage = make_kv_storage(config, profile, plan.num_blocks)
     runner = ModelRunner(model, storage)
     num_steps = 0
     while not isinstance(message := channel.receive(), Shutdown):

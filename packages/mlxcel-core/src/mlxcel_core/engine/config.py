@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.cache.quant import AUTO, check_cache_type
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
 from mlxcel_core.engine.scheduler import SchedulerConfig
@@ -108,3 +109,19 @@ def plan_kv_blocks(
             "cache more memory"
         )
     return num_blocks
+
+
+def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int) -> PagedKVStorage:
+    """The KV pools of `profile`'s layers: `num_blocks` blocks of `config.block_size`
+    positions, in `config`'s key and value cache types.
+
+    Raises:
+        CacheTypeError: a cache type cannot take a layer's head dim.
+    """
+    return PagedKVStorage(
+        profile.layers,
+        config.block_size,
+        num_blocks,
+        cache_type_k=config.cache_type_k,
+        cache_type_v=config.cache_type_v,
+    )

@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.config import EngineConfig, plan_kv_blocks
+from mlxcel_core.engine.config import EngineConfig, make_kv_storage, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import (
     PrefilledKV,
@@ -312,13 +312,7 @@ class Engine:
         self._kv = KVCacheManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self._storage = PagedKVStorage(
-            profile.layers,
-            config.block_size,
-            num_blocks,
-            cache_type_k=config.cache_type_k,
-            cache_type_v=config.cache_type_v,
-        )
+        self._storage = make_kv_storage(config, profile, num_blocks)
         self._storages = [self._storage]
         self._speculation: Speculation | None = None
         if config.speculative is not None:
