@@ -17,7 +17,7 @@ ALLOWED = {
         "huggingface_hub", "yaml", "psutil",
         "mlxcel_core", "mlxcel_models",
     },
-    "packages/mlxcel-vision": _MLX | {"PIL", "mlxcel_vision"},
+    "packages/mlxcel-vision": _MLX | {"PIL", "transformers", "mlxcel_vision"},
     "packages/mlxcel-audio": _MLX | {
         "soundfile", "av", "soxr", "onnx", "piper", "tokenizers", "mlxcel_audio",
     },

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlxcel_models.detection import ModelSource
+from mlxcel_models.image_prompt import ImagePrompter
 from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.metadata import FamilyMetadata
 from mlxcel_models.surgery import EffectiveEdit
@@ -47,6 +48,8 @@ class LoadedModel:
         load_seconds: wall time of the load, weights evaluated.
         adapters: the LoRA adapters attached by `apply_adapters`, or None.
         surgery: the weight edits applied while loading (`--surgery`), in order.
+        image_prompter: a vision-language model's image preprocessing; None for a model
+            without vision support.
     """
 
     model: MlxLmLanguageModel
@@ -57,6 +60,7 @@ class LoadedModel:
     load_seconds: float
     adapters: LoraAdapters | None = None
     surgery: tuple[EffectiveEdit, ...] = ()
+    image_prompter: ImagePrompter | None = None
 
     @property
     def row_adapters(self) -> LoraAdapters | None:
