@@ -1,1 +1,2 @@
-"""mlxcel vision: vision-language model inputs, encoders and connectors (not built yet)."""
+"""mlxcel vision: image inputs, processors, vision encoders and connectors for vision-language
+models."""
