@@ -1,0 +1,67 @@
+"""Qwen2-VL's image preprocessing: resize to whole merged patches, normalise, flatten patches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from mlxcel_vision.family import ImageRun, PreparedImage
+
+IMAGE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+
+
+@dataclass(frozen=True, eq=False)
+class Qwen2VLImageInputs:
+    """One image as the vision tower takes it.
+
+    Attributes:
+        pixel_values: (t * h * w, channels * temporal_patch * patch * patch) float32
+            normalised patches, grouped by merge_size x merge_size block.
+        grid_thw: the patch grid (t, h, w); the image fills t * h * w / merge_size^2
+            placeholder tokens.
+    """
+
+    pixel_values: np.ndarray
+    grid_thw: tuple[int, int, int]
+
+
+class Qwen2VLImageProcessor:
+    """Preprocessing as transformers' `Qwen2VLImageProcessor` does, by its torch-free PIL
+    implementation: `smart_resize` to multiples of patch_size * merge_size within
+    [min_pixels, max_pixels], rescale, normalise, repeat the frame into a temporal patch and
+    flatten the patches.
+
+    Args:
+        preprocessor_config: the folder's preprocessor_config.json.
+        placeholder_token_id: the `<|image_pad|>` token's id.
+    """
+
+    image_marker = IMAGE_MARKER
+
+    def __init__(self, preprocessor_config: dict[str, Any], placeholder_token_id: int) -> None:
+        settings = {
+            key: value
+            for key, value in preprocessor_config.items()
+            if key not in ("image_processor_type", "processor_class")
+        }
+        self._processor = Qwen2VLImageProcessorPil(**settings)
+        self._merge_size = self._processor.merge_size
+        self.placeholder_token_id = placeholder_token_id
+
+    def prepare(self, image: Image.Image) -> PreparedImage:
+        """One image as `<|vision_start|>`, t*h*w / merge_size^2 `<|image_pad|>` tokens and
+        `<|vision_end|>`, with its patches."""
+        features = self._processor(images=image.convert("RGB"), return_tensors="np")
+        t, h, w = (int(n) for n in features["image_grid_thw"][0])
+        num_tokens = t * h * w // self._merge_size**2
+        inputs = Qwen2VLImageInputs(
+            pixel_values=np.ascontiguousarray(features["pixel_values"], dtype=np.float32),
+            grid_thw=(t, h, w),
+        )
+        text = "<|vision_start|>" + IMAGE_PAD * num_tokens + "<|vision_end|>"
+        return PreparedImage(text=text, runs=(ImageRun(num_tokens, inputs),))

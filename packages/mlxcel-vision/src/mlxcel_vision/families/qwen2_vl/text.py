@@ -1,0 +1,118 @@
+"""Qwen2-VL's language model: mlx-lm's qwen2 layers with multimodal RoPE in place of 1D RoPE."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlxcel_core.cache import KVCache
+from mlxcel_core.images import RowImages
+from mlxcel_vision.families.qwen2_vl.positions import batch_positions
+
+
+class MultimodalRoPE(nn.Module):
+    """Rotary embedding whose frequencies turn with the temporal, height or width position.
+
+    The i-th frequency pair follows position axis k where i falls in the k-th part of
+    `mrope_section` (non-interleaved halves, as Qwen2's RoPE). One instance serves every
+    layer; the decoder sets a pass's positions before the layers run, since mlx-lm's
+    attention passes the rotary embedding only the cache offset. Without positions it is
+    plain 1D RoPE from the offset, as for text.
+
+    Args:
+        dims: head dimension.
+        base: RoPE base (rope_theta).
+        mrope_section: frequency pairs per axis; they sum to dims / 2.
+    """
+
+    def __init__(self, dims: int, base: float, mrope_section: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.dims = dims
+        self.base = base
+        self._inv_freq = mx.array(1.0 / base ** (np.arange(0, dims, 2, dtype=np.float32) / dims))
+        self._axis_of_frequency = np.repeat(np.arange(3), mrope_section)
+        self._tables: tuple[mx.array, mx.array] | None = None
+
+    def set_positions(self, positions: np.ndarray | None) -> None:
+        """Rotate by `positions` (3, B, L) from now on, or by the cache offset if None."""
+        if positions is None:
+            self._tables = None
+            return
+        # For each frequency, the position along its axis: (B, L, dims / 2).
+        chosen = positions[self._axis_of_frequency].transpose(1, 2, 0)
+        angles = mx.array(chosen.astype(np.float32)) * self._inv_freq
+        angles = mx.concatenate([angles, angles], axis=-1)[:, None]
+        self._tables = (mx.cos(angles), mx.sin(angles))
+
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        if self._tables is None:
+            return mx.fast.rope(
+                x, self.dims, traditional=False, base=self.base, scale=1.0, offset=offset
+            )
+        cos, sin = self._tables
+        half = self.dims // 2
+        rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return (x * cos + rotated * sin).astype(x.dtype)
+
+
+class Qwen2VLTextDecoder:
+    """The `TextDecoder` of Qwen2-VL and Qwen2.5-VL.
+
+    Args:
+        language_model: mlx-lm's qwen2 `Model`; its attention layers' RoPE is replaced.
+        rope: the multimodal RoPE its layers now share.
+        merge_size: the vision tower's spatial merge size (image tokens per grid side).
+    """
+
+    def __init__(self, language_model: nn.Module, rope: MultimodalRoPE, merge_size: int) -> None:
+        self._model = language_model
+        self._rope = rope
+        self._merge_size = merge_size
+        for layer in language_model.layers:
+            layer.self_attn.rope = rope
+        self._tied = bool(language_model.args.tie_word_embeddings)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._model.layers)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """(B, L) int32 token ids -> (B, L, hidden) embeddings."""
+        return self._model.model.embed_tokens(tokens)
+
+    def __call__(
+        self,
+        embeddings: mx.array,
+        cache: Sequence[KVCache],
+        *,
+        images: Sequence[RowImages] | None = None,
+        last_only: bool = False,
+    ) -> mx.array:
+        """Run the layers on (B, L, hidden) embeddings.
+
+        Args:
+            images: one `RowImages` per row, whose offsets and images give the rows'
+                multimodal positions; None rotates every row from its cache offset.
+
+        Returns:
+            Logits (B, L, V), or (B, 1, V) with `last_only`.
+
+        Raises:
+            ValueError: an image's token count does not match its grid.
+        """
+        positions = None
+        if images is not None:
+            positions = batch_positions(images, embeddings.shape[1], self._merge_size)
+        self._rope.set_positions(positions)
+        try:
+            hidden = self._model.model(None, cache, input_embeddings=embeddings)
+        finally:
+            self._rope.set_positions(None)
+        if last_only:
+            hidden = hidden[:, -1:, :]
+        if self._tied:
+            return self._model.model.embed_tokens.as_linear(hidden)
+        return self._model.lm_head(hidden)
