@@ -17,6 +17,13 @@ from qwen2_vl_factories import SPECIAL_TOKENS, write_qwen2_5_vl, write_qwen2_vl 
 from transformers import AutoModelForImageTextToText  # noqa: E402
 
 from mlxcel_core.cache import DenseKVCache  # noqa: E402
+from mlxcel_core.cache.paged import (  # noqa: E402
+    BatchRow,
+    LayerGeometry,
+    PagedBatch,
+    PagedKVStorage,
+    make_layer_caches,
+)
 from mlxcel_core.images import PromptImage, RowImages  # noqa: E402
 from mlxcel_models.compute import ComputeOptions  # noqa: E402
 from mlxcel_models.errors import ModelLoadError  # noqa: E402
@@ -133,6 +140,34 @@ def test_rows_without_images_give_the_text_model_logits(parts: VisionParts, refe
         cache = [DenseKVCache() for _ in range(parts.decoder.num_layers)]
         logits = np.array(parts.decoder(embeddings, cache, images=rows)[0])
         np.testing.assert_allclose(logits, expected, atol=TOLERANCE)
+
+
+def test_a_paged_batch_of_a_row_with_images_and_a_text_row_matches(parts: VisionParts, reference):
+    image_ids, images = _two_image_prompt(parts)
+    text_ids = TEXT
+    expected_image_row = _reference_logits(reference, [*image_ids, DECODED[0]], images)
+    with torch.no_grad():
+        expected_text_row = reference(input_ids=torch.tensor([[*text_ids, DECODED[0]]]))
+    expected_text_row = expected_text_row.logits[0].numpy()
+    block_size = 16
+    storage = PagedKVStorage([LayerGeometry(2, 16, 16, mx.float32)] * 2, block_size, 8)
+    storage.ensure_capacity(storage.max_blocks)
+    tables = [[1, 2], [3, 4]]
+    lengths = [len(image_ids), len(text_ids)]
+    longest = max(lengths)
+    embeddings = mx.zeros((2, longest, 64))
+    embeddings[0] = _embed_with_images(parts, image_ids, images)[0]
+    embeddings[1, : len(text_ids)] = parts.decoder.embed(mx.array([text_ids]))[0]
+    batch = PagedBatch([BatchRow(tables[b], 0, lengths[b]) for b in range(2)], block_size)
+    rows = [RowImages(0, images), RowImages(0, ())]
+    prefill = parts.decoder(embeddings, make_layer_caches(storage, batch), images=rows)
+    step = parts.decoder.embed(mx.array([[DECODED[0]], [DECODED[0]]]))
+    batch = PagedBatch([BatchRow(tables[b], lengths[b], 1) for b in range(2)], block_size)
+    rows = [RowImages(lengths[0], images), RowImages(lengths[1], ())]
+    decode = parts.decoder(step, make_layer_caches(storage, batch), images=rows)
+    for b, expected in enumerate([expected_image_row, expected_text_row]):
+        mine = np.concatenate([np.array(prefill[b, : lengths[b]]), np.array(decode[b])])
+        np.testing.assert_allclose(mine, expected, atol=TOLERANCE)
 
 
 def _rewrite(folder: Path, target: Path, rename, *, config_edit=None) -> Path:
