@@ -11,7 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 from PIL import Image  # noqa: E402
 from qwen2_vl_factories import SPECIAL_TOKENS, write_qwen2_5_vl, write_qwen2_vl  # noqa: E402
 from transformers import AutoModelForImageTextToText  # noqa: E402
@@ -227,6 +229,43 @@ def test_other_layouts_load_to_the_same_model(
     ids, images = _two_image_prompt(parts)
     results = []
     for model in (parts, other):
+        cache = [DenseKVCache() for _ in range(model.decoder.num_layers)]
+        embeddings = _embed_with_images(model, ids, images)
+        results.append(np.array(model.decoder(embeddings, cache, images=[RowImages(0, images)])))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_a_quantized_mlx_vlm_folder_loads_its_quantized_layers(folder: Path, tmp_path: Path):
+    expected_model = _load(folder)
+    # As mlx-vlm quantizes: every linear layer whose input splits into groups of 32.
+    nn.quantize(
+        expected_model.module,
+        group_size=32,
+        bits=8,
+        class_predicate=lambda _, layer: (
+            isinstance(layer, (nn.Linear, nn.Embedding)) and layer.weight.shape[-1] % 32 == 0
+        ),
+    )
+    target = _rewrite(folder, tmp_path / "quantized", _mlx_vlm_name)
+    stored = {
+        name.replace("visual.", "vision_tower.", 1): value
+        for name, value in tree_flatten(expected_model.module.parameters())
+    }
+    mx.save_safetensors(str(target / "model.safetensors"), stored)
+    config = json.loads((target / "config.json").read_text())
+    config["quantization"] = {"group_size": 32, "bits": 8}
+    (target / "config.json").write_text(json.dumps(config))
+    loaded = _load(target)
+    quantized = [
+        name
+        for name, layer in loaded.module.named_modules()
+        if isinstance(layer, nn.QuantizedLinear)
+    ]
+    assert "language_model.model.layers.0.self_attn.q_proj" in quantized
+    assert "visual.blocks.0.attn.qkv" in quantized
+    ids, images = _two_image_prompt(loaded)
+    results = []
+    for model in (expected_model, loaded):
         cache = [DenseKVCache() for _ in range(model.decoder.num_layers)]
         embeddings = _embed_with_images(model, ids, images)
         results.append(np.array(model.decoder(embeddings, cache, images=[RowImages(0, images)])))

@@ -17,7 +17,7 @@ from mlxcel_vision.families.qwen2_vl.config import parse_config
 from mlxcel_vision.families.qwen2_vl.processor import Qwen2VLImageProcessor
 from mlxcel_vision.families.qwen2_vl.text import MultimodalRoPE, Qwen2VLTextDecoder
 from mlxcel_vision.families.qwen2_vl.vision import VisionTower
-from mlxcel_vision.families.qwen2_vl.weights import map_weights
+from mlxcel_vision.families.qwen2_vl.weights import map_weights, module_name
 from mlxcel_vision.family import VisionParts
 
 # How many missing or unexpected tensor names an error message lists.
@@ -51,6 +51,31 @@ def _read_preprocessor_config(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _quantize_as_stored(
+    module: nn.Module, quantization: dict[str, Any], weights: dict[str, mx.array]
+) -> None:
+    """Make quantized the layers stored quantized (those with `scales`), with the file's
+    group size, bits and mode and its per-layer overrides, as mlx-lm and mlx-vlm write them."""
+    overrides = {
+        module_name(path): setting
+        for path, setting in quantization.items()
+        if isinstance(setting, (dict, bool))
+    }
+
+    def stored_quantized(path: str, layer: nn.Module) -> bool | dict:
+        if path in overrides:
+            return overrides[path]
+        return f"{path}.scales" in weights
+
+    nn.quantize(
+        module,
+        group_size=quantization["group_size"],
+        bits=quantization["bits"],
+        mode=quantization.get("mode", "affine"),
+        class_predicate=stored_quantized,
+    )
+
+
 def _check_names(module: nn.Module, weights: dict[str, mx.array], folder: Path) -> None:
     expected = {name for name, _ in tree_flatten(module.parameters())}
     missing = sorted(expected - weights.keys())
@@ -65,8 +90,8 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
     """The processor, vision tower and language model of a Qwen2-VL / Qwen2.5-VL folder.
 
     Args:
-        folder: a Hugging Face or mlx-vlm folder: config.json, *.safetensors,
-            preprocessor_config.json.
+        folder: a Hugging Face or mlx-vlm folder (quantized ones too): config.json,
+            *.safetensors, preprocessor_config.json.
         config: its config.json.
         compute: dtype and quantization choices applied to the weights (not evaluated).
 
@@ -80,6 +105,8 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
     module = Qwen2VLModel(visual, language_model)
     tied = bool(language_model.args.tie_word_embeddings)
     weights = map_weights(_read_safetensors(folder), settings.vision, tied_embeddings=tied)
+    if "quantization" in config:
+        _quantize_as_stored(module, config["quantization"], weights)
     _check_names(module, weights, folder)
     try:
         module.load_weights(list(weights.items()), strict=True)

@@ -124,12 +124,12 @@ class PatchMerger(nn.Module):
 
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
-        merged = config.width * config.merge_size**2
+        self.merged_size = merged = config.width * config.merge_size**2
         self.ln_q = _norm(config, config.width)
         self.mlp = [nn.Linear(merged, merged), nn.GELU(), nn.Linear(merged, config.out_size)]
 
     def __call__(self, x: mx.array) -> mx.array:
-        x = self.ln_q(x).reshape(-1, self.mlp[0].weight.shape[1])
+        x = self.ln_q(x).reshape(-1, self.merged_size)
         for layer in self.mlp:
             x = layer(x)
         return x
@@ -186,7 +186,8 @@ class VisionTower(nn.Module):
             window_mask = _segment_mask(np.repeat(window_ids(*window), merge_unit))
         else:
             window_mask = full_mask
-        dtype = self.patch_embed.proj.weight.dtype
+        # A norm weight, never quantized, carries the activation dtype.
+        dtype = self.merger.ln_q.weight.dtype
         x = self.patch_embed(mx.array(inputs.pixel_values[patch_order]).astype(dtype))
         cos, sin = self._rotary_tables(patch_positions(grid, config.merge_size)[patch_order])
         cos, sin = cos.astype(dtype), sin.astype(dtype)
