@@ -20,7 +20,9 @@ class MultimodalRoPE(nn.Module):
     `mrope_section` (non-interleaved halves, as Qwen2's RoPE). One instance serves every
     layer; the decoder sets a pass's positions before the layers run, since mlx-lm's
     attention passes the rotary embedding only the cache offset. Without positions it is
-    plain 1D RoPE from the offset, as for text.
+    plain 1D RoPE from the offset, as for text; passes whose rows are all text-like (every
+    decode step) run MLX's fused RoPE from each row's shifted start, and only passes
+    covering image tokens build cos/sin tables.
 
     Args:
         dims: head dimension.
@@ -35,11 +37,18 @@ class MultimodalRoPE(nn.Module):
         self._inv_freq = mx.array(1.0 / base ** (np.arange(0, dims, 2, dtype=np.float32) / dims))
         self._axis_of_frequency = np.repeat(np.arange(3), mrope_section)
         self._tables: tuple[mx.array, mx.array] | None = None
+        self._row_starts: mx.array | None = None
 
     def set_positions(self, positions: np.ndarray | None) -> None:
         """Rotate by `positions` (3, B, L) from now on, or by the cache offset if None."""
+        self._tables = self._row_starts = None
         if positions is None:
-            self._tables = None
+            return
+        starts = positions[0, :, :1]
+        if (positions == starts + np.arange(positions.shape[2])).all():
+            # Text-like rows (decode steps, chunks without image tokens): three equal,
+            # consecutive positions are 1D RoPE from each row's start, one fused kernel.
+            self._row_starts = mx.array(starts[:, 0])
             return
         # For each frequency, the position along its axis: (B, L, dims / 2).
         chosen = positions[self._axis_of_frequency].transpose(1, 2, 0)
@@ -48,14 +57,15 @@ class MultimodalRoPE(nn.Module):
         self._tables = (mx.cos(angles), mx.sin(angles))
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
-        if self._tables is None:
-            return mx.fast.rope(
-                x, self.dims, traditional=False, base=self.base, scale=1.0, offset=offset
-            )
-        cos, sin = self._tables
-        half = self.dims // 2
-        rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-        return (x * cos + rotated * sin).astype(x.dtype)
+        if self._tables is not None:
+            cos, sin = self._tables
+            half = self.dims // 2
+            rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+            return (x * cos + rotated * sin).astype(x.dtype)
+        start = offset if self._row_starts is None else self._row_starts
+        return mx.fast.rope(
+            x, self.dims, traditional=False, base=self.base, scale=1.0, offset=start
+        )
 
 
 class Qwen2VLTextDecoder:
