@@ -8,12 +8,9 @@ import pytest
 from PIL import Image
 
 from mlxcel_core.images import PromptImage, RowImages
+from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.families.qwen2_vl.positions import batch_positions, row_positions
-from mlxcel_vision.families.qwen2_vl.processor import (
-    IMAGE_MARKER,
-    Qwen2VLImageInputs,
-    Qwen2VLImageProcessor,
-)
+from mlxcel_vision.families.qwen2_vl.processor import IMAGE_MARKER, Qwen2VLImageProcessor
 from mlxcel_vision.families.qwen2_vl.vision_layout import (
     patch_positions,
     window_ids,

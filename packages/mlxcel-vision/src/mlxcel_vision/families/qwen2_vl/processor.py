@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.family import ImageRun, PreparedImage
 
 IMAGE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
-
-
-@dataclass(frozen=True, eq=False)
-class Qwen2VLImageInputs:
-    """One image as the vision tower takes it.
-
-    Attributes:
-        pixel_values: (t * h * w, channels * temporal_patch * patch * patch) float32
-            normalised patches, grouped by merge_size x merge_size block.
-        grid_thw: the patch grid (t, h, w); the image fills t * h * w / merge_size^2
-            placeholder tokens.
-    """
-
-    pixel_values: np.ndarray
-    grid_thw: tuple[int, int, int]
 
 
 class Qwen2VLImageProcessor:

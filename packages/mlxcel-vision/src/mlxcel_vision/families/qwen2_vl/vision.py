@@ -14,7 +14,7 @@ import numpy as np
 
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_vision.families.qwen2_vl.config import VisionConfig
-from mlxcel_vision.families.qwen2_vl.processor import Qwen2VLImageInputs
+from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.families.qwen2_vl.vision_layout import (
     patch_positions,
     window_ids,
