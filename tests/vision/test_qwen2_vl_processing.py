@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from mlxcel_core.images import PromptImage, RowImages
+from mlxcel_vision.families.qwen2_vl.attention_groups import make_attention_groups
 from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.families.qwen2_vl.positions import batch_positions, row_positions
 from mlxcel_vision.families.qwen2_vl.processor import IMAGE_MARKER, Qwen2VLImageProcessor
@@ -109,3 +110,18 @@ def test_windows_tile_the_merged_grid_from_the_top_left():
     ids = window_ids((1, 6, 6), merge_size=2, window_size=56, patch_size=14)
     assert order.tolist() == [0, 1, 3, 4, 2, 5, 6, 7, 8]
     assert ids.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 3]
+
+
+def test_attention_groups_pad_short_groups_and_put_every_token_back():
+    groups = make_attention_groups(np.array([0, 0, 0, 1, 2, 2]))
+    assert groups is not None
+    assert groups.gather.tolist() == [[0, 1, 2], [3, 3, 3], [4, 5, 5]]
+    assert groups.key_mask[:, 0, 0].tolist() == [
+        [True, True, True],
+        [True, False, False],
+        [True, True, False],
+    ]
+    assert groups.slot_of_token.tolist() == [0, 1, 2, 3, 6, 7]
+    assert make_attention_groups(np.zeros(5, dtype=np.int64)) is None
+    with pytest.raises(ValueError, match="consecutive"):
+        make_attention_groups(np.array([0, 1, 0]))

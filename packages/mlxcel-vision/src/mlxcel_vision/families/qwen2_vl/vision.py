@@ -13,6 +13,10 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_vision.families.qwen2_vl.attention_groups import (
+    AttentionGroups,
+    make_attention_groups,
+)
 from mlxcel_vision.families.qwen2_vl.config import VisionConfig
 from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.families.qwen2_vl.vision_layout import (
@@ -57,17 +61,25 @@ class VisionAttention(nn.Module):
         self.proj = nn.Linear(config.width, config.width, bias=True)
 
     def __call__(
-        self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None
+        self, x: mx.array, cos: mx.array, sin: mx.array, groups: AttentionGroups | None
     ) -> mx.array:
         N, D = x.shape
         qkv = self.qkv(x).reshape(N, 3, self.num_heads, -1).transpose(1, 2, 0, 3)
         queries, keys, values = qkv[0:1], qkv[1:2], qkv[2:3]
         queries = queries * cos + rotate_half(queries) * sin
         keys = keys * cos + rotate_half(keys) * sin
-        output = mx.fast.scaled_dot_product_attention(
-            queries, keys, values, scale=self.scale, mask=mask
+        if groups is None:
+            output = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale)
+            return self.proj(output[0].transpose(1, 0, 2).reshape(N, D))
+        # (1, H, N, d) -> (G, H, S, d): one batch row per group.
+        queries, keys, values = (
+            a[0][:, groups.gather].transpose(1, 0, 2, 3) for a in (queries, keys, values)
         )
-        return self.proj(output[0].transpose(1, 0, 2).reshape(N, D))
+        output = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=self.scale, mask=groups.key_mask
+        )
+        output = output.transpose(0, 2, 1, 3).reshape(-1, D)
+        return self.proj(output[groups.slot_of_token])
 
 
 class QuickGeluMLP(nn.Module):
@@ -112,9 +124,9 @@ class VisionBlock(nn.Module):
         self.mlp = GatedMLP(config) if config.windowed else QuickGeluMLP(config)
 
     def __call__(
-        self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None
+        self, x: mx.array, cos: mx.array, sin: mx.array, groups: AttentionGroups | None
     ) -> mx.array:
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+        x = x + self.attn(self.norm1(x), cos, sin, groups)
         return x + self.mlp(self.norm2(x))
 
 
@@ -181,25 +193,17 @@ class VisionTower(nn.Module):
         order = window_order(*window) if config.windowed else np.arange(num_merged)
         patch_order = (order[:, None] * merge_unit + np.arange(merge_unit)).reshape(-1)
         # Frames attend separately; an image is one frame.
-        full_mask = _segment_mask(patch_order // (h * w))
+        frames = make_attention_groups(patch_order // (h * w))
         if config.windowed:
-            window_mask = _segment_mask(np.repeat(window_ids(*window), merge_unit))
+            windows = make_attention_groups(np.repeat(window_ids(*window), merge_unit))
         else:
-            window_mask = full_mask
+            windows = frames
         # A norm weight, never quantized, carries the activation dtype.
         dtype = self.merger.ln_q.weight.dtype
         x = self.patch_embed(mx.array(inputs.pixel_values[patch_order]).astype(dtype))
         cos, sin = self._rotary_tables(patch_positions(grid, config.merge_size)[patch_order])
         cos, sin = cos.astype(dtype), sin.astype(dtype)
         for index, block in enumerate(self.blocks):
-            mask = full_mask if index in config.full_attention_blocks else window_mask
-            x = block(x, cos, sin, mask)
+            groups = frames if index in config.full_attention_blocks else windows
+            x = block(x, cos, sin, groups)
         return self.merger(x)[mx.array(np.argsort(order))]
-
-
-def _segment_mask(segments: np.ndarray) -> mx.array | None:
-    """(N, N) bool mask letting each token attend within its own segment; None when all
-    tokens share one."""
-    if (segments == segments[0]).all():
-        return None
-    return mx.array(segments[:, None] == segments[None, :])
