@@ -1,0 +1,5 @@
+"""LLaVA (`llava`): CLIP vision tower, MLP projector, an mlx-lm text model."""
+
+from mlxcel_vision.families.llava.loading import load_parts
+
+__all__ = ["load_parts"]
