@@ -41,6 +41,7 @@ class TinyLlava:
     text_hidden_size: int = 64
     feature_layer: int | list[int] = -2
     select_strategy: str = "default"
+    text_model_type: str = "llama"
     seed: int = 0
 
 
@@ -101,8 +102,8 @@ def make_torch_llava(config: TinyLlava):
     """transformers' `LlavaForConditionalGeneration` with seeded random weights, float32."""
     import torch
     from transformers import (
+        AutoConfig,
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
     )
@@ -117,7 +118,8 @@ def make_torch_llava(config: TinyLlava):
         patch_size=config.patch_size,
         projection_dim=config.vision_hidden_size,
     )
-    text = LlamaConfig(
+    text = AutoConfig.for_model(
+        config.text_model_type,
         hidden_size=config.text_hidden_size,
         intermediate_size=2 * config.text_hidden_size,
         num_hidden_layers=2,

@@ -45,8 +45,10 @@ def reference_logits(config: TinyLlava, folder, prompt_ids, image) -> np.ndarray
     [
         *((TinyLlava(), layout) for layout in LAYOUTS),
         (TinyLlava(feature_layer=[-1, 0], select_strategy="full", seed=1), "saved"),
+        (TinyLlava(text_model_type="mistral", seed=2), "saved"),
+        (TinyLlava(text_model_type="qwen2", seed=3), "saved"),
     ],
-    ids=[*LAYOUTS, "full-two-layers"],
+    ids=[*LAYOUTS, "full-two-layers", "mistral", "qwen2"],
 )
 def test_logits_match_transformers(tmp_path, config, layout):
     folder = write_llava_model(tmp_path / "llava", config, layout)
