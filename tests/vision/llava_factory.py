@@ -42,6 +42,8 @@ class TinyLlava:
     feature_layer: int | list[int] = -2
     select_strategy: str = "default"
     text_model_type: str = "llama"
+    # LLaVA-NeXT's anyres resolutions (height, width); None makes a LLaVA 1.5 model.
+    grid_pinpoints: tuple[tuple[int, int], ...] | None = None
     seed: int = 0
 
 
@@ -78,6 +80,13 @@ def _write_tokenizer(folder: Path) -> None:
 
 
 def _write_preprocessor_config(folder: Path, config: TinyLlava) -> None:
+    anyres = {}
+    if config.grid_pinpoints is not None:
+        anyres = {
+            "image_processor_type": "LlavaNextImageProcessor",
+            "image_grid_pinpoints": [list(pinpoint) for pinpoint in config.grid_pinpoints],
+            "do_pad": True,
+        }
     (folder / "preprocessor_config.json").write_text(
         json.dumps(
             {
@@ -94,18 +103,22 @@ def _write_preprocessor_config(folder: Path, config: TinyLlava) -> None:
                 "image_std": CLIP_STD,
                 "do_convert_rgb": True,
             }
+            | anyres
         )
     )
 
 
 def make_torch_llava(config: TinyLlava):
-    """transformers' `LlavaForConditionalGeneration` with seeded random weights, float32."""
+    """transformers' `LlavaForConditionalGeneration` (`LlavaNextForConditionalGeneration`
+    with `grid_pinpoints`) with seeded random weights, float32."""
     import torch
     from transformers import (
         AutoConfig,
         CLIPVisionConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
     )
 
     torch.manual_seed(config.seed)
@@ -131,7 +144,7 @@ def make_torch_llava(config: TinyLlava):
         bos_token_id=1,
         eos_token_id=2,
     )
-    llava = LlavaConfig(
+    settings = dict(
         vision_config=vision,
         text_config=text,
         image_token_index=image_token_id(),
@@ -139,7 +152,11 @@ def make_torch_llava(config: TinyLlava):
         vision_feature_layer=config.feature_layer,
         vision_feature_select_strategy=config.select_strategy,
     )
-    return LlavaForConditionalGeneration(llava).eval()
+    if config.grid_pinpoints is None:
+        return LlavaForConditionalGeneration(LlavaConfig(**settings)).eval()
+    pinpoints = [list(pinpoint) for pinpoint in config.grid_pinpoints]
+    next_config = LlavaNextConfig(**settings, image_grid_pinpoints=pinpoints)
+    return LlavaNextForConditionalGeneration(next_config).eval()
 
 
 def _relaid(folder: Path, layout: str, model) -> None:
@@ -158,6 +175,8 @@ def _relaid(folder: Path, layout: str, model) -> None:
                 name = "language_model.model." + name.removeprefix("model.language_model.")
             elif name == "lm_head.weight":
                 name = "language_model.lm_head.weight"
+            elif name == "model.image_newline":
+                name = "image_newline"
             renamed[name] = value
         weights = renamed
     mx.save_safetensors(

@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 
 FLOAT32 = ComputeOptions(float_dtype=mx.float32)
 TOLERANCE = 1e-3
+# LLaVA-NeXT grid resolutions for the factory's 56-pixel tower: 1x2, 2x1 and 2x2 tiles.
+ANYRES = ((56, 112), (112, 56), (112, 112))
 
 
 def photo(seed: int, size: tuple[int, int] = (70, 40)) -> Image.Image:
@@ -24,20 +26,20 @@ def photo(seed: int, size: tuple[int, int] = (70, 40)) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def chat_with_image(loaded, text: str = "what is this?") -> str:
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-    return loaded.tokenizer.apply_chat_template(messages)
+def chat_with_image(loaded, text: str = "what is this?", num_images: int = 1) -> str:
+    parts = [{"type": "image"}] * num_images + [{"type": "text", "text": text}]
+    return loaded.tokenizer.apply_chat_template([{"role": "user", "content": parts}])
 
 
-def reference_logits(config: TinyLlava, folder, prompt_ids, image) -> np.ndarray:
+def reference_logits(config: TinyLlava, folder, prompt_ids, images) -> np.ndarray:
     from transformers import AutoImageProcessor
 
     model = make_torch_llava(config)
-    pixels = AutoImageProcessor.from_pretrained(folder, backend="pil")(
-        images=image, return_tensors="pt"
-    )["pixel_values"]
+    inputs = AutoImageProcessor.from_pretrained(folder, backend="pil")(
+        images=images, return_tensors="pt"
+    )
     with torch.no_grad():
-        return model(input_ids=torch.tensor([prompt_ids]), pixel_values=pixels).logits.numpy()
+        return model(input_ids=torch.tensor([prompt_ids]), **inputs).logits.numpy()
 
 
 @pytest.mark.parametrize(
@@ -47,19 +49,22 @@ def reference_logits(config: TinyLlava, folder, prompt_ids, image) -> np.ndarray
         (TinyLlava(feature_layer=[-1, 0], select_strategy="full", seed=1), "saved"),
         (TinyLlava(text_model_type="mistral", seed=2), "saved"),
         (TinyLlava(text_model_type="qwen2", seed=3), "saved"),
+        *((TinyLlava(grid_pinpoints=ANYRES, seed=4), layout) for layout in LAYOUTS),
     ],
-    ids=[*LAYOUTS, "full-two-layers", "mistral", "qwen2"],
+    ids=[*LAYOUTS, "full-two-layers", "mistral", "qwen2", *(f"next-{name}" for name in LAYOUTS)],
 )
 def test_logits_match_transformers(tmp_path, config, layout):
     folder = write_llava_model(tmp_path / "llava", config, layout)
     loaded = load_vision_model(folder, compute=FLOAT32)
-    image = photo(0)
-    prompt = loaded.image_prompter.encode(chat_with_image(loaded), [image])
+    # A wide and a tall picture: LLaVA-NeXT tiles them differently and unpads rows of one,
+    # columns of the other.
+    images = [photo(0, (70, 40)), photo(1, (40, 90))]
+    prompt = loaded.image_prompter.encode(chat_with_image(loaded, num_images=2), images)
     cache = loaded.model.make_cache()
     logits = loaded.model(
         mx.array([prompt.prompt_ids]), cache, images=[RowImages(0, prompt.images)]
     )
-    expected = reference_logits(config, folder, prompt.prompt_ids, image)
+    expected = reference_logits(config, folder, prompt.prompt_ids, images)
     assert logits.shape == expected.shape
     np.testing.assert_allclose(np.array(logits), expected, atol=TOLERANCE, rtol=0)
 

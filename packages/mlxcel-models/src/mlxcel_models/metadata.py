@@ -83,6 +83,7 @@ FAMILIES: dict[str, FamilyMetadata] = {
             supports_pipeline_parallel=True,
         ),
         FamilyMetadata("llava", ModelKind.VLM, _SAFETENSORS_ONLY, False),
+        FamilyMetadata("llava_next", ModelKind.VLM, _SAFETENSORS_ONLY, False),
     )
 }
 

@@ -30,6 +30,7 @@ FamilyLoader = Callable[[Path, dict[str, Any], ComputeOptions], VisionParts]
 
 VISION_FAMILIES: dict[str, FamilyLoader] = {
     "llava": llava.load_parts,
+    "llava_next": llava.load_parts,
 }
 """The loader of each vision-language `model_type`."""
 

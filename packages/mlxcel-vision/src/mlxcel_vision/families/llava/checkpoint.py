@@ -5,7 +5,8 @@ transformers 5 modules name the parts `model.vision_tower.*`, `model.multi_modal
 transformers 5's `save_pretrained`, which writes the earlier names) use `vision_tower.*`
 (with or without CLIP's `vision_model.` level), `multi_modal_projector.*`,
 `language_model.model.*` and `language_model.lm_head`; mlx-vlm's converted folders use the
-earlier names with the patch convolution already channels-last.
+earlier names with the patch convolution already channels-last. LLaVA-NeXT adds
+`image_newline` (`model.image_newline` in transformers 5).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 _PREFIXES = (
+    ("model.image_newline", "image_newline"),
     ("model.vision_tower.vision_model.", "vision_tower."),
     ("model.vision_tower.", "vision_tower."),
     ("vision_tower.vision_model.", "vision_tower."),

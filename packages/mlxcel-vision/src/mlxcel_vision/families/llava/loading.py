@@ -1,4 +1,5 @@
-"""Building a LLaVA model's `VisionParts` from a Hugging Face or mlx-vlm folder."""
+"""Building a LLaVA or LLaVA-NeXT model's `VisionParts` from a Hugging Face or mlx-vlm
+folder."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from transformers import AutoConfig
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.vlm_config import vlm_text_config
+from mlxcel_vision.families.llava.anyres import AnyresImageEncoder, AnyresImageProcessor
 from mlxcel_vision.families.llava.checkpoint import llava_weights
 from mlxcel_vision.families.llava.model import LlavaArgs, LlavaImageEncoder, LlavaModel
 from mlxcel_vision.families.llava.processor import LlavaImageProcessor, load_image_processor
@@ -22,7 +24,8 @@ VISION_TOWERS = ("clip_vision_model",)
 
 
 def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) -> VisionParts:
-    """Load the LLaVA model in `folder`, its weights not yet evaluated.
+    """Load the LLaVA (`llava`) or LLaVA-NeXT (`llava_next`) model in `folder`, its weights
+    not yet evaluated.
 
     Args:
         folder: config.json, model*.safetensors, preprocessor_config.json and the
@@ -37,7 +40,7 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
     """
     settings = {key: value for key, value in config.items() if key != "model_type"}
     try:
-        parsed = AutoConfig.for_model("llava", **settings).to_dict()
+        parsed = AutoConfig.for_model(config["model_type"], **settings).to_dict()
     except (KeyError, ValueError, TypeError) as error:
         raise ModelLoadError(f"{folder / 'config.json'}: {error}") from error
     vision_config = parsed["vision_config"]
@@ -49,17 +52,27 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
     text_config = vlm_text_config(config, folder)
     args = LlavaArgs.from_config(parsed, vision_config, int(text_config["hidden_size"]))
     language_model = make_text_model(text_config)
-    model = LlavaModel(args, language_model)
+    grid_pinpoints = parsed.get("image_grid_pinpoints")
+    model = LlavaModel(args, language_model, image_newline=grid_pinpoints is not None)
     weights = llava_weights(read_safetensors(folder), language_model, args.vision.num_channels)
     load_module_weights(model, weights, folder, compute)
-    processor = LlavaImageProcessor(
-        load_image_processor(folder),
-        image_token=_token_text(folder, args.image_token_id),
-        image_token_id=args.image_token_id,
-        num_tokens=args.num_image_tokens,
-    )
+    image_processor = load_image_processor(folder)
+    image_token = _token_text(folder, args.image_token_id)
+    decoder = MlxLmTextDecoder(language_model)
+    if grid_pinpoints is None:
+        processor = LlavaImageProcessor(
+            image_processor,
+            image_token=image_token,
+            image_token_id=args.image_token_id,
+            num_tokens=args.num_image_tokens,
+        )
+        return VisionParts(processor, LlavaImageEncoder(model, args), decoder, model)
+    pinpoints = tuple((int(height), int(width)) for height, width in grid_pinpoints)
     return VisionParts(
-        processor, LlavaImageEncoder(model, args), MlxLmTextDecoder(language_model), model
+        AnyresImageProcessor(image_processor, args, pinpoints, image_token=image_token),
+        AnyresImageEncoder(model, args, pinpoints),
+        decoder,
+        model,
     )
 
 

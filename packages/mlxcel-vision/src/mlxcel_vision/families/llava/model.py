@@ -2,6 +2,7 @@
 
 Reference: Liu et al. 2023, "Visual Instruction Tuning" and "Improved Baselines with
 Visual Instruction Tuning" (LLaVA 1.5); transformers' `LlavaForConditionalGeneration`.
+LLaVA-NeXT (anyres.py) has the same parts and one more weight, `image_newline`.
 """
 
 from __future__ import annotations
@@ -101,13 +102,38 @@ class LlavaProjector(nn.Module):
 
 
 class LlavaModel(nn.Module):
-    """Every weight of a LLaVA model, named as `checkpoint.llava_weights` maps them."""
+    """Every weight of a LLaVA model, named as `checkpoint.llava_weights` maps them.
 
-    def __init__(self, args: LlavaArgs, language_model: nn.Module):
+    Args:
+        args: the model's settings.
+        language_model: the mlx-lm text model.
+        image_newline: hold LLaVA-NeXT's learned embedding that ends each row of an
+            image's feature map.
+    """
+
+    def __init__(self, args: LlavaArgs, language_model: nn.Module, *, image_newline: bool):
         super().__init__()
         self.vision_tower = ClipVisionTower(args.vision)
         self.multi_modal_projector = LlavaProjector(args)
         self.language_model = language_model
+        if image_newline:
+            self.image_newline = mx.zeros((args.text_hidden_size,))
+
+
+def select_features(model: LlavaModel, args: LlavaArgs, pixels: np.ndarray) -> mx.array:
+    """Tower, feature selection and projector on a batch of tower-sized pictures.
+
+    Args:
+        pixels: (N, image_size, image_size, 3) float32 normalized pixels.
+
+    Returns:
+        (N, num_image_tokens, text_hidden_size) features in the tower's float dtype.
+    """
+    dtype = model.vision_tower.pre_layrnorm.weight.dtype
+    states = model.vision_tower(mx.array(pixels).astype(dtype), args.feature_layers)
+    if args.select_strategy == "default":
+        states = [state[:, 1:] for state in states]
+    return model.multi_modal_projector(mx.concatenate(states, axis=-1))
 
 
 class LlavaImageEncoder:
@@ -123,9 +149,4 @@ class LlavaImageEncoder:
         Returns:
             (num_image_tokens, text_hidden_size) features in the tower's float dtype.
         """
-        dtype = self._model.vision_tower.pre_layrnorm.weight.dtype
-        pixels = mx.array(inputs)[None].astype(dtype)
-        states = self._model.vision_tower(pixels, self._args.feature_layers)
-        if self._args.select_strategy == "default":
-            states = [state[:, 1:] for state in states]
-        return self._model.multi_modal_projector(mx.concatenate(states, axis=-1))[0]
+        return select_features(self._model, self._args, inputs[None])[0]
