@@ -1,1 +1,1 @@
-"""Vision-language model families, one package each, implementing `mlxcel_vision.family`."""
+"""Vision-language model families, one package each."""
