@@ -20,11 +20,11 @@ import numpy as np
 
 from mlxcel_core.cache import DenseKVCache
 from mlxcel_core.images import PromptImage, RowImages
-from mlxcel_models.architectures import make_text_model
 from mlxcel_vision.families.qwen2_vl.config import parse_config
 from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.families.qwen2_vl.text import MultimodalRoPE, Qwen2VLTextDecoder
 from mlxcel_vision.families.qwen2_vl.vision import VisionTower
+from mlxcel_vision.text_decoder import make_text_model
 
 # Qwen2-VL-2B-Instruct and Qwen2.5-VL-3B-Instruct as their config.json files give them.
 _TEXT = {
