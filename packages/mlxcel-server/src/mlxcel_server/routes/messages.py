@@ -64,7 +64,15 @@ async def _encode_prompt(
     syntax = find_reasoning_syntax(tokenizer)
     budget = reasoning_budget(thinking, settings)
     kwargs = template_kwargs(None, syntax, budget)
-    ids = await encode_messages(model, chat.messages, tools=tools, template_kwargs=kwargs)
+    prompt = await encode_messages(
+        model,
+        chat.messages,
+        image_decoder=settings.image_decoder,
+        tools=tools,
+        template_kwargs=kwargs,
+        param="messages",
+    )
+    ids = list(prompt.prompt_ids)
     plan = make_plan(syntax, reasoning_format(thinking, settings), budget, tokenizer, ids)
     return ids, tool_use, plan
 
