@@ -326,6 +326,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             id_prefix="chatcmpl",
             num_top_logprobs=num_top,
             reasoning=plan,
+            prompt_images=[prompt.images],
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage

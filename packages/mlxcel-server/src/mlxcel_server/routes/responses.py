@@ -102,6 +102,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             id_prefix="resp",
             format_param="text.format",
             reasoning=plan,
+            prompt_images=[prompt.images],
         )
         text = ResponseText()
         if text_format is not None:
