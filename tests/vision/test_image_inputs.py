@@ -140,6 +140,13 @@ def test_missing_files_and_directories_are_named(media_dir):
         decode_image("folder", policy, number=1)
 
 
+def test_a_path_with_a_nul_character_is_refused(media_dir):
+    policy = MediaPolicy(allowed_local_path=media_dir)
+    for reference in ("red\0.png", "file:///red%00.png"):
+        with pytest.raises(ImageInputError, match="image 1: the path holds a NUL character"):
+            decode_image(reference, policy, number=1)
+
+
 def test_a_file_named_on_the_command_line_needs_no_allowed_directory(media_dir):
     image = read_image_file(media_dir.parent / "secret.png", OPEN, number=1)
     assert tuple(rgb(image)[0, 0]) == RED

@@ -21,15 +21,20 @@ def read_allowed_file(path: Path, allowed: Path | None, *, number: int, max_byte
     A relative path is taken relative to `allowed`.
 
     Raises:
-        ImageInputError: local paths are not allowed (`allowed` is None), the path lies
-            outside `allowed`, or it cannot be read (see `read_file`).
+        ImageInputError: local paths are not allowed (`allowed` is None), the path holds a
+            NUL character or lies outside `allowed`, or it cannot be read (see `read_file`).
     """
     if allowed is None:
         raise ImageInputError(
             number, "local paths are not allowed (the server sets no --allowed-local-media-path)"
         )
+    if "\0" in str(path):
+        raise ImageInputError(number, "the path holds a NUL character")
     root = allowed.resolve()
-    resolved = (root / path).resolve()
+    try:
+        resolved = (root / path).resolve()
+    except OSError as error:
+        raise ImageInputError(number, f"cannot resolve {str(path)!r}: {error.strerror}") from error
     if not resolved.is_relative_to(root):
         raise ImageInputError(number, f"the path {str(path)!r} is outside the allowed directory")
     return read_file(resolved, number=number, max_bytes=max_bytes)
