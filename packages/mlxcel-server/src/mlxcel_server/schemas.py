@@ -7,7 +7,6 @@ with a 400 naming it, never silently ignored.
 from __future__ import annotations
 
 import json
-from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
@@ -47,9 +46,6 @@ class ImageUrlPart(_Strict):
 
 
 ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
-# What a chat template reads where an image goes; vision models' templates write their
-# image marker there.
-TEMPLATE_IMAGE_PART = MappingProxyType({"type": "image"})
 
 
 class FunctionCall(_Strict):
@@ -127,10 +123,9 @@ class ChatMessage(_Strict):
     def _template_content(self) -> str | list[dict[str, Any]]:
         if not isinstance(self.content, list) or not self.image_urls():
             return self.text()
+        # Vision models' chat templates write their image marker for an `image` part.
         return [
-            {"type": "text", "text": part.text}
-            if isinstance(part, TextPart)
-            else dict(TEMPLATE_IMAGE_PART)
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
             for part in self.content
         ]
 
