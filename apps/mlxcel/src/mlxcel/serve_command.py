@@ -45,6 +45,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_target_model
+from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.parallel_flags import PARALLEL_FLAGS, ParallelRank, check_parallel, parallel_rank
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
@@ -118,6 +119,7 @@ FLAGS = (
     SURGERY_FLAG,
     *SERVER_FLAGS,
     *AUDIO_FLAGS,
+    *MEDIA_FLAGS,
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
     STAGE_TIMEOUT_FLAG,
@@ -152,7 +154,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
 
     Raises:
         UsageError: a value is out of range or unsupported.
-        InputError: the API key file cannot be read.
+        InputError: the API key file cannot be read, or `--allowed-local-media-path` is
+            not a directory.
     """
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in [1, 65535], got {args.port}")
@@ -182,6 +185,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             endpoint_props=args.props,
             reasoning_format=ReasoningFormat(args.reasoning_format),
             reasoning_budget=args.reasoning_budget,
+            image_decoder=image_decoder_from(args),
         )
     except ValueError as error:
         raise UsageError(str(error)) from error
