@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from mlxcel_core.images import PromptImage, RowImages
+from mlxcel_models.errors import ModelLoadError
 from mlxcel_vision.families.qwen2_vl.attention_groups import make_attention_groups
 from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.families.qwen2_vl.positions import batch_positions, row_positions
@@ -57,6 +58,24 @@ def test_a_large_image_is_scaled_down_within_max_pixels():
     processor = Qwen2VLImageProcessor(PREPROCESSOR_CONFIG, placeholder_token_id=5)
     # 400 x 300 is 17 times max_pixels: scaled by 1 / sqrt(17), floored to 28-pixel steps.
     assert processor.prepare(_image(400, 300)).runs[0].inputs.grid_thw == (1, 6, 4)
+
+
+def test_older_size_keys_and_an_extreme_aspect_ratio():
+    bounds = {"min_pixels": 28 * 28, "max_pixels": 84 * 84}
+    legacy = {**PREPROCESSOR_CONFIG, "size": bounds}
+    prepared = Qwen2VLImageProcessor(legacy, placeholder_token_id=5).prepare(_image(90, 60))
+    assert prepared.runs[0].inputs.grid_thw == (1, 6, 4)
+    processor = Qwen2VLImageProcessor(PREPROCESSOR_CONFIG, placeholder_token_id=5)
+    with pytest.raises(ValueError, match="aspect ratio"):
+        processor.prepare(_image(1, 300))
+
+
+def test_a_config_without_pixel_bounds_is_refused_at_load():
+    settings = {k: v for k, v in PREPROCESSOR_CONFIG.items() if not k.endswith("_pixels")}
+    with pytest.raises(ModelLoadError, match="min_pixels and max_pixels"):
+        Qwen2VLImageProcessor(
+            {**settings, "size": {"height": 56, "width": 56}}, placeholder_token_id=5
+        )
 
 
 def test_positions_follow_the_image_grid_and_continue_after_its_largest_position():
