@@ -10,6 +10,7 @@ from PIL import Image
 from mlxcel_core.images import PromptImage, RowImages
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_vision.families.qwen2_vl.attention_groups import make_attention_groups
+from mlxcel_vision.families.qwen2_vl.config import parse_config
 from mlxcel_vision.families.qwen2_vl.image_inputs import Qwen2VLImageInputs
 from mlxcel_vision.families.qwen2_vl.positions import batch_positions, row_positions
 from mlxcel_vision.families.qwen2_vl.processor import IMAGE_MARKER, Qwen2VLImageProcessor
@@ -144,3 +145,16 @@ def test_attention_groups_pad_short_groups_and_put_every_token_back():
     assert make_attention_groups(np.zeros(5, dtype=np.int64)) is None
     with pytest.raises(ValueError, match="consecutive"):
         make_attention_groups(np.array([0, 1, 0]))
+
+
+def test_a_config_lacking_a_field_is_a_load_error_naming_it():
+    with pytest.raises(ModelLoadError, match="lacks 'vision_config'"):
+        parse_config(
+            {
+                "model_type": "qwen2_vl",
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+                "image_token_id": 5,
+            }
+        )

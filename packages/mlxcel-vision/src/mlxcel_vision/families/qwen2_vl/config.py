@@ -117,12 +117,12 @@ def parse_config(config: dict[str, Any]) -> Qwen2VLConfig:
         mrope_section = tuple(rope["mrope_section"])
         vision = _vision_config(model_type, config["vision_config"], text["hidden_size"])
         image_token_id = int(config["image_token_id"])
+        head_dim = text["hidden_size"] // text["num_attention_heads"]
     except KeyError as error:
         raise ModelLoadError(f"{model_type} config.json lacks {error}") from error
     if len(mrope_section) != 3:
         raise ModelLoadError(f"mrope_section must have 3 entries, got {list(mrope_section)}")
     rope_theta = float(rope.get("rope_theta", text.get("rope_theta", 1_000_000.0)))
-    head_dim = text["hidden_size"] // text["num_attention_heads"]
     if 2 * sum(mrope_section) != head_dim:
         raise ModelLoadError(
             f"mrope_section {list(mrope_section)} must cover head_dim / 2 = {head_dim // 2}"
