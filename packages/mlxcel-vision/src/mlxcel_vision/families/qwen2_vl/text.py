@@ -11,6 +11,7 @@ import numpy as np
 from mlxcel_core.cache import KVCache
 from mlxcel_core.images import RowImages
 from mlxcel_vision.families.qwen2_vl.positions import batch_positions
+from mlxcel_vision.text_decoder import MlxLmTextDecoder
 
 
 class MultimodalRoPE(nn.Module):
@@ -68,30 +69,22 @@ class MultimodalRoPE(nn.Module):
         )
 
 
-class Qwen2VLTextDecoder:
-    """The `TextDecoder` of Qwen2-VL and Qwen2.5-VL.
+class Qwen2VLTextDecoder(MlxLmTextDecoder):
+    """The `TextDecoder` of Qwen2-VL and Qwen2.5-VL: mlx-lm's decoder with its attention
+    layers' RoPE replaced by one `MultimodalRoPE`, given each pass's positions.
 
     Args:
-        language_model: mlx-lm's qwen2 `Model`; its attention layers' RoPE is replaced.
+        module: mlx-lm's qwen2 `Model`.
         rope: the multimodal RoPE its layers now share.
         merge_size: the vision tower's spatial merge size (image tokens per grid side).
     """
 
-    def __init__(self, language_model: nn.Module, rope: MultimodalRoPE, merge_size: int) -> None:
-        self._model = language_model
+    def __init__(self, module: nn.Module, rope: MultimodalRoPE, merge_size: int) -> None:
+        super().__init__(module)
         self._rope = rope
         self._merge_size = merge_size
-        for layer in language_model.layers:
+        for layer in module.layers:
             layer.self_attn.rope = rope
-        self._tied = bool(language_model.args.tie_word_embeddings)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self._model.layers)
-
-    def embed(self, tokens: mx.array) -> mx.array:
-        """(B, L) int32 token ids -> (B, L, hidden) embeddings."""
-        return self._model.model.embed_tokens(tokens)
 
     def __call__(
         self,
@@ -118,11 +111,6 @@ class Qwen2VLTextDecoder:
             positions = batch_positions(images, embeddings.shape[1], self._merge_size)
         self._rope.set_positions(positions)
         try:
-            hidden = self._model.model(None, cache, input_embeddings=embeddings)
+            return super().__call__(embeddings, cache, images=images, last_only=last_only)
         finally:
             self._rope.set_positions(None)
-        if last_only:
-            hidden = hidden[:, -1:, :]
-        if self._tied:
-            return self._model.model.embed_tokens.as_linear(hidden)
-        return self._model.lm_head(hidden)
