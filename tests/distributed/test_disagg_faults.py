@@ -43,14 +43,17 @@ PROMPT = tuple(range(40, 61))
 
 
 class FakePrefillRank:
-    """Stands in for the link to rank 1: records the jobs sent, and answers each receive
-    with zeros once `release` is set, or raises `error` then."""
+    """Stands in for the link to rank 1, which is ready at once: records the jobs sent,
+    and answers each receive with zeros once `release` is set, or raises `error` then."""
 
     def __init__(self) -> None:
         self.jobs: list[PrefillJob | None] = []
         self.receiving = threading.Event()
         self.release = threading.Event()
         self.error: Exception | None = None
+
+    def receive_ready(self, peer: int, group) -> None:
+        assert peer == 1
 
     def send_job(self, job: PrefillJob | None, peer: int, group) -> None:
         assert peer == 1
@@ -94,6 +97,7 @@ def front(request, tiny_safetensors, monkeypatch):
     the test is parametrized with (seconds); yields (state, pair, fake rank, stderr)."""
     stage_timeout = request.param
     rank1 = FakePrefillRank()
+    monkeypatch.setattr(disaggregate_front, "receive_ready", rank1.receive_ready)
     monkeypatch.setattr(disaggregate_front, "send_job", rank1.send_job)
     monkeypatch.setattr(mx.distributed, "recv", rank1.recv)
     loaded = load_model(tiny_safetensors)

@@ -26,7 +26,7 @@ import mlx.core as mx
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import PrefilledKV, PrefillJob, RemotePrefill, RemotePrefillFactory
 from mlxcel_core.threads import thread_stream
-from mlxcel_distributed.disaggregate_messages import send_job
+from mlxcel_distributed.disaggregate_messages import receive_ready, send_job
 from mlxcel_distributed.kv_transfer import BlockLayout, block_layout, unpack_blocks
 from mlxcel_distributed.watchdog import StepWatchdog
 
@@ -41,8 +41,8 @@ class PrefillDeadline:
     arrival: the watchdog's timeout (the stage timeout) for each chunk of `chunk` tokens
     the prompt is prefilled in, so a limit that fits one engine step fits each chunk.
 
-    The prefill rank computes only past its own prefix cache, so this bounds the job from
-    above; the last chunk's share also covers the KV's transfer.
+    The prefill rank computes only what its own prefix cache lacks, so a prompt it has
+    partly seen has time to spare; the last chunk's share also covers the KV's transfer.
 
     Args:
         watchdog: holds each job to its limit and reports an overrun.
@@ -145,16 +145,26 @@ def make_prefill_client_factory(
     on_failure: Callable[[BaseException], None],
     deadline: PrefillDeadline | None = None,
 ) -> RemotePrefillFactory:
-    """The `Engine(make_remote_prefill=...)` factory of the front: a `PrefillClient`
-    reporting a failed link to `on_failure`, its jobs held to `deadline` (None: none).
+    """The `Engine(make_remote_prefill=...)` factory of the front: it waits until the
+    prefill rank takes jobs (so the engine, and the server, are ready only then), and
+    returns a `PrefillClient` reporting a failed link to `on_failure`, its jobs held to
+    `deadline` (None: none).
 
     The factory raises `ValueError` for a KV storage whose pools differ in dtype (a
-    quantized cache type).
+    quantized cache type), or a first message that is not the prefill rank's ready signal;
+    and MLX's `RuntimeError` when the link fails meanwhile, after reporting it to
+    `on_failure` on the calling thread.
     """
 
     def make_remote_prefill(
         storage: PagedKVStorage, deliver: Callable[[PrefilledKV], None]
     ) -> RemotePrefill:
-        return PrefillClient(group, block_layout(storage), deliver, on_failure, deadline)
+        layout = block_layout(storage)
+        try:
+            receive_ready(PREFILL_RANK, group)
+        except RuntimeError as error:
+            on_failure(error)
+            raise
+        return PrefillClient(group, layout, deliver, on_failure, deadline)
 
     return make_remote_prefill
