@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from mlxcel.flags import Flag, RunError, UsageError
 from mlxcel.rank_group import form_group
-from mlxcel_core.engine import EngineConfig, RemotePrefill, RemotePrefillFactory
+from mlxcel_core.engine import EngineConfig, PrefillJob, RemotePrefill, RemotePrefillFactory
 from mlxcel_models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class DisaggregatedRank:
         def make_remote_prefill(storage, deliver) -> RemotePrefill:
             remote = factory(storage, deliver)
             self._engine_started = True
-            return remote
+            return _ExitExpectedOnClose(remote, self._local_ranks)
 
         return make_remote_prefill
 
@@ -145,6 +145,23 @@ class DisaggregatedRank:
         self._local_ranks.stop_watching()
         told_to_stop = self._engine_started and self.health.fault is None
         self._local_ranks.stop(PREFILL_STOP_SECONDS if told_to_stop else 0.0)
+
+
+class _ExitExpectedOnClose(RemotePrefill):
+    """The engine's remote prefill, after whose closing (which sends rank 1 its shutdown)
+    a local rank 1's exit is expected, not a fault."""
+
+    def __init__(self, remote: RemotePrefill, local_ranks: LocalRanks | None) -> None:
+        self._remote = remote
+        self._local_ranks = local_ranks
+
+    def submit(self, job: PrefillJob) -> None:
+        self._remote.submit(job)
+
+    def close(self) -> None:
+        if self._local_ranks is not None:
+            self._local_ranks.stop_watching()
+        self._remote.close()
 
 
 @contextmanager
