@@ -19,6 +19,7 @@ Each variant is timed as `--calls` independent calls evaluated together, the med
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -139,7 +140,12 @@ def time_call(function: Callable[[], mx.array], calls: int, repeats: int) -> flo
 
 
 def time_attention(
-    shape_name: str, batch: int, context: int, calls: int, repeats: int
+    shape_name: str,
+    batch: int,
+    context: int,
+    partitions: Sequence[int],
+    calls: int,
+    repeats: int,
 ) -> list[str]:
     shape = SHAPES[shape_name]
     _, num_kv_heads, head_dim = shape
@@ -150,17 +156,18 @@ def time_attention(
     mx.eval(keys, values, problem.key_pool, problem.value_pool, problem.queries)
     variants = {
         "paged kernel": lambda: problem.attend(paged_decode_attention),
-        "paged kernel, one pass": lambda: problem.attend(
-            paged_decode_attention_cuda, num_partitions=1
-        ),
         "gather then attend": lambda: problem.attend(paged_decode_attention_reference),
         "dense": lambda: mx.fast.scaled_dot_product_attention(
             problem.queries, keys, values, scale=scale
         ),
     }
+    for count in partitions:
+        variants[f"paged kernel, {count} partitions"] = functools.partial(
+            problem.attend, paged_decode_attention_cuda, num_partitions=count
+        )
     seconds = {name: time_call(f, calls, repeats) for name, f in variants.items()}
     kv_bytes = 2 * batch * context * num_kv_heads * head_dim * 2
-    partitions = num_partitions_for(batch, num_kv_heads, problem.block_tables.shape[1] * BLOCK_SIZE)
+    chosen = num_partitions_for(batch, num_kv_heads, problem.block_tables.shape[1] * BLOCK_SIZE)
     rows = []
     for name, s in seconds.items():
         rows.append(
@@ -168,7 +175,7 @@ def time_attention(
             f"{kv_bytes / s / 1e9:,.0f} | {s / seconds['dense']:.2f}x | "
             f"{seconds['gather then attend'] / s:.2f}x |"
         )
-    rows.append(f"<!-- {shape_name} B={batch}: dispatched partitions {partitions} -->")
+    rows.append(f"<!-- {shape_name} B={batch}: dispatched partitions {chosen} -->")
     return rows
 
 
@@ -177,10 +184,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shapes", default="llama-3.2-1b,llama-3.1-8b")
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--batch", default="1,32")
+    parser.add_argument(
+        "--partitions", default="1", help="also time the kernel at these partition counts"
+    )
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)
     shapes = args.shapes.split(",")
+    partitions = [int(count) for count in args.partitions.split(",")]
     print(mx.default_device(), "cuda" if mx.cuda.is_available() else "no cuda", flush=True)
 
     print(
@@ -199,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         for batch in (int(b) for b in args.batch.split(",")):
-            rows = time_attention(shape, batch, args.context, args.calls, args.repeats)
+            rows = time_attention(shape, batch, args.context, partitions, args.calls, args.repeats)
             print("\n".join(rows), flush=True)
 
 

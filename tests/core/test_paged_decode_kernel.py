@@ -159,7 +159,8 @@ def test_dispatch_runs_the_reference_on_the_cpu():
     problem = make_problem(RAGGED_LENGTHS, num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4)
     with mx.stream(mx.cpu):
         out = run(paged_decode_attention, problem, 0.25)
-    assert mx.array_equal(out, run(paged_decode_attention_reference, problem, 0.25))
+        expected = run(paged_decode_attention_reference, problem, 0.25)
+    assert mx.array_equal(out, expected)
 
 
 def test_kernels_take_float_pools_of_one_lane_tiled_head_dim_within_shared_memory():
@@ -171,11 +172,21 @@ def test_kernels_take_float_pools_of_one_lane_tiled_head_dim_within_shared_memor
     assert not supports(mx.bfloat16, 32, 128, 128)
 
 
+def test_kernel_arguments_are_checked_before_launch():
+    problem = make_problem([4], num_q_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
+    for kernel in (paged_decode_attention_cuda, paged_decode_attention_metal):
+        with pytest.raises(ValueError, match="num_partitions must be >= 1, got 0"):
+            run(kernel, problem, 0.5, num_partitions=0)
+        with pytest.raises(ValueError, match=r"scale must be > 0, got -1\.0"):
+            run(kernel, problem, -1.0)
+
+
 def test_split_kv_is_chosen_for_few_rows_and_long_contexts():
-    assert num_partitions_for(1, 8, 32768) == 128
-    assert num_partitions_for(1, 8, 1024) == 4
-    assert num_partitions_for(32, 8, 32768) == 4
-    assert num_partitions_for(128, 8, 32768) == 1
+    assert num_partitions_for(1, 8, 32768) == 64
+    assert num_partitions_for(1, 8, 1024) == 2
+    assert num_partitions_for(32, 8, 32768) == 8
+    assert num_partitions_for(256, 8, 32768) == 1
+    assert num_partitions_for(64, 8, 512) == 1
 
 
 def layer_cache(rows: list[BatchRow], *, decode_kernel: bool) -> PagedLayerCache:

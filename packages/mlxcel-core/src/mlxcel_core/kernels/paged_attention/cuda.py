@@ -3,9 +3,11 @@
 One thread block serves one (row, KV head) pair and the H_q / H_kv query heads that share
 that KV head, so each key and value is read from the pool once for the whole group. Its
 threads walk the row's positions through the block table, `D / 8` lanes per position with
-8 elements each, and keep an online softmax (running max, sum and weighted values) per
-query head (Milakov and Gimelshein 2018, "Online normalizer calculation for softmax");
-the states of the block's position lanes are merged in shared memory at the end.
+8 elements (one 16-byte load of a 16-bit dtype) each, several positions per lane loaded
+before any is used, and keep an online softmax (running max, sum and weighted values) per
+query head (Milakov and Gimelshein 2018, "Online normalizer calculation for softmax"),
+updated once per such step; the states of the block's position lanes are merged in shared
+memory at the end.
 
 The split-KV variant (Flash-Decoding: Dao, Haziza, Massa and Sizov 2023) cuts each row's
 context into partitions that separate blocks process at once, each writing its normalized
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 
 import mlx.core as mx
 
@@ -26,12 +29,14 @@ THREADS = 128
 LANE_ELEMENTS = 8
 # Static shared memory a block may take (bytes).
 MAX_SHARED_BYTES = 48 * 1024
-# Blocks the split-KV variant aims to launch: a few per multiprocessor of a large GPU.
-TARGET_BLOCKS = 1024
-# Partitions hold at least this many positions, so their partial results stay few.
-MIN_PARTITION_TOKENS = 256
+# Blocks the split-KV variant aims to launch, and the fewest positions of a partition: on an
+# H200 at 32k positions, 16-64 partitions of one row beat 4 and 256 (docs/benchmarks.md).
+TARGET_BLOCKS = 2048
+MIN_PARTITION_TOKENS = 512
 
 _HEADER = """
+#define NEG_INF (-cuda::std::numeric_limits<float>::infinity())
+
 __device__ __forceinline__ float lane_group_sum(float x, int lanes) {
   for (int offset = lanes / 2; offset > 0; offset /= 2) {
     x += __shfl_xor_sync(0xffffffff, x, offset);
@@ -47,6 +52,7 @@ _ATTENTION_SOURCE = """
   constexpr int TOKENS_PER_WARP = 32 / LANES_PER_TOKEN;
   constexpr int STATES = WARPS * TOKENS_PER_WARP;
   constexpr int CHUNKS = VEC * sizeof(T) / 16;
+  constexpr int UNROLL = CHUNKS == 1 ? 4 : 2;
 
   __shared__ float shared_max[STATES * G];
   __shared__ float shared_sum[STATES * G];
@@ -71,7 +77,7 @@ _ATTENTION_SOURCE = """
   const int end = min(length, begin + partition_size);
 
   // Scores are kept in base 2: q is prescaled by scale * log2(e) so exp2 gives the softmax.
-  const float q_scale = scale[0] * 1.4426950408889634f;
+  const float q_scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;
   float q[G][VEC];
   #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -84,54 +90,64 @@ _ATTENTION_SOURCE = """
   float acc[G][VEC];
   #pragma unroll
   for (int g = 0; g < G; ++g) {
-    running_max[g] = -inf;
+    running_max[g] = NEG_INF;
     running_sum[g] = 0.0f;
     #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
   }
 
+  // Each iteration loads UNROLL positions per lane before using any, so that many loads
+  // are in flight, and updates each softmax state once for all of them.
   const int* table = block_tables + (size_t)row * table_width;
-  for (int base = begin + warp * TOKENS_PER_WARP; base < end; base += STATES) {
-    const int t = base + token_lane;
-    const bool valid = t < end;
-    float k[VEC];
-    float v[VEC];
-    if (valid) {
-      const size_t slot = (size_t)table[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE;
-      const size_t offset = (slot * num_kv_heads + kv_head) * D + sub * VEC;
-      uint4 k_raw[CHUNKS];
-      uint4 v_raw[CHUNKS];
-      #pragma unroll
-      for (int c = 0; c < CHUNKS; ++c) {
-        k_raw[c] = reinterpret_cast<const uint4*>(key_pool + offset)[c];
-        v_raw[c] = reinterpret_cast<const uint4*>(value_pool + offset)[c];
+  for (int base = begin + warp * TOKENS_PER_WARP; base < end; base += STATES * UNROLL) {
+    uint4 k_raw[UNROLL][CHUNKS];
+    uint4 v_raw[UNROLL][CHUNKS];
+    bool valid[UNROLL];
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int t = base + u * STATES + token_lane;
+      valid[u] = t < end;
+      if (valid[u]) {
+        const size_t slot = (size_t)table[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE;
+        const size_t offset = (slot * num_kv_heads + kv_head) * D + sub * VEC;
+        #pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+          k_raw[u][c] = reinterpret_cast<const uint4*>(key_pool + offset)[c];
+          v_raw[u][c] = reinterpret_cast<const uint4*>(value_pool + offset)[c];
+        }
       }
-      const T* k_elements = reinterpret_cast<const T*>(k_raw);
-      const T* v_elements = reinterpret_cast<const T*>(v_raw);
-      #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        k[i] = static_cast<float>(k_elements[i]);
-        v[i] = static_cast<float>(v_elements[i]);
-      }
-    } else {
-      #pragma unroll
-      for (int i = 0; i < VEC; ++i) k[i] = v[i] = 0.0f;
     }
     #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float partial = 0.0f;
+      float score[UNROLL];
+      float step_max = NEG_INF;
       #pragma unroll
-      for (int i = 0; i < VEC; ++i) partial += q[g][i] * k[i];
-      const float score = lane_group_sum(partial, LANES_PER_TOKEN);
-      if (valid) {
-        const float new_max = fmaxf(running_max[g], score);
-        const float correction = exp2f(running_max[g] - new_max);
-        const float p = exp2f(score - new_max);
-        running_sum[g] = running_sum[g] * correction + p;
+      for (int u = 0; u < UNROLL; ++u) {
+        const T* k = reinterpret_cast<const T*>(k_raw[u]);
+        float partial = 0.0f;
         #pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * correction + p * v[i];
-        running_max[g] = new_max;
+        for (int i = 0; i < VEC; ++i) partial += q[g][i] * static_cast<float>(k[i]);
+        // Every lane takes part in the shuffles; positions past the end are dropped after.
+        const float total = lane_group_sum(partial, LANES_PER_TOKEN);
+        score[u] = valid[u] ? total : NEG_INF;
+        step_max = fmaxf(step_max, score[u]);
       }
+      if (step_max == NEG_INF) continue;
+      const float new_max = fmaxf(running_max[g], step_max);
+      const float correction = exp2f(running_max[g] - new_max);
+      running_sum[g] *= correction;
+      #pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[g][i] *= correction;
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        if (!valid[u]) continue;
+        const T* v = reinterpret_cast<const T*>(v_raw[u]);
+        const float p = exp2f(score[u] - new_max);
+        running_sum[g] += p;
+        #pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[g][i] += p * static_cast<float>(v[i]);
+      }
+      running_max[g] = new_max;
     }
   }
 
@@ -149,11 +165,11 @@ _ATTENTION_SOURCE = """
   for (int idx = threadIdx.x; idx < G * D; idx += THREADS) {
     const int g = idx / D;
     const int d = idx % D;
-    float m = -inf;
+    float m = NEG_INF;
     for (int s = 0; s < STATES; ++s) m = fmaxf(m, shared_max[s * G + g]);
     float total = 0.0f;
     float out = 0.0f;
-    if (m != -inf) {
+    if (m != NEG_INF) {
       for (int s = 0; s < STATES; ++s) {
         const float w = exp2f(shared_max[s * G + g] - m);
         total += shared_sum[s * G + g] * w;
@@ -184,11 +200,11 @@ _MERGE_SOURCE = """
   if (head >= (size_t)partial_max_shape[0] * partial_max_shape[1]) return;
   const float* maxes = partial_max + head * num_partitions;
   const float* sums = partial_sum + head * num_partitions;
-  float m = -inf;
+  float m = NEG_INF;
   for (int p = 0; p < num_partitions; ++p) m = fmaxf(m, maxes[p]);
   float total = 0.0f;
   float out = 0.0f;
-  if (m != -inf) {
+  if (m != NEG_INF) {
     for (int p = 0; p < num_partitions; ++p) {
       const float w = sums[p] * exp2f(maxes[p] - m);
       total += w;
@@ -199,7 +215,7 @@ _MERGE_SOURCE = """
 """
 
 
-_INPUTS = ["queries", "key_pool", "value_pool", "block_tables", "context_lengths", "scale"]
+_INPUTS = ["queries", "key_pool", "value_pool", "block_tables", "context_lengths"]
 
 
 @functools.cache
@@ -224,8 +240,15 @@ def _kernels() -> dict[str, object]:
             input_names=["partial_out", "partial_max", "partial_sum"],
             output_names=["output"],
             source=_MERGE_SOURCE,
+            header=_HEADER,
         ),
     }
+
+
+def float_bits(value: float) -> int:
+    """The float32 bit pattern of `value` as a signed int: kernel template arguments are
+    ints, and a model's attention scale is one constant, so it is compiled in."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def shared_bytes(group_size: int, head_dim: int) -> int:
@@ -279,7 +302,7 @@ def paged_decode_attention_cuda(
             (1 runs the one-pass kernel); None picks with `num_partitions_for`.
 
     Raises:
-        ValueError: `num_partitions` is < 1.
+        ValueError: `num_partitions` is < 1 or `scale` is not > 0.
     """
     B, H_q, _, D = queries.shape
     H_kv = key_pool.shape[1]
@@ -289,13 +312,14 @@ def paged_decode_attention_cuda(
         num_partitions = num_partitions_for(B, H_kv, capacity)
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
     inputs = [
         queries,
         key_pool,
         value_pool,
         block_tables.astype(mx.int32),
         context_lengths.astype(mx.int32),
-        mx.array([scale], mx.float32),
     ]
     template = [
         ("T", queries.dtype),
@@ -304,6 +328,7 @@ def paged_decode_attention_cuda(
         ("BLOCK_SIZE", block_size),
         ("THREADS", THREADS),
         ("LANE_ELEMENTS", LANE_ELEMENTS),
+        ("SCALE_BITS", float_bits(scale)),
     ]
     grid = (H_kv * THREADS, B, num_partitions)
     if num_partitions == 1:

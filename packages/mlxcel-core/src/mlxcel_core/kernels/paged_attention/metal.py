@@ -17,6 +17,7 @@ from mlxcel_core.kernels.paged_attention.cuda import (
     ONE_PASS_STORE,
     SPLIT_STORE,
     THREADS,
+    float_bits,
     num_partitions_for,
 )
 
@@ -26,6 +27,7 @@ _ATTENTION_SOURCE = """
   constexpr int LANES_PER_TOKEN = D / VEC;
   constexpr int TOKENS_PER_WARP = 32 / LANES_PER_TOKEN;
   constexpr int STATES = WARPS * TOKENS_PER_WARP;
+  constexpr int UNROLL = 4;
 
   threadgroup float shared_max[STATES * G];
   threadgroup float shared_sum[STATES * G];
@@ -50,7 +52,7 @@ _ATTENTION_SOURCE = """
   const int begin = partition * partition_size;
   const int end = min(length, begin + partition_size);
 
-  const float q_scale = scale[0] * 1.4426950408889634f;
+  const float q_scale = as_type<float>(SCALE_BITS) * 1.4426950408889634f;
   float q[G][VEC];
   for (int g = 0; g < G; ++g) {
     const size_t q_offset = ((size_t)row * num_q_heads + kv_head * G + g) * D + sub * VEC;
@@ -66,36 +68,49 @@ _ATTENTION_SOURCE = """
   }
 
   const size_t table = (size_t)row * table_width;
-  for (int base = begin + warp * TOKENS_PER_WARP; base < end; base += STATES) {
-    const int t = base + token_lane;
-    const bool valid = t < end;
-    float k[VEC];
-    float v[VEC];
-    if (valid) {
-      const size_t block = block_tables[table + t / BLOCK_SIZE];
-      const size_t slot = block * BLOCK_SIZE + t % BLOCK_SIZE;
-      const size_t offset = (slot * num_kv_heads + kv_head) * D + sub * VEC;
-      for (int i = 0; i < VEC; ++i) {
-        k[i] = static_cast<float>(key_pool[offset + i]);
-        v[i] = static_cast<float>(value_pool[offset + i]);
+  for (int base = begin + warp * TOKENS_PER_WARP; base < end; base += STATES * UNROLL) {
+    float k[UNROLL][VEC];
+    float v[UNROLL][VEC];
+    bool valid[UNROLL];
+    for (int u = 0; u < UNROLL; ++u) {
+      const int t = base + u * STATES + token_lane;
+      valid[u] = t < end;
+      if (valid[u]) {
+        const size_t block = block_tables[table + t / BLOCK_SIZE];
+        const size_t slot = block * BLOCK_SIZE + t % BLOCK_SIZE;
+        const size_t offset = (slot * num_kv_heads + kv_head) * D + sub * VEC;
+        for (int i = 0; i < VEC; ++i) {
+          k[u][i] = static_cast<float>(key_pool[offset + i]);
+          v[u][i] = static_cast<float>(value_pool[offset + i]);
+        }
+      } else {
+        for (int i = 0; i < VEC; ++i) k[u][i] = v[u][i] = 0.0f;
       }
-    } else {
-      for (int i = 0; i < VEC; ++i) k[i] = v[i] = 0.0f;
     }
     for (int g = 0; g < G; ++g) {
-      float score = 0.0f;
-      for (int i = 0; i < VEC; ++i) score += q[g][i] * k[i];
-      for (int offset = LANES_PER_TOKEN / 2; offset > 0; offset /= 2) {
-        score += simd_shuffle_xor(score, ushort(offset));
+      float score[UNROLL];
+      float step_max = -INFINITY;
+      for (int u = 0; u < UNROLL; ++u) {
+        float total = 0.0f;
+        for (int i = 0; i < VEC; ++i) total += q[g][i] * k[u][i];
+        for (int offset = LANES_PER_TOKEN / 2; offset > 0; offset /= 2) {
+          total += simd_shuffle_xor(total, ushort(offset));
+        }
+        score[u] = valid[u] ? total : -INFINITY;
+        step_max = metal::max(step_max, score[u]);
       }
-      if (valid) {
-        const float new_max = metal::max(running_max[g], score);
-        const float correction = metal::exp2(running_max[g] - new_max);
-        const float p = metal::exp2(score - new_max);
-        running_sum[g] = running_sum[g] * correction + p;
-        for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * correction + p * v[i];
-        running_max[g] = new_max;
+      if (step_max == -INFINITY) continue;
+      const float new_max = metal::max(running_max[g], step_max);
+      const float correction = metal::exp2(running_max[g] - new_max);
+      running_sum[g] *= correction;
+      for (int i = 0; i < VEC; ++i) acc[g][i] *= correction;
+      for (int u = 0; u < UNROLL; ++u) {
+        if (!valid[u]) continue;
+        const float p = metal::exp2(score[u] - new_max);
+        running_sum[g] += p;
+        for (int i = 0; i < VEC; ++i) acc[g][i] += p * v[u][i];
       }
+      running_max[g] = new_max;
     }
   }
 
@@ -149,7 +164,7 @@ _MERGE_SOURCE = """
   output[index] = static_cast<T>(total > 0.0f ? out / total : 0.0f);
 """
 
-_INPUTS = ["queries", "key_pool", "value_pool", "block_tables", "context_lengths", "scale"]
+_INPUTS = ["queries", "key_pool", "value_pool", "block_tables", "context_lengths"]
 
 
 @functools.cache
@@ -197,13 +212,14 @@ def paged_decode_attention_metal(
         num_partitions = num_partitions_for(B, H_kv, block_tables.shape[1] * block_size)
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
     inputs = [
         queries,
         key_pool,
         value_pool,
         block_tables.astype(mx.int32),
         context_lengths.astype(mx.int32),
-        mx.array([scale], mx.float32),
     ]
     template = [
         ("T", queries.dtype),
@@ -212,6 +228,7 @@ def paged_decode_attention_metal(
         ("BLOCK_SIZE", block_size),
         ("THREADS", THREADS),
         ("LANE_ELEMENTS", LANE_ELEMENTS),
+        ("SCALE_BITS", float_bits(scale)),
     ]
     grid = (H_kv * THREADS, B, num_partitions)
     if num_partitions == 1:
