@@ -15,6 +15,8 @@ import pytest
 
 from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
 from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.engine.config import EngineConfig, make_kv_storage
+from mlxcel_core.engine.memory import ModelProfile
 from mlxcel_core.kernels.paged_attention import (
     paged_decode_attention,
     paged_decode_attention_cuda,
@@ -197,6 +199,14 @@ def layer_cache(rows: list[BatchRow], *, decode_kernel: bool) -> PagedLayerCache
     for pools in (storage.keys, storage.values):
         pools[0] = (mx.array(rng.standard_normal(pools[0][0].shape).astype(np.float32)),)
     return PagedLayerCache(storage, 0, PagedBatch(rows, 4))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_engine_setting_reaches_the_storage(enabled):
+    geometry = LayerGeometry(num_kv_heads=2, key_dim=16, value_dim=16, dtype=mx.float32)
+    profile = ModelProfile((geometry,), resident_bytes=0, transient_bytes=0, vocab_size=8)
+    config = EngineConfig(paged_decode_kernel=enabled)
+    assert make_kv_storage(config, profile, num_blocks=4).decode_kernel is enabled
 
 
 @pytest.mark.parametrize("decode_kernel", [True, False])
