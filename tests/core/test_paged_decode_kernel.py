@@ -181,6 +181,9 @@ def test_kernel_arguments_are_checked_before_launch():
             run(kernel, problem, 0.5, num_partitions=0)
         with pytest.raises(ValueError, match=r"scale must be > 0, got -1\.0"):
             run(kernel, problem, -1.0)
+        mixed = PagedProblem(**{**vars(problem), "queries": problem.queries.astype(mx.float16)})
+        with pytest.raises(ValueError, match="pools must hold the queries' dtype"):
+            run(kernel, mixed, 0.5)
 
 
 def test_split_kv_is_chosen_for_few_rows_and_long_contexts():

@@ -205,7 +205,7 @@ class PagedLayerCache:
             return None
         key_pool, value_pool = pools
         _, H_q, _, D = queries.shape
-        if not uses_decode_kernel(
+        if key_pool.dtype != queries.dtype or not uses_decode_kernel(
             mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
         ):
             return None

@@ -302,7 +302,8 @@ def paged_decode_attention_cuda(
             (1 runs the one-pass kernel); None picks with `num_partitions_for`.
 
     Raises:
-        ValueError: `num_partitions` is < 1 or `scale` is not > 0.
+        ValueError: `num_partitions` is < 1, `scale` is not > 0, or a pool's dtype is not
+            the queries'.
     """
     B, H_q, _, D = queries.shape
     H_kv = key_pool.shape[1]
@@ -314,6 +315,11 @@ def paged_decode_attention_cuda(
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale}")
+    if key_pool.dtype != queries.dtype or value_pool.dtype != queries.dtype:
+        raise ValueError(
+            f"pools must hold the queries' dtype {queries.dtype}, "
+            f"got {key_pool.dtype} and {value_pool.dtype}"
+        )
     inputs = [
         queries,
         key_pool,

@@ -214,6 +214,11 @@ def paged_decode_attention_metal(
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale}")
+    if key_pool.dtype != queries.dtype or value_pool.dtype != queries.dtype:
+        raise ValueError(
+            f"pools must hold the queries' dtype {queries.dtype}, "
+            f"got {key_pool.dtype} and {value_pool.dtype}"
+        )
     inputs = [
         queries,
         key_pool,
