@@ -14,7 +14,6 @@ while the thread stays blocked.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -29,8 +28,6 @@ from mlxcel_core.threads import thread_stream
 from mlxcel_distributed.disaggregate_messages import receive_ready, send_job
 from mlxcel_distributed.kv_transfer import BlockLayout, block_layout, unpack_blocks
 from mlxcel_distributed.watchdog import StepWatchdog
-
-logger = logging.getLogger(__name__)
 
 PREFILL_RANK = 1
 
