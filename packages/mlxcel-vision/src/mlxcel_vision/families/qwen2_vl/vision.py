@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxcel_models.errors import ModelLoadError
+from mlxcel_vision.activations import activation
 from mlxcel_vision.families.qwen2_vl.attention_groups import (
     AttentionGroups,
     make_attention_groups,
@@ -26,13 +26,6 @@ from mlxcel_vision.families.qwen2_vl.vision_layout import (
 )
 
 NORM_EPS = 1e-6
-
-
-def quick_gelu(x: mx.array) -> mx.array:
-    return x * mx.sigmoid(1.702 * x)
-
-
-ACTIVATIONS = {"quick_gelu": quick_gelu, "silu": nn.silu, "gelu": nn.gelu}
 
 
 def rotate_half(x: mx.array) -> mx.array:
@@ -89,7 +82,7 @@ class QuickGeluMLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.width, config.intermediate_size)
         self.fc2 = nn.Linear(config.intermediate_size, config.width)
-        self.act = ACTIVATIONS[config.hidden_act]
+        self.act = activation(config.hidden_act)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.fc2(self.act(self.fc1(x)))
@@ -103,7 +96,7 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(config.width, config.intermediate_size)
         self.up_proj = nn.Linear(config.width, config.intermediate_size)
         self.down_proj = nn.Linear(config.intermediate_size, config.width)
-        self.act = ACTIVATIONS[config.hidden_act]
+        self.act = activation(config.hidden_act)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
@@ -156,8 +149,6 @@ class VisionTower(nn.Module):
 
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
-        if config.hidden_act not in ACTIVATIONS:
-            raise ModelLoadError(f"unsupported vision activation '{config.hidden_act}'")
         self.config = config
         self.patch_embed = PatchEmbed(config)
         self.blocks = [VisionBlock(config) for _ in range(config.depth)]
