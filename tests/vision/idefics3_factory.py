@@ -8,6 +8,7 @@ torch (a test-only dependency).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -60,15 +61,17 @@ def _tokenizer():
 def write_idefics3_model(
     folder: Path,
     *,
+    model_type: str = "idefics3",
     do_image_splitting: bool = True,
     tie_word_embeddings: bool = False,
     seed: int = 0,
 ) -> Path:
-    """Write a tiny random Idefics3 folder and return it.
+    """Write a tiny random Idefics3 (or, with `model_type="smolvlm"`, SmolVLM) folder.
 
     Tiles are 32x32 pixels (8x8 patches of 4 pixels, shuffled by 2 into 16 tokens); images
     are resized to a longest edge of 64, so a square image becomes 2x2 tiles and the global
-    image when `do_image_splitting`.
+    image when `do_image_splitting`. SmolVLM folders name their processor classes as the
+    published ones do (transformers' SmolVLM processor itself needs num2words).
     """
     import torch
     from transformers import (
@@ -76,10 +79,17 @@ def write_idefics3_model(
         Idefics3ForConditionalGeneration,
         Idefics3ImageProcessorPil,
         Idefics3Processor,
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
     )
 
+    config_class, model_class = {
+        "idefics3": (Idefics3Config, Idefics3ForConditionalGeneration),
+        "smolvlm": (SmolVLMConfig, SmolVLMForConditionalGeneration),
+    }[model_type]
+
     tokenizer = _tokenizer()
-    config = Idefics3Config(
+    config = config_class(
         text_config={
             "model_type": "llama",
             "hidden_size": 64,
@@ -107,7 +117,7 @@ def write_idefics3_model(
         tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).eval()
+    model = model_class(config).eval()
     # Random init leaves norms at one and biases at zero; perturb every tensor so that a
     # misplaced weight shows in the outputs.
     with torch.no_grad():
@@ -123,4 +133,9 @@ def write_idefics3_model(
         image_processor, tokenizer, image_seq_len=IMAGE_SEQ_LEN, chat_template=SMOLVLM_TEMPLATE
     )
     processor.save_pretrained(folder)
+    if model_type == "smolvlm":
+        processor_config = json.loads((folder / "processor_config.json").read_text())
+        processor_config["processor_class"] = "SmolVLMProcessor"
+        processor_config["image_processor"]["image_processor_type"] = "SmolVLMImageProcessor"
+        (folder / "processor_config.json").write_text(json.dumps(processor_config))
     return folder

@@ -161,3 +161,25 @@ def test_logits_match_transformers_in_chunks_and_decode(parts, reference):
         )
     step = parts.decoder(parts.decoder.embed(mx.array([[next_token]])), cache, last_only=True)
     np.testing.assert_allclose(np.array(step[0, -1]), expected_next, atol=TOLERANCE, rtol=0)
+
+
+def test_smolvlm_logits_match_transformers(tmp_path):
+    from transformers import SmolVLMForConditionalGeneration
+
+    folder = write_idefics3_model(tmp_path / "smolvlm", model_type="smolvlm")
+    config = json.loads((folder / "config.json").read_text())
+    parts = load_parts(folder, config, ComputeOptions(float_dtype=mx.float32))
+    model = SmolVLMForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    prepared = parts.processor.prepare(random_image(48, 64, seed=3))
+    ids = Tokenizer.from_folder(folder).encode(PROMPT.replace("<image>", prepared.text))
+    pixels = np.stack([np.array(run.inputs) for run in prepared.runs]).transpose(0, 3, 1, 2)
+    with torch.no_grad():
+        expected = model(
+            input_ids=torch.tensor([ids]), pixel_values=torch.from_numpy(pixels[None])
+        ).logits[0]
+
+    features = [parts.encoder(run.inputs) for run in prepared.runs]
+    logits, _ = mlx_logits(parts, ids, features, [len(ids)])
+
+    assert config["model_type"] == "smolvlm"
+    np.testing.assert_allclose(np.array(logits[0]), expected.numpy(), atol=TOLERANCE, rtol=0)
