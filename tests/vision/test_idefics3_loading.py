@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from idefics3_factory import IMAGE_SEQ_LEN, IMAGE_SIZE, write_idefics3_model
@@ -169,3 +170,35 @@ def test_preprocessing_runs_without_torch(folder):
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.split() == ["5", "False"]
+
+
+def test_quantized_mlx_vlm_folder_loads_as_stored(folder, tmp_path):
+    from mlx.utils import tree_flatten
+
+    reference = load(folder)
+    lm_head = {"group_size": 64, "bits": 4}
+    nn.quantize(
+        reference.module,
+        group_size=32,
+        bits=8,
+        class_predicate=lambda path, layer: (
+            lm_head if path == "text_model.lm_head" else isinstance(layer, nn.Linear | nn.Embedding)
+        ),
+    )
+    weights = {
+        name.removeprefix("encoder.").replace("text_model.", "language_model.", 1): array
+        for name, array in tree_flatten(reference.module.parameters())
+    }
+    quantized = copy_with_weights(folder, tmp_path / "mlx-vlm-8bit", weights)
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization"] = {"group_size": 32, "bits": 8, "language_model.lm_head": lm_head}
+    (quantized / "config.json").write_text(json.dumps(config))
+    image = Image.new("RGB", (64, 64), "navy")
+
+    parts = load(quantized)
+
+    assert isinstance(parts.module.text_model.lm_head, nn.QuantizedLinear)
+    assert parts.module.text_model.lm_head.bits == 4
+    assert parts.module.encoder.connector.modality_projection.proj.bits == 8
+    for got, expected in zip(outputs(parts, image), outputs(reference, image), strict=True):
+        np.testing.assert_array_equal(got, expected)

@@ -15,7 +15,11 @@ from mlxcel_models.text_module import make_text_module
 from mlxcel_vision.families.idefics3.config import Idefics3Config
 from mlxcel_vision.families.idefics3.processor import Idefics3ImageProcessor
 from mlxcel_vision.families.idefics3.vision import Idefics3VisionEncoder
-from mlxcel_vision.families.idefics3.weights import map_weights
+from mlxcel_vision.families.idefics3.weights import (
+    is_mlx_vlm_layout,
+    map_module_path,
+    map_weights,
+)
 from mlxcel_vision.family import VisionParts
 from mlxcel_vision.text_decoder import MlxLmTextDecoder
 
@@ -36,6 +40,9 @@ class Idefics3Model(nn.Module):
 def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) -> VisionParts:
     """Build the Idefics3 parts from a Hugging Face or mlx-vlm folder.
 
+    Layers an mlx-vlm folder stores quantized (its config's `quantization`) are built
+    quantized with the stored group size, bits and mode.
+
     Args:
         folder: holds config.json, *.safetensors and the processor config.
         config: the folder's config.json.
@@ -48,7 +55,12 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
     """
     parsed = Idefics3Config.from_dict(config)
     module = Idefics3Model(parsed)
-    _load_weights(module, folder, tied=parsed.tie_word_embeddings)
+    weights = _read_weights(folder)
+    mlx_vlm = is_mlx_vlm_layout(set(weights))
+    mapped = map_weights(weights, mlx_vlm=mlx_vlm, tied=parsed.tie_word_embeddings)
+    if (quantization := config.get("quantization")) is not None:
+        _quantize_as_stored(module, mapped, quantization, mlx_vlm=mlx_vlm)
+    _load_weights(module, mapped, folder)
     apply_compute_options(module, compute)
     processor = Idefics3ImageProcessor.from_folder(
         folder,
@@ -59,7 +71,7 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
     return VisionParts(processor, module.encoder, MlxLmTextDecoder(module.text_model), module)
 
 
-def _load_weights(module: nn.Module, folder: Path, *, tied: bool) -> None:
+def _read_weights(folder: Path) -> dict[str, mx.array]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors files")
@@ -69,7 +81,42 @@ def _load_weights(module: nn.Module, folder: Path, *, tied: bool) -> None:
             weights.update(mx.load(str(file)))
         except (RuntimeError, ValueError) as error:
             raise ModelLoadError(f"{file}: cannot read the weights: {error}") from error
-    mapped = map_weights(weights, tied=tied)
+    return weights
+
+
+def _quantize_as_stored(
+    module: nn.Module,
+    mapped: dict[str, mx.array],
+    quantization: dict[str, Any],
+    *,
+    mlx_vlm: bool,
+) -> None:
+    """Make quantized the layers the folder stores quantized (mlx-vlm's `quantization`:
+    default `group_size`, `bits`, `mode`, and per-layer entries by module path)."""
+    per_layer = {
+        map_module_path(path, mlx_vlm=mlx_vlm): setting
+        for path, setting in quantization.items()
+        if isinstance(setting, dict | bool)
+    }
+
+    def stored_quantized(path: str, _: nn.Module) -> bool | dict[str, Any]:
+        return per_layer.get(path, f"{path}.scales" in mapped)
+
+    try:
+        nn.quantize(
+            module,
+            group_size=quantization["group_size"],
+            bits=quantization["bits"],
+            mode=quantization.get("mode", "affine"),
+            class_predicate=stored_quantized,
+        )
+    except (KeyError, ValueError) as error:
+        raise ModelLoadError(
+            f"unsupported Idefics3 quantization {quantization}: {error}"
+        ) from error
+
+
+def _load_weights(module: nn.Module, mapped: dict[str, mx.array], folder: Path) -> None:
     expected = {name for name, _ in tree_flatten(module.parameters())}
     for problem, names in (
         ("unexpected", sorted(set(mapped) - expected)),

@@ -44,7 +44,7 @@ class VisionEmbeddings(nn.Module):
         patches = self.patch_embedding(pixels)
         B, rows, cols, D = patches.shape
         embeddings = patches.reshape(B, rows * cols, D)
-        return embeddings + self.position_embedding.weight[: rows * cols]
+        return embeddings + self.position_embedding(mx.arange(rows * cols))
 
 
 class VisionAttention(nn.Module):
@@ -181,8 +181,9 @@ class Idefics3VisionEncoder(nn.Module):
             inputs: (image_size, image_size, channels) float32 normalised pixels.
 
         Returns:
-            (image_seq_len, text_hidden_size) features in the projection's dtype.
+            (image_seq_len, text_hidden_size) features in the activation dtype.
         """
-        dtype = self.connector.modality_projection.proj.weight.dtype
+        # A norm's weight has the activation dtype also where linear layers are quantized.
+        dtype = self.vision_model.post_layernorm.weight.dtype
         features = self.vision_model(inputs[None].astype(dtype))
         return self.connector(features)[0]
