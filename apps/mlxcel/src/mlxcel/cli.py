@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, TextIO
 
 from mlxcel.flags import InputError, RunError, UsageError
+from mlxcel_core.engine import ImagesNotSupportedError
 from mlxcel_core.generate import ContextOverflowError
 from mlxcel_models.errors import ModelLoadError
 
@@ -85,7 +86,13 @@ def main(
     except UsageError as error:
         _report(err, error)
         return EXIT_USAGE
-    except (InputError, RunError, ModelLoadError, ContextOverflowError) as error:
+    except (
+        InputError,
+        RunError,
+        ModelLoadError,
+        ContextOverflowError,
+        ImagesNotSupportedError,
+    ) as error:
         _report(err, error)
         return EXIT_FAILURE
     except BrokenPipeError:

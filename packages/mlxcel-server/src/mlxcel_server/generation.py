@@ -20,6 +20,7 @@ from mlxcel_core.engine import (
     EngineOverloadedError,
     EngineRequest,
     EngineUnavailableError,
+    ImagesNotSupportedError,
     RequestHandle,
 )
 from mlxcel_core.generate import ContextOverflowError, GenerationStats
@@ -189,6 +190,8 @@ def _submit(model: ServingModel, prepared: Prepared) -> tuple[RequestHandle, Asy
     sink = AsyncOutputQueue(asyncio.get_running_loop())
     try:
         handle = model.engine.submit(prepared.requests, sink)
+    except ImagesNotSupportedError as error:
+        raise invalid(str(error)) from error
     except ValueError as error:
         # Only a group larger than the queue bound gets here (the requests are validated).
         raise invalid(f"n: {error}; ask for fewer choices", "n") from error

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
-from mlxcel_core.cache.paged import InvariantError, KVCacheManager, PagedKVStorage
+from mlxcel_core.cache.paged import InvariantError, KeyedSpan, KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.config import EngineConfig, make_kv_storage, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import (
@@ -36,6 +36,7 @@ from mlxcel_core.engine.request import (
     EngineOutput,
     EngineOverloadedError,
     EngineRequest,
+    ImagesNotSupportedError,
     OutputSink,
     RequestCancelledError,
     RequestHandle,
@@ -53,6 +54,7 @@ from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatu
 from mlxcel_core.engine.speculation import Speculation, make_speculation
 from mlxcel_core.engine.stats import EngineStats, make_engine_stats
 from mlxcel_core.generate import GenerationStats, LanguageModel, TextAssembler
+from mlxcel_core.images import ImageLanguageModel
 from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_core.sampling import Sampler
 from mlxcel_core.speculative import (
@@ -73,8 +75,8 @@ class _Submission:
     handle: RequestHandle
 
 
-# A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt.
-_GroupPrompt = tuple[int, tuple[int, ...], tuple[str, ...]]
+# A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt, images.
+_GroupPrompt = tuple[int, tuple[int, ...], tuple[str, ...], tuple[KeyedSpan, ...]]
 
 
 # Builds the engine's model runner from the model, its KV storage and unfused adapters.
@@ -85,6 +87,27 @@ def _make_model_runner(
     model: LanguageModel, storage: PagedKVStorage, adapters: RowAdapterScales | None
 ) -> ModelRunner:
     return ModelRunner(model, storage, adapters=adapters)
+
+
+def _images_refusal(
+    model: LanguageModel,
+    make_runner: RunnerFactory | None,
+    make_remote_prefill: RemotePrefillFactory | None,
+) -> str | None:
+    """Why this engine cannot take requests with images, or None when it can."""
+    if not isinstance(model, ImageLanguageModel) or not model.supports_images:
+        return "the model has no vision support: it cannot take images"
+    if make_runner is not None:
+        return (
+            "images are not supported when the model runs across ranks (tensor or pipeline "
+            "parallelism): the steps sent to the other ranks carry token ids only"
+        )
+    if make_remote_prefill is not None:
+        return (
+            "images are not supported with disaggregated prefill: the prompts sent to the "
+            "prefill rank carry token ids only"
+        )
+    return None
 
 
 def _log_fatal(error: BaseException) -> None:
@@ -117,6 +140,10 @@ class Engine:
             `mlxcel_core.engine.remote_prefill`); it is closed when the engine stops.
             None prefills here.
 
+    Requests with images need an `ImageLanguageModel` with `supports_images`, run in this
+    process: neither `make_runner` nor `make_remote_prefill` carries images to other ranks.
+    The draft model stays text-only; the model verifies its drafts with the images.
+
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
         ValueError: the model stores no keys and values; a draft model is missing, given
@@ -138,6 +165,7 @@ class Engine:
         self._make_remote_prefill = make_remote_prefill
         self._adapters = adapters
         self._make_runner = _make_model_runner if make_runner is None else make_runner
+        self._images_refusal = _images_refusal(model, make_runner, make_remote_prefill)
         self._config = EngineConfig() if config is None else config
         wants_draft = (
             self._config.speculative is not None
@@ -205,12 +233,16 @@ class Engine:
         one terminal output.
 
         Raises:
+            ImagesNotSupportedError: a request holds images this engine cannot run (see
+                the class); the message says why.
             ValueError: `requests` is empty or larger than the waiting queue's bound.
             EngineOverloadedError: the waiting queue has no room for the whole group now.
             EngineClosedError: the engine is shutting down or has failed.
         """
         if not requests:
             raise ValueError("requests must hold at least one request")
+        if self._images_refusal is not None and any(request.images for request in requests):
+            raise ImagesNotSupportedError(self._images_refusal)
         if len(requests) > self._config.max_waiting:
             raise ValueError(
                 f"a group of {len(requests)} sequences can never fit the waiting queue "
@@ -393,7 +425,12 @@ class Engine:
             sequence.status = FINISHED_STATUS[text.finish_reason]
             self._emit_final(sequence, text.finish())
             return
-        group_prompt = (submission.handle.request_id, request.prompt_ids, sequence.cache_salt)
+        group_prompt = (
+            submission.handle.request_id,
+            request.prompt_ids,
+            sequence.cache_salt,
+            sequence.cache_spans,
+        )
         if len(request.prompt_ids) > 1:
             sequence.fork_parent = firsts.get(group_prompt)
             firsts.setdefault(group_prompt, sequence)
@@ -510,6 +547,7 @@ class Engine:
                     start,
                     num_logits,
                     sequence.adapter_scales,
+                    sequence.request.images,
                 )
             )
         logits = self._runner.run(rows)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from mlxcel_core.adapters import AdapterScales
 from mlxcel_core.generate import Detokenizer, FinishReason, GenerationConfig, GenerationStats
+from mlxcel_core.images import PromptImage, check_prompt_images
 from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_core.sampling import SamplingParams, TokenConstraint
 
@@ -42,6 +43,11 @@ class RequestCancelledError(EngineError):
     """The request was cancelled by its submitter (e.g. the client disconnected)."""
 
 
+class ImagesNotSupportedError(ValueError):
+    """A request holds images the engine cannot run: the model has no vision support, or
+    it runs across ranks, whose messages carry token ids only. The message says which."""
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """One sequence to generate.
@@ -56,9 +62,13 @@ class EngineRequest:
         constraint: a token constraint owned by this request (structured output), or None.
         adapter_scales: one scale per loaded LoRA adapter for this request, or None for the
             adapters' global scales when it arrives (see `RowAdapterScales`).
+        images: the prompt's images, in position order: each fills a run of placeholder
+            tokens in `prompt_ids` (see `PromptImage`); only a model with vision support
+            takes them.
 
     Raises:
-        ValueError: `prompt_ids` is empty, `index` is negative or a scale is not finite.
+        ValueError: `prompt_ids` is empty, `index` is negative, a scale is not finite, or
+            an image lies outside the prompt, out of order or over another one.
     """
 
     prompt_ids: tuple[int, ...]
@@ -69,9 +79,11 @@ class EngineRequest:
     index: int = 0
     constraint: TokenConstraint | None = None
     adapter_scales: AdapterScales | None = None
+    images: tuple[PromptImage, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+        object.__setattr__(self, "images", tuple(self.images))
         if not self.prompt_ids:
             raise ValueError("prompt_ids must hold at least one token")
         if self.index < 0:
@@ -80,6 +92,7 @@ class EngineRequest:
             object.__setattr__(self, "adapter_scales", tuple(map(float, self.adapter_scales)))
             if not all(math.isfinite(scale) for scale in self.adapter_scales):
                 raise ValueError(f"adapter_scales must be finite, got {self.adapter_scales}")
+        check_prompt_images(self.images, len(self.prompt_ids))
 
 
 @dataclass(frozen=True)

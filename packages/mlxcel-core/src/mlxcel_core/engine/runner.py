@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 
@@ -20,6 +21,7 @@ from mlxcel_core.cache.paged import (
     make_layer_caches,
 )
 from mlxcel_core.generate import LanguageModel
+from mlxcel_core.images import ImageLanguageModel, PromptImage, RowImages
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class RowInput:
         num_logits: 1 for the logits after the last token only, or `len(token_ids)` for
             the logits after every token (verifying draft tokens).
         adapter_scales: the sequence's LoRA adapter scales; None without unfused adapters.
+        images: all of the sequence's prompt images (also those outside this step's
+            tokens), for a model with vision support; empty for text.
 
     Raises:
         ValueError: `token_ids` is empty, or `num_logits` is neither of those.
@@ -43,6 +47,7 @@ class RowInput:
     offset: int
     num_logits: int = 1
     adapter_scales: AdapterScales | None = None
+    images: tuple[PromptImage, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -101,10 +106,13 @@ class ModelRunner:
 
     Rows of the same length and logits count run as one batched forward pass, so no row
     is padded to another's length: decode rows batch together, verify rows of k + 1 tokens
-    together, and each prefill chunk usually alone.
+    together, and each prefill chunk usually alone. A pass with a row that has images
+    gives the model every row's `RowImages` (empty for text rows); other passes call the
+    model as a text-only one.
 
     Args:
-        model: the language model; its attention layers call the cache protocol.
+        model: the language model; its attention layers call the cache protocol. Rows with
+            images need an `ImageLanguageModel`.
         storage: the key/value pools the model reads and writes.
         adapters: the model's unfused LoRA adapters, told each forward pass's row scales.
     """
@@ -164,4 +172,10 @@ class ModelRunner:
         caches = make_layer_caches(self.storage, batch)
         if self.adapters is not None:
             self.adapters.set_row_scales([row.adapter_scales or () for row in rows])
-        return self.model(tokens, caches, last_only=num_logits == 1)
+        last_only = num_logits == 1
+        if not any(row.images for row in rows):
+            return self.model(tokens, caches, last_only=last_only)
+        # The engine admits images only for a model with vision support.
+        model = cast(ImageLanguageModel, self.model)
+        images = [RowImages(row.offset, row.images) for row in rows]
+        return model(tokens, caches, last_only=last_only, images=images)

@@ -178,7 +178,11 @@ class Scheduler:
                 num_cached = self._fork(parent, sequence)
             else:
                 num_cached = self.kv.admit(
-                    sequence.seq_id, sequence.token_ids, wanted, extra=sequence.cache_salt
+                    sequence.seq_id,
+                    sequence.token_ids,
+                    wanted,
+                    extra=sequence.cache_salt,
+                    spans=sequence.cache_spans,
                 )
             if num_cached is None:
                 break

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from mlxcel_core.adapters import AdapterScales, adapter_cache_salt
+from mlxcel_core.cache.paged import KeyedSpan
 from mlxcel_core.engine.request import EngineRequest, OutputSink, RequestHandle
 from mlxcel_core.generate import FinishReason, TextAssembler
 from mlxcel_core.sampling import Sampler
@@ -120,6 +121,14 @@ class Sequence:
     def cache_salt(self) -> tuple[str, ...]:
         """The extra key of its prefix-cache block hashes (its adapter scales)."""
         return adapter_cache_salt(self.adapter_scales)
+
+    @property
+    def cache_spans(self) -> tuple[KeyedSpan, ...]:
+        """Its prompt images' placeholder runs keyed by content hash, which key the
+        prefix-cache hashes of the blocks holding them."""
+        return tuple(
+            KeyedSpan(image.start, image.stop, image.content_hash) for image in self.request.images
+        )
 
     @property
     def num_uncomputed(self) -> int:

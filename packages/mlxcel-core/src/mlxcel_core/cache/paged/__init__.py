@@ -14,22 +14,32 @@ from mlxcel_core.cache.paged.batch import (
 )
 from mlxcel_core.cache.paged.block_pool import BlockPool, InvariantError, KVBlock
 from mlxcel_core.cache.paged.manager import BlockCopy, DetachedBlocks, KVCacheManager
-from mlxcel_core.cache.paged.prefix import BlockHash, hash_block_tokens, hash_token_blocks
+from mlxcel_core.cache.paged.prefix import (
+    BlockHash,
+    BlockHashExtra,
+    KeyedSpan,
+    block_extra,
+    hash_block_tokens,
+    hash_token_blocks,
+)
 from mlxcel_core.cache.paged.storage import LayerGeometry, PagedKVStorage
 
 __all__ = [
     "BatchRow",
     "BlockCopy",
     "BlockHash",
+    "BlockHashExtra",
     "BlockPool",
     "DetachedBlocks",
     "InvariantError",
     "KVBlock",
     "KVCacheManager",
+    "KeyedSpan",
     "LayerGeometry",
     "PagedBatch",
     "PagedKVStorage",
     "PagedLayerCache",
+    "block_extra",
     "hash_block_tokens",
     "hash_token_blocks",
     "make_layer_caches",

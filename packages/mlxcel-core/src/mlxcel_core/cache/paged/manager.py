@@ -12,9 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlxcel_core.cache.paged.block_pool import BlockPool, InvariantError, KVBlock
-from mlxcel_core.cache.paged.prefix import BlockHash, hash_block_tokens, hash_token_blocks
-
-BlockHashExtra = tuple[int | str | bytes, ...]
+from mlxcel_core.cache.paged.prefix import (
+    BlockHash,
+    BlockHashExtra,
+    KeyedSpan,
+    block_extra,
+    hash_block_tokens,
+    hash_token_blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -34,12 +39,22 @@ class DetachedBlocks:
         block_hashes: hashes of the leading blocks committed to the prefix cache.
         block_size: tokens per block.
         extra: the extra key the blocks' hashes were made with (see `KVCacheManager.admit`).
+        spans: the keyed spans the blocks' hashes were made with (see `KVCacheManager.admit`).
     """
 
     block_ids: tuple[int, ...]
     block_hashes: tuple[BlockHash, ...]
     block_size: int
     extra: BlockHashExtra = ()
+    spans: tuple[KeyedSpan, ...] = ()
+
+
+@dataclass(frozen=True)
+class _HashKeys:
+    """What a sequence's block hashes depend on beyond its token ids."""
+
+    extra: BlockHashExtra = ()
+    spans: tuple[KeyedSpan, ...] = ()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -69,8 +84,8 @@ class KVCacheManager:
         self._tables: dict[int, list[KVBlock]] = {}
         # Hashes of each sequence's leading blocks that are committed (full and computed).
         self._hashes: dict[int, list[BlockHash]] = {}
-        # Each sequence's extra hash key (its adapter scales), from admission to free.
-        self._extras: dict[int, BlockHashExtra] = {}
+        # Each sequence's further hash keys (adapter scales, images), from admission to free.
+        self._keys: dict[int, _HashKeys] = {}
         self._copies: list[BlockCopy] = []
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
@@ -92,6 +107,7 @@ class KVCacheManager:
         num_new_tokens: int,
         *,
         extra: BlockHashExtra = (),
+        spans: Sequence[KeyedSpan] = (),
     ) -> int | None:
         """Give a new sequence its cached prefix plus blocks for `num_new_tokens` more tokens.
 
@@ -106,6 +122,10 @@ class KVCacheManager:
             extra: a key the sequence's keys and values depend on beyond its tokens (its
                 LoRA adapter scales): its blocks are shared only with sequences of the same
                 `extra`.
+            spans: the sequence's positions whose keys and values depend on more than
+                their tokens (its images' placeholders), in position order: a block holding
+                any of them is shared only with sequences holding the same spans there (see
+                `block_extra`); blocks holding none hash as without spans.
 
         Returns:
             The number of cached tokens (a multiple of `block_size`), or None (nothing
@@ -121,7 +141,8 @@ class KVCacheManager:
             raise ValueError("token_ids must hold at least one token")
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
-        cached, hashes = self._find_cached_prefix(token_ids, extra)
+        keys = _HashKeys(extra, tuple(spans))
+        cached, hashes = self._find_cached_prefix(token_ids, keys)
         num_cached = len(cached) * self._block_size
         num_tokens = num_cached + min(num_new_tokens, len(token_ids) - num_cached)
         num_fresh = _cdiv(num_tokens, self._block_size) - len(cached)
@@ -135,13 +156,13 @@ class KVCacheManager:
             raise InvariantError(f"{num_fresh} blocks were free, then could not be allocated")
         self._tables[seq_id] = cached + fresh
         self._hashes[seq_id] = hashes
-        self._extras[seq_id] = extra
+        self._keys[seq_id] = keys
         self.num_queried_tokens += len(token_ids)
         self.num_hit_tokens += num_cached
         return num_cached
 
     def _find_cached_prefix(
-        self, token_ids: Sequence[int], extra: BlockHashExtra
+        self, token_ids: Sequence[int], keys: _HashKeys
     ) -> tuple[list[KVBlock], list[BlockHash]]:
         cached: list[KVBlock] = []
         hashes: list[BlockHash] = []
@@ -149,6 +170,7 @@ class KVCacheManager:
             return cached, hashes
         size, parent = self._block_size, None
         for start in range(0, (len(token_ids) - 1) // size * size, size):
+            extra = block_extra(keys.extra, keys.spans, start, size)
             parent = hash_block_tokens(parent, token_ids[start : start + size], extra)
             block = self._pool.lookup(parent)
             if block is None:
@@ -224,8 +246,15 @@ class KVCacheManager:
         hashes, size = self._hashes[seq_id], self._block_size
         start, stop = len(hashes), num_computed // size
         parent = hashes[-1] if hashes else None
-        extra = self._extras[seq_id]
-        new = hash_token_blocks(token_ids[start * size : stop * size], size, parent, extra)
+        keys = self._keys[seq_id]
+        new = hash_token_blocks(
+            token_ids[start * size : stop * size],
+            size,
+            parent,
+            keys.extra,
+            spans=keys.spans,
+            first_position=start * size,
+        )
         for block, block_hash in zip(table[start:stop], new, strict=True):
             self._pool.cache_block(block, block_hash)
         hashes.extend(new)
@@ -236,7 +265,7 @@ class KVCacheManager:
         if table is None:
             return
         del self._hashes[seq_id]
-        del self._extras[seq_id]
+        del self._keys[seq_id]
         self._pool.free(reversed(table))
 
     def fork(self, parent_id: int, child_id: int, num_tokens: int) -> None:
@@ -256,7 +285,7 @@ class KVCacheManager:
         self._pool.touch(shared)
         self._tables[child_id] = shared
         self._hashes[child_id] = self._hashes[parent_id][: num_tokens // self._block_size]
-        self._extras[child_id] = self._extras[parent_id]
+        self._keys[child_id] = self._keys[parent_id]
 
     def detach(self, seq_id: int) -> DetachedBlocks:
         """Stop tracking the sequence; its blocks keep their references for a new owner.
@@ -267,9 +296,9 @@ class KVCacheManager:
         table = self._table(seq_id)
         del self._tables[seq_id]
         hashes = self._hashes.pop(seq_id)
-        extra = self._extras.pop(seq_id)
+        keys = self._keys.pop(seq_id)
         ids = tuple(block.block_id for block in table)
-        return DetachedBlocks(ids, tuple(hashes), self._block_size, extra)
+        return DetachedBlocks(ids, tuple(hashes), self._block_size, keys.extra, keys.spans)
 
     def adopt(self, seq_id: int, detached: DetachedBlocks) -> None:
         """Make `seq_id` the owner of detached blocks; reference counts are unchanged.
@@ -290,7 +319,7 @@ class KVCacheManager:
                 raise ValueError(f"block {block.block_id} is free; detached blocks keep a ref")
         self._tables[seq_id] = table
         self._hashes[seq_id] = list(detached.block_hashes)
-        self._extras[seq_id] = detached.extra
+        self._keys[seq_id] = _HashKeys(detached.extra, detached.spans)
 
     def block_table(self, seq_id: int) -> list[int]:
         """The sequence's block ids, in position order.
