@@ -202,3 +202,20 @@ def test_quantized_mlx_vlm_folder_loads_as_stored(folder, tmp_path):
     assert parts.module.encoder.connector.modality_projection.proj.bits == 8
     for got, expected in zip(outputs(parts, image), outputs(reference, image), strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_config_without_default_settings_loads_the_same_model(folder, tmp_path):
+    sparse = shutil.copytree(folder, tmp_path / "sparse")
+    config = json.loads((sparse / "config.json").read_text())
+    for key in ("attention_dropout", "hidden_act", "layer_norm_eps", "num_channels"):
+        del config["vision_config"][key]
+    for key in ("attention_bias", "hidden_act", "mlp_bias", "rope_parameters", "head_dim"):
+        del config["text_config"][key]
+    del config["tie_word_embeddings"]
+    (sparse / "config.json").write_text(json.dumps(config))
+    image = Image.new("RGB", (64, 64), "olive")
+
+    for got, expected in zip(
+        outputs(load(sparse), image), outputs(load(folder), image), strict=True
+    ):
+        np.testing.assert_array_equal(got, expected)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from transformers import AutoConfig
+
 from mlxcel_models.errors import ModelLoadError
 
 
@@ -30,9 +32,9 @@ class VisionConfig:
     num_heads: int
     image_size: int
     patch_size: int
-    num_channels: int = 3
-    layer_norm_eps: float = 1e-6
-    hidden_act: str = "gelu_pytorch_tanh"
+    num_channels: int
+    layer_norm_eps: float
+    hidden_act: str
 
     @property
     def patches_per_side(self) -> int:
@@ -45,7 +47,7 @@ class Idefics3Config:
 
     Attributes:
         vision: the vision tower.
-        text: the language model's `text_config`, as written (read by mlx-lm).
+        text: the language model's `text_config`, transformers' defaults filled in.
         scale_factor: the connector's pixel-shuffle factor: each output token gathers a
             `scale_factor` x `scale_factor` block of patches.
         image_token_id: the placeholder token's id.
@@ -67,35 +69,41 @@ class Idefics3Config:
     def from_dict(cls, config: dict[str, Any]) -> Idefics3Config:
         """Read a `config.json` as transformers or mlx-vlm writes it.
 
+        Published configs leave out the settings that equal transformers' defaults, so the
+        config is read through transformers' config class for its `model_type`
+        (`Idefics3Config`, `SmolVLMConfig`), which fills them in.
+
         Raises:
-            ModelLoadError: a required field is missing or the tile does not split into
-                whole pixel-shuffle blocks.
+            ModelLoadError: transformers rejects the config, or the tile does not split
+                into whole pixel-shuffle blocks.
         """
+        settings = {key: value for key, value in config.items() if key != "model_type"}
         try:
-            vision = config["vision_config"]
-            vision_config = VisionConfig(
-                hidden_size=vision["hidden_size"],
-                intermediate_size=vision["intermediate_size"],
-                num_layers=vision["num_hidden_layers"],
-                num_heads=vision["num_attention_heads"],
-                image_size=vision["image_size"],
-                patch_size=vision["patch_size"],
-                num_channels=vision.get("num_channels", 3),
-                layer_norm_eps=vision.get("layer_norm_eps", 1e-6),
-                hidden_act=vision.get("hidden_act", "gelu_pytorch_tanh"),
-            )
-            parsed = cls(
-                vision=vision_config,
-                text=config["text_config"],
-                scale_factor=config.get("scale_factor", 2),
-                image_token_id=config["image_token_id"],
-                tie_word_embeddings=config.get("tie_word_embeddings", False),
-            )
-        except KeyError as error:
-            raise ModelLoadError(f"the Idefics3 config has no {error}") from error
+            parsed = AutoConfig.for_model(config["model_type"], **settings)
+        # transformers' config classes validate types and values as they are built.
+        except (KeyError, ValueError, TypeError) as error:
+            raise ModelLoadError(f"not a valid Idefics3 config: {error}") from error
+        vision = parsed.vision_config
+        vision_config = VisionConfig(
+            hidden_size=vision.hidden_size,
+            intermediate_size=vision.intermediate_size,
+            num_layers=vision.num_hidden_layers,
+            num_heads=vision.num_attention_heads,
+            image_size=vision.image_size,
+            patch_size=vision.patch_size,
+            num_channels=vision.num_channels,
+            layer_norm_eps=vision.layer_norm_eps,
+            hidden_act=vision.hidden_act,
+        )
         if vision_config.patches_per_side % parsed.scale_factor:
             raise ModelLoadError(
                 f"the Idefics3 tile of {vision_config.patches_per_side} patches a side does "
                 f"not split into blocks of scale_factor {parsed.scale_factor}"
             )
-        return parsed
+        return cls(
+            vision=vision_config,
+            text=parsed.get_text_config().to_dict(),
+            scale_factor=parsed.scale_factor,
+            image_token_id=parsed.image_token_id,
+            tie_word_embeddings=parsed.tie_word_embeddings,
+        )
