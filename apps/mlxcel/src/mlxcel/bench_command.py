@@ -165,6 +165,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
             compute=ComputeOptions(),
             surgery=surgery,
         )
+        if reference.image_prompter is not None:
+            raise UsageError(
+                "--compare runs mlx-lm's text models; a vision-language model has no "
+                "mlx-lm counterpart"
+            )
         prompt = _random_prompt(reference, args.n_prompt)
         stream = _mlx_lm_stream(reference, args.batch_size, args.n_gen)
         results.append(measure("mlx-lm", stream, prompt, args))

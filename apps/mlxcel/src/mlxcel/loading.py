@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tqdm import tqdm
 
-from mlxcel_models.backend import select_backend
+from mlxcel_models.backend import LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
+from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.lora import AdapterSpec, apply_adapters
+from mlxcel_models.metadata import ModelKind
 from mlxcel_models.store import StoreConfig, resolve_model
 from mlxcel_models.surgery import SurgeryPlan
 
@@ -37,9 +40,11 @@ def load_for_command(
     A Hugging Face id in `model` is resolved through `store` at `revision` first (found in
     the store or the Hugging Face cache, else downloaded with huggingface_hub's progress
     bars on stderr). `compute` is passed to `load_model` (None: the best for the device).
+    A vision-language model is loaded by mlxcel-vision.
 
     Raises:
-        ModelLoadError: as `load_model` does, or the id cannot be fetched;
+        ModelLoadError: as `load_model` does, or the id cannot be fetched, or a
+            vision-language model without the vision extra installed;
             `AdapterLoadError` for a bad adapter, `SurgeryError` for surgery that does not
             fit the model.
     """
@@ -52,12 +57,29 @@ def load_for_command(
             bar.total = total
             bar.update(done - bar.n)
 
-        loaded = select_backend().load_model(
-            path, progress=progress, compute=compute, surgery=surgery
-        )
+        backend = select_backend()
+        backend.register_kind_loader(ModelKind.VLM, _load_vision_model)
+        loaded = backend.load_model(path, progress=progress, compute=compute, surgery=surgery)
     for edit in loaded.surgery:
         print(f"mlxcel: surgery {edit}", file=sys.stderr)
     return apply_adapters(loaded, adapters, fuse=fuse_adapters)
+
+
+def _load_vision_model(
+    path: str | Path,
+    *,
+    progress: LoadProgress | None = None,
+    compute: ComputeOptions | None = None,
+) -> LoadedModel:
+    """mlxcel-vision's loader, imported only when a vision-language model is loaded."""
+    try:
+        from mlxcel_vision.loading import load_vision_model
+    except ImportError as error:
+        raise ModelLoadError(
+            f"{path} is a vision-language model: install the vision extra "
+            "(pip install 'mlxcel[vision]')"
+        ) from error
+    return load_vision_model(path, progress=progress, compute=compute)
 
 
 def load_target_model(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mlxcel_core.generate import LanguageModel
 from mlxcel_models.detection import ModelSource
 from mlxcel_models.image_prompt import ImagePrompter
-from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.metadata import FamilyMetadata
 from mlxcel_models.surgery import EffectiveEdit
 from mlxcel_models.tokenizer import Tokenizer
@@ -40,7 +40,9 @@ class LoadedModel:
     """A model ready to generate: network, tokenizer, configuration and capabilities.
 
     Attributes:
-        model: the network behind mlxcel-core's `LanguageModel` protocol.
+        model: the network behind mlxcel-core's `LanguageModel` protocol: an
+            `MlxLmLanguageModel` for a text model; for a vision-language model, also an
+            `ImageLanguageModel`.
         tokenizer: its tokenizer and chat template.
         config: architecture-independent hyperparameters.
         family: the family's metadata (kind, formats, adapter support).
@@ -52,7 +54,7 @@ class LoadedModel:
             without vision support.
     """
 
-    model: MlxLmLanguageModel
+    model: LanguageModel
     tokenizer: Tokenizer
     config: ModelConfig
     family: FamilyMetadata

@@ -82,6 +82,8 @@ FAMILIES: dict[str, FamilyMetadata] = {
             supports_tensor_parallel=True,
             supports_pipeline_parallel=True,
         ),
+        FamilyMetadata("llava", ModelKind.VLM, _SAFETENSORS_ONLY, False),
+        FamilyMetadata("llava_next", ModelKind.VLM, _SAFETENSORS_ONLY, False),
         FamilyMetadata("idefics3", ModelKind.VLM, _SAFETENSORS_ONLY, False),
         FamilyMetadata("smolvlm", ModelKind.VLM, _SAFETENSORS_ONLY, False),
     )

@@ -1,23 +1,43 @@
-"""An mlx-lm text model run on embeddings: the `TextDecoder` of families whose language
-model is a plain mlx-lm architecture (positions follow the cache offset, no multimodal RoPE)."""
+"""A `TextDecoder` over one of mlx-lm's text models, run on embeddings."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from mlxcel_core.cache import KVCache
 from mlxcel_core.images import RowImages
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.mlx_lm_models import make_mlx_lm_model
+
+
+def make_text_model(text_config: dict[str, Any]) -> nn.Module:
+    """mlx-lm's model for a complete text config (see `mlxcel_models.vlm_config`).
+
+    Raises:
+        ModelLoadError: mlx-lm has no such model type, or the config does not fit it.
+    """
+    try:
+        return make_mlx_lm_model(text_config)
+    except ModuleNotFoundError as error:
+        raise ModelLoadError(
+            f"unsupported text model type '{text_config['model_type']}' in a vision-language model"
+        ) from error
+    except (TypeError, ValueError) as error:
+        raise ModelLoadError(f"the text config does not describe a model: {error}") from error
 
 
 class MlxLmTextDecoder:
-    """A `TextDecoder` over an mlx-lm `Model` (`model` body with `embed_tokens` and
-    `layers`, then a tied or separate `lm_head`).
+    """An mlx-lm decoder (`module.model`, then a tied or separate LM head) on embeddings.
+
+    Models whose positions do not depend on images (plain RoPE) ignore `images`.
 
     Args:
-        module: the mlx-lm `Model`, weights loaded.
+        module: an mlx-lm `Model` whose body accepts `input_embeddings` (llama, mistral,
+            qwen2 and most of mlx-lm's decoders).
     """
 
     def __init__(self, module: nn.Module) -> None:
@@ -30,7 +50,6 @@ class MlxLmTextDecoder:
         return len(self._body.layers)
 
     def embed(self, tokens: mx.array) -> mx.array:
-        """(B, L) int32 token ids -> (B, L, hidden) embeddings in the activation dtype."""
         return self._body.embed_tokens(tokens)
 
     def __call__(
@@ -41,8 +60,6 @@ class MlxLmTextDecoder:
         images: Sequence[RowImages] | None = None,
         last_only: bool = False,
     ) -> mx.array:
-        """Logits (B, L, V), or (B, 1, V) with `last_only`, for (B, L, hidden) embeddings
-        following what `cache` holds; `images` do not change positions here."""
         hidden = self._body(None, cache=cache, input_embeddings=embeddings)
         if last_only:
             hidden = hidden[:, -1:, :]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.utils import get_total_parameters
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_models.compute import ComputeOptions, apply_compute_options
@@ -27,7 +24,8 @@ from mlxcel_models.loading.gguf_model import (
     install_rope_factors,
     quantization_of,
 )
-from mlxcel_models.metadata import FamilyMetadata, WeightFormat, family_for
+from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat, family_for
+from mlxcel_models.mlx_lm_models import count_parameters, make_mlx_lm_model
 from mlxcel_models.surgery import SurgeryPlan, apply_surgery
 from mlxcel_models.tokenizer import Tokenizer
 
@@ -81,6 +79,11 @@ def _read_model(
     """The model at `path` with `options` applied, its weights not yet evaluated."""
     source = detect_model(path)
     family = family_for(source.model_type, source.weight_format)
+    if family.kind is ModelKind.VLM:
+        raise ModelLoadError(
+            f"{source.path} holds a vision-language model ({source.model_type}); "
+            "mlxcel_vision.load_vision_model loads it (pip install 'mlxcel[vision]')"
+        )
     if source.weight_format is WeightFormat.GGUF:
         module, tokenizer, context_length = _load_gguf(source, family)
     else:
@@ -89,17 +92,12 @@ def _read_model(
     return module, tokenizer, context_length, source, family
 
 
-def _mlx_lm_model(config: dict[str, Any]) -> nn.Module:
-    architecture = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    return architecture.Model(architecture.ModelArgs.from_dict(config))
-
-
 def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, Tokenizer, int]:
     contents = read_gguf(source.path)
     try:
         config = gguf_model_config(contents.metadata, set(contents.tensors), family)
         weights = gguf_weights_to_mlx_lm(contents.tensors, family, config)
-        module = _mlx_lm_model(config)
+        module = make_mlx_lm_model(config)
         nn.quantize(module, class_predicate=lambda path, _: quantization_of(weights, path) or False)
         module.load_weights(list(weights.items()), strict=True)
         if ROPE_FACTORS_TENSOR in contents.tensors:
@@ -139,6 +137,6 @@ def _model_config(module: nn.Module, num_layers: int, context_length: int) -> Mo
         context_length=context_length,
         vocab_size=module.model.embed_tokens.weight.shape[0],
         num_layers=num_layers,
-        num_parameters=get_total_parameters(module),
+        num_parameters=count_parameters(module),
         weight_bytes=sum(array.nbytes for _, array in tree_flatten(module.parameters())),
     )

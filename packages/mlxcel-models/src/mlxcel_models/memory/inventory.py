@@ -20,7 +20,8 @@ from mlxcel_models.detection import ModelSource, detect_model, model_type_from_c
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_file import check_tensor_types, read_gguf_header
 from mlxcel_models.loading.gguf_model import gguf_model_config
-from mlxcel_models.metadata import FamilyMetadata, WeightFormat, family_for
+from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat, family_for
+from mlxcel_models.vlm_config import vlm_text_config
 
 # ggml types MLX loads as floats, and the affine bits it maps the quantized ones to (group 32).
 _GGUF_FLOATS = {"F32": mx.float32, "F16": mx.float16, "BF16": mx.bfloat16}
@@ -128,7 +129,7 @@ def read_model_inventory(path: str | Path) -> ModelInventory:
     if source.weight_format is WeightFormat.GGUF:
         architecture, tensors, file_bytes = _read_gguf(source, family)
     else:
-        architecture, tensors, file_bytes = _read_safetensors(source)
+        architecture, tensors, file_bytes = _read_safetensors(source, family)
     by_name = {tensor.name.removesuffix(".weight"): tensor for tensor in tensors}
     key_path = tuple(
         by_name[name].dtype for name in _KEY_PATH[source.weight_format] if name in by_name
@@ -199,9 +200,14 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def _read_safetensors(source: ModelSource) -> tuple[Architecture, tuple[WeightTensor, ...], int]:
+def _read_safetensors(
+    source: ModelSource, family: FamilyMetadata
+) -> tuple[Architecture, tuple[WeightTensor, ...], int]:
     config = read_config(source.path)
     model_type_from_config(config, source.path)
+    # A vision-language model's KV cache and activations are its text model's.
+    if family.kind is ModelKind.VLM:
+        config = vlm_text_config(config, source.path)
     files = sorted(source.path.glob("model*.safetensors"))
     if not files:
         raise ModelLoadError(f"{source.path} holds no model*.safetensors weights")

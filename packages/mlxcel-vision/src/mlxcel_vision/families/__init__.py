@@ -1,1 +1,1 @@
-"""Vision-language model families, one package each, each exposing `load_parts`."""
+"""Vision-language model families, one package each."""
