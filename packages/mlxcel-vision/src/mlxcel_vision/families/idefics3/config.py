@@ -47,7 +47,6 @@ class Idefics3Config:
 
     Attributes:
         vision: the vision tower.
-        text: the language model's `text_config`, transformers' defaults filled in.
         scale_factor: the connector's pixel-shuffle factor: each output token gathers a
             `scale_factor` x `scale_factor` block of patches.
         image_token_id: the placeholder token's id.
@@ -55,7 +54,6 @@ class Idefics3Config:
     """
 
     vision: VisionConfig
-    text: dict[str, Any]
     scale_factor: int
     image_token_id: int
     tie_word_embeddings: bool
@@ -69,8 +67,8 @@ class Idefics3Config:
     def from_dict(cls, config: dict[str, Any]) -> Idefics3Config:
         """Read a `config.json` as transformers or mlx-vlm writes it.
 
-        Published configs leave out the settings that equal transformers' defaults, so the
-        config is read through transformers' config class for its `model_type`
+        Published configs leave out the vision settings that equal transformers' defaults,
+        so the config is read through transformers' config class for its `model_type`
         (`Idefics3Config`, `SmolVLMConfig`), which fills them in.
 
         Raises:
@@ -102,7 +100,6 @@ class Idefics3Config:
             )
         return cls(
             vision=vision_config,
-            text=parsed.get_text_config().to_dict(),
             scale_factor=parsed.scale_factor,
             image_token_id=parsed.image_token_id,
             tie_word_embeddings=parsed.tie_word_embeddings,

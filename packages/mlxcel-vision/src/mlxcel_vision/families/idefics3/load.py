@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 
 from mlxcel_models.compute import ComputeOptions, apply_compute_options
 from mlxcel_models.errors import ModelLoadError
-from mlxcel_models.text_module import make_text_module
+from mlxcel_models.vlm_config import vlm_text_config
 from mlxcel_vision.families.idefics3.config import Idefics3Config
 from mlxcel_vision.families.idefics3.processor import Idefics3ImageProcessor
 from mlxcel_vision.families.idefics3.vision import Idefics3VisionEncoder
@@ -21,7 +21,7 @@ from mlxcel_vision.families.idefics3.weights import (
     map_weights,
 )
 from mlxcel_vision.family import VisionParts
-from mlxcel_vision.text_decoder import MlxLmTextDecoder
+from mlxcel_vision.text_decoder import MlxLmTextDecoder, make_text_model
 
 # Names of unexpected or missing tensors quoted in a load error.
 _NAMES_QUOTED = 5
@@ -30,10 +30,11 @@ _NAMES_QUOTED = 5
 class Idefics3Model(nn.Module):
     """Every weight: the vision encoder (tower and connector) and the mlx-lm text model."""
 
-    def __init__(self, config: Idefics3Config) -> None:
+    def __init__(self, config: Idefics3Config, text_config: dict[str, Any]) -> None:
         super().__init__()
-        text = {**config.text, "tie_word_embeddings": config.tie_word_embeddings}
-        self.text_model = make_text_module(text)
+        # transformers ties the LM head by the top-level setting, not the text config's.
+        text = {**text_config, "tie_word_embeddings": config.tie_word_embeddings}
+        self.text_model = make_text_model(text)
         self.encoder = Idefics3VisionEncoder(config, text["hidden_size"])
 
 
@@ -54,7 +55,7 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
             missing, unexpected or of the wrong shape, or the processor config is absent.
     """
     parsed = Idefics3Config.from_dict(config)
-    module = Idefics3Model(parsed)
+    module = Idefics3Model(parsed, vlm_text_config(config, folder))
     weights = _read_weights(folder)
     mlx_vlm = is_mlx_vlm_layout(set(weights))
     mapped = map_weights(weights, mlx_vlm=mlx_vlm, tied=parsed.tie_word_embeddings)
