@@ -94,7 +94,7 @@ def test_missing_tensor_is_named(folder, tmp_path):
     weights = hugging_face_weights(folder)
     del weights["model.vision_model.post_layernorm.bias"]
     broken = copy_with_weights(folder, tmp_path / "missing", weights)
-    with pytest.raises(ModelLoadError, match=r"missing .*post_layernorm\.bias"):
+    with pytest.raises(ModelLoadError, match=r"lack .*post_layernorm\.bias"):
         load(broken)
 
 

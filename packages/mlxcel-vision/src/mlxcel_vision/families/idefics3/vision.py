@@ -12,10 +12,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcel_models.errors import ModelLoadError
+from mlxcel_vision.activations import activation
 from mlxcel_vision.families.idefics3.config import Idefics3Config, VisionConfig
-
-_ACTIVATIONS = {"gelu_pytorch_tanh": nn.gelu_approx, "gelu": nn.gelu}
 
 
 class VisionEmbeddings(nn.Module):
@@ -71,7 +69,7 @@ class VisionAttention(nn.Module):
 class VisionMLP(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
-        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.activation = activation(config.hidden_act)
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
 
@@ -166,11 +164,6 @@ class Idefics3VisionEncoder(nn.Module):
 
     def __init__(self, config: Idefics3Config, text_hidden_size: int) -> None:
         super().__init__()
-        if config.vision.hidden_act not in _ACTIVATIONS:
-            raise ModelLoadError(
-                f"unsupported Idefics3 vision activation '{config.vision.hidden_act}'; "
-                f"supported: {', '.join(sorted(_ACTIVATIONS))}"
-            )
         self.vision_model = VisionTransformer(config.vision)
         self.connector = Connector(config, text_hidden_size)
 

@@ -38,29 +38,17 @@ def _mlx_vlm_name(name: str) -> str:
     return name
 
 
-def is_mlx_vlm_layout(names: set[str]) -> bool:
-    """Whether the tensors are named as mlx-vlm's converter writes them."""
-    return any(name.startswith("language_model.") for name in names)
-
-
-def map_module_path(path: str, *, mlx_vlm: bool) -> str:
-    """A module path of the folder's layout (as a per-layer quantization entry names it)
-    under mlxcel's names."""
-    rename = _mlx_vlm_name if mlx_vlm else _hugging_face_name
-    return rename(path + ".").removesuffix(".")
-
-
-def map_weights(weights: dict[str, mx.array], *, mlx_vlm: bool, tied: bool) -> dict[str, mx.array]:
+def map_weights(weights: dict[str, mx.array], *, tied: bool) -> dict[str, mx.array]:
     """The folder's tensors under mlxcel's names, the patch convolution in MLX's layout.
 
     Names neither layout knows are kept as they are, so that the strict load reports them.
 
     Args:
         weights: tensors as read from the folder's safetensors.
-        mlx_vlm: the folder is an mlx-vlm conversion (`is_mlx_vlm_layout`).
         tied: the LM head is the embedding table; a stored head is then dropped, as
             transformers and mlx-lm ignore it.
     """
+    mlx_vlm = any(name.startswith("language_model.") for name in weights)
     rename = _mlx_vlm_name if mlx_vlm else _hugging_face_name
     mapped = {
         rename(name): array
