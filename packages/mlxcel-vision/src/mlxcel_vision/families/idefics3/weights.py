@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-PATCH_EMBEDDING = "encoder.vision_model.embeddings.patch_embedding.weight"
+_PATCH_EMBEDDING = "encoder.vision_model.embeddings.patch_embedding.weight"
 # Buffers some exports carry that hold no weights.
 _UNUSED_SUFFIXES = ("rotary_emb.inv_freq", "position_ids")
 _TEXT_BODY = ("embed_tokens.", "layers.", "norm.")
@@ -57,6 +57,6 @@ def map_weights(weights: dict[str, mx.array], *, tied: bool) -> dict[str, mx.arr
     }
     if tied:
         mapped.pop("text_model.lm_head.weight", None)
-    if not mlx_vlm and PATCH_EMBEDDING in mapped:
-        mapped[PATCH_EMBEDDING] = mapped[PATCH_EMBEDDING].transpose(0, 2, 3, 1)
+    if not mlx_vlm and _PATCH_EMBEDDING in mapped:
+        mapped[_PATCH_EMBEDDING] = mapped[_PATCH_EMBEDDING].transpose(0, 2, 3, 1)
     return mapped
