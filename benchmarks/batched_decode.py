@@ -66,10 +66,16 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int = 0) -> l
 
 
 def run_mlxcel(
-    loaded, prompts: Sequence[Sequence[int]], gen_tokens: int, temperature: float = 0.0
+    loaded,
+    prompts: Sequence[Sequence[int]],
+    gen_tokens: int,
+    temperature: float = 0.0,
+    *,
+    paged_decode_kernel: bool = True,
 ) -> Run:
     """Every prompt through one engine with `len(prompts)` slots; no stop token; greedy at
-    temperature 0, else sampled at `temperature` without truncation, seeded per request."""
+    temperature 0, else sampled at `temperature` without truncation, seeded per request;
+    `paged_decode_kernel` False makes decode gather the KV, then attend."""
     context = len(prompts[0]) + gen_tokens + 1
     engine = Engine(
         loaded.model,
@@ -81,6 +87,7 @@ def run_mlxcel(
             ),
             context_size=context,
             enable_prefix_caching=False,
+            paged_decode_kernel=paged_decode_kernel,
         ),
     )
     generation = GenerationConfig(context_size=context, max_tokens=gen_tokens)
@@ -149,6 +156,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--skip-mlx-lm", action="store_true")
+    parser.add_argument(
+        "--gather-attention",
+        action="store_true",
+        help="decode gathers each row's KV, then attends (no paged decode kernel)",
+    )
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
 
@@ -156,10 +168,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     loaded = load_model(args.model)
     vocab_size = loaded.tokenizer.vocab_size
     # The first run of each implementation compiles kernels; it is not reported.
-    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)
+    kernel = not args.gather_attention
+    run_mlxcel(
+        loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8, paged_decode_kernel=kernel
+    )
     for level in levels:
         prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
-        results["mlxcel", level] = run_mlxcel(loaded, prompts, args.gen_tokens, args.temperature)
+        results["mlxcel", level] = run_mlxcel(
+            loaded, prompts, args.gen_tokens, args.temperature, paged_decode_kernel=kernel
+        )
         print(f"mlxcel N={level}: {results['mlxcel', level]}", flush=True)
     del loaded
     gc.collect()

@@ -212,7 +212,7 @@ def test_ending_names_the_stop_sequence_met_first(
         ({"thinking": {"type": "adaptive"}}, "thinking"),
         ({"frequency_penalty": 1.0}, "unsupported parameter"),
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "any"}}, "constrained decoding"),
-        ({"messages": [{"role": "user", "content": [IMAGE]}]}, "image blocks are not supported"),
+        ({"messages": [{"role": "user", "content": [IMAGE]}]}, "has no vision support"),
         (
             {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
             "document",

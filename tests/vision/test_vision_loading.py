@@ -97,6 +97,11 @@ def test_folder_problems_are_one_line_errors(folder_copy):
     (folder_copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="unsupported LLaVA vision tower"):
         load_vision_model(folder_copy)
+    config["vision_config"]["model_type"] = "clip_vision_model"
+    config |= {"model_type": "llava_next", "vision_feature_select_strategy": "full"}
+    (folder_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="LLaVA-NeXT needs vision_feature_select_strategy"):
+        load_vision_model(folder_copy)
 
 
 def test_an_mlx_vlm_quantized_folder_loads_quantized(tmp_path):

@@ -16,6 +16,7 @@ from mlxcel.batch_generate import read_prompts, run_batch
 from mlxcel.chat_prompt import (
     CHAT_FLAGS,
     chat_template_from,
+    check_chat_template,
     check_text,
     encode_conversation,
     read_text_file,
@@ -37,6 +38,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_target_model
+from mlxcel.media_flags import IMAGE_FLAGS, check_image_mode, read_images
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.parallel_flags import PARALLEL_FLAGS, check_parallel, parallel_rank
 from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
@@ -53,7 +55,9 @@ from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.engine import EngineConfig, RunnerFactory
 from mlxcel_core.generate import GenerationStats
+from mlxcel_core.images import PromptImage
 from mlxcel_core.sampling import SamplingParams
+from mlxcel_models.image_prompt import ImagePrompt
 from mlxcel_models.loaded import LoadedModel
 
 PROMPT_FLAGS = (
@@ -73,6 +77,7 @@ FLAGS = (
     CTX_SIZE_FLAG,
     BATCH_SIZE_FLAG,
     *PROMPT_FLAGS,
+    *IMAGE_FLAGS,
     *REASONING_FLAGS,
     *ENGINE_FLAGS,
     *MEMORY_FLAGS,
@@ -120,6 +125,37 @@ def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) ->
     return encode_conversation(tokenizer, messages, template, kwargs)
 
 
+def image_prompt(
+    loaded: LoadedModel, args: argparse.Namespace, prompt: str, images: list[object]
+) -> ImagePrompt:
+    """The chat prompt whose user message holds `images`, in order, before `prompt`.
+
+    Raises:
+        InputError: the model has no vision support, or the template cannot render the
+            message.
+        UsageError: the model has no chat template.
+    """
+    prompter = loaded.image_prompter
+    if prompter is None:
+        raise InputError(
+            f"the model {loaded.source.path.name} has no vision support; --image needs a "
+            "vision-language model"
+        )
+    tokenizer = loaded.tokenizer
+    template = chat_template_from(args)
+    check_chat_template(tokenizer, template)
+    content = [*({"type": "image"} for _ in images), {"type": "text", "text": prompt}]
+    messages = [*system_messages(args), {"role": "user", "content": content}]
+    kwargs = thinking_template_kwargs(tokenizer, template, args.reasoning_budget)
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, chat_template=template, template_kwargs=kwargs
+        )
+        return prompter.encode(text, images)
+    except ValueError as error:
+        raise InputError(str(error)) from error
+
+
 def format_stats(stats: GenerationStats, load_seconds: float) -> str:
     lines = [
         f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s"
@@ -153,6 +189,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     prompts = _read_prompts(args)
+    check_image_mode(args)
+    images = read_images(args)
     params = sampling_params_from(args)
     check_length_flags(args)
     check_reasoning_budget(args)
@@ -166,12 +204,20 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     with parallel_rank(args, environ, err) as rank:
         loaded = load_target_model(args, adapters, surgery)
         if rank is None:
-            return _generate(args, loaded, engine_config, prompts, params, out, err)
+            return _generate(args, loaded, engine_config, prompts, images, params, out, err)
         loaded = rank.prepare(loaded)
         if not rank.is_front:
             return rank.follow(loaded, engine_config)
         return _generate(
-            args, loaded, engine_config, prompts, params, out, err, make_runner=rank.make_runner()
+            args,
+            loaded,
+            engine_config,
+            prompts,
+            images,
+            params,
+            out,
+            err,
+            make_runner=rank.make_runner(),
         )
 
 
@@ -180,13 +226,20 @@ def _generate(
     loaded: LoadedModel,
     engine_config: EngineConfig,
     prompts: list[str],
+    images: list[object],
     params: SamplingParams,
     out: TextIO,
     err: TextIO,
     *,
     make_runner: RunnerFactory | None = None,
 ) -> int:
-    token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
+    prompt_images: tuple[PromptImage, ...] = ()
+    if images:
+        with_images = image_prompt(loaded, args, prompts[0], images)
+        token_ids = [list(with_images.prompt_ids)]
+        prompt_images = with_images.images
+    else:
+        token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
     for line, tokens in enumerate(token_ids, start=1):
         if not tokens:
             where = "" if args.prompts_file is None else f" on line {line}"
@@ -219,6 +272,7 @@ def _generate(
         out,
         err,
         make_runner=make_runner,
+        images=prompt_images,
     )
 
 
@@ -233,10 +287,11 @@ def generate_one(
     err: TextIO,
     *,
     make_runner: RunnerFactory | None = None,
+    images: tuple[PromptImage, ...] = (),
 ) -> int:
     """Stream one reply from the engine to `out`, its reasoning hidden unless
     `--show-reasoning`; timings to `err`. `make_runner` builds the engine's model runner
-    (`--tp`/`--pp`'s lockstep runner).
+    (`--tp`/`--pp`'s lockstep runner); `images` are the prompt's image runs.
 
     Raises:
         InputError: the prompt does not fit the context.
@@ -255,6 +310,7 @@ def generate_one(
         context_size=context_size,
         max_tokens=args.n_predict,
         reasoning=reasoning,
+        images=images,
     )
     display = ReasoningDisplay(
         out,

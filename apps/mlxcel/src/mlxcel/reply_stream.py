@@ -13,6 +13,7 @@ from mlxcel.flags import RunError
 from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import Engine, EngineOutput, EngineRequest, OutputQueue
 from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.images import PromptImage
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.tokenizer import Tokenizer
 
@@ -25,10 +26,12 @@ def make_reply_request(
     context_size: int,
     max_tokens: int,
     reasoning: ReplyReasoning,
+    images: tuple[PromptImage, ...] = (),
 ) -> EngineRequest:
-    """An engine request for the reply to prompt `tokens`, stopping at the model's end
-    tokens, after `max_tokens` tokens (-1: none) or at `context_size` tokens in all; its
-    reasoning bounded by `reasoning.budget`, its text keeping the reasoning markers."""
+    """An engine request for the reply to prompt `tokens` (whose image runs are
+    `images`), stopping at the model's end tokens, after `max_tokens` tokens (-1: none)
+    or at `context_size` tokens in all; its reasoning bounded by `reasoning.budget`, its
+    text keeping the reasoning markers."""
     return EngineRequest(
         prompt_ids=tuple(tokens),
         sampling=params,
@@ -40,6 +43,7 @@ def make_reply_request(
         detokenizer=reasoning.make_detokenizer(tokenizer),
         dry_breaker_ids=tokenizer.token_ids_containing(params.dry_sequence_breakers),
         constraint=reasoning.make_constraint(),
+        images=images,
     )
 
 

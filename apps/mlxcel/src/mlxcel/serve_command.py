@@ -45,6 +45,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.loading import load_target_model
+from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.parallel_flags import PARALLEL_FLAGS, ParallelRank, check_parallel, parallel_rank
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
@@ -52,6 +53,7 @@ from mlxcel.stage_faults import (
     STAGE_TIMEOUT_FLAG,
     check_stage_timeout,
     exit_now_if_degraded,
+    guard_prefill,
     guard_stages,
 )
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
@@ -118,6 +120,7 @@ FLAGS = (
     SURGERY_FLAG,
     *SERVER_FLAGS,
     *AUDIO_FLAGS,
+    *MEDIA_FLAGS,
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
     STAGE_TIMEOUT_FLAG,
@@ -152,7 +155,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
 
     Raises:
         UsageError: a value is out of range or unsupported.
-        InputError: the API key file cannot be read.
+        InputError: the API key file cannot be read, or `--allowed-local-media-path` is
+            not a directory.
     """
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in [1, 65535], got {args.port}")
@@ -182,6 +186,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             endpoint_props=args.props,
             reasoning_format=ReasoningFormat(args.reasoning_format),
             reasoning_budget=args.reasoning_budget,
+            image_decoder=image_decoder_from(args),
         )
     except ValueError as error:
         raise UsageError(str(error)) from error
@@ -343,14 +348,14 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     check_disaggregate(args, settings.engine)
     with (
         parallel_rank(args, environ, err, keep_front_up=True) as rank,
-        disaggregated_rank(args, environ, err) as pair,
+        disaggregated_rank(args, environ) as pair,
     ):
         if rank is not None and not rank.is_front:
             return _follow(args, settings, rank, err)
         if pair is not None and not pair.is_front:
             return _prefill(args, settings, pair, err)
         code = _serve(args, settings, rank, err, pair)
-    exit_now_if_degraded(rank, code)
+    exit_now_if_degraded(rank or pair, code)
     return code
 
 
@@ -386,8 +391,14 @@ def _serve(
     pair: DisaggregatedRank | None = None,
 ) -> int:
     load_models = _loader(args, settings, err, rank)
-    make_remote_prefill = None if pair is None else pair.make_remote_prefill()
     state = ServerState()
+    make_remote_prefill = (
+        None
+        if pair is None
+        else guard_prefill(
+            pair, state, args.stage_timeout, settings.engine.scheduler.max_prefill_chunk, err
+        )
+    )
     make_runner = (
         None
         if rank is None

@@ -24,6 +24,7 @@ from mlxcel_core.engine import (
     RequestHandle,
 )
 from mlxcel_core.generate import ContextOverflowError, GenerationStats
+from mlxcel_core.images import PromptImage
 from mlxcel_core.logprobs import TokenLogprobs
 from mlxcel_core.sampling import TokenConstraint
 from mlxcel_server.errors import ApiError, invalid
@@ -124,6 +125,7 @@ def prepare(
     num_top_logprobs: int | None = None,
     format_param: str = "response_format",
     reasoning: ReasoningPlan | None = None,
+    prompt_images: Sequence[tuple[PromptImage, ...]] | None = None,
 ) -> Prepared:
     """Build one engine request per choice of each prompt.
 
@@ -135,6 +137,8 @@ def prepare(
         num_top_logprobs: None for no log probabilities, else the alternatives per token.
         format_param: the request field `fields.response_format` came from, named in errors.
         reasoning: how the replies are read for reasoning, or None.
+        prompt_images: each prompt's images (placeholder runs in its ids), or None when
+            no prompt holds any.
 
     Raises:
         ApiError: 400 naming the field at fault.
@@ -171,6 +175,7 @@ def prepare(
             index=prompt_index * fields.n + choice,
             constraint=constraint(),
             adapter_scales=scales,
+            images=() if prompt_images is None else prompt_images[prompt_index],
         )
         for prompt_index, ids in enumerate(prompts)
         for choice in range(fields.n)

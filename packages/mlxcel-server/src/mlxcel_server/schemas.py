@@ -7,7 +7,7 @@ with a 400 naming it, never silently ignored.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
@@ -26,6 +26,26 @@ class StreamOptions(_Strict):
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
+
+
+class ImageUrl(_Strict):
+    """Where an image is: a base64 `data:` URL, an `http(s)` URL (when the server fetches)
+    or a local path or `file://` URL (under the server's allowed directory).
+
+    `detail` is accepted as OpenAI's clients send it; every image is processed at the
+    resolution the model's own image processor sets.
+    """
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
 
 
 class FunctionCall(_Strict):
@@ -55,7 +75,8 @@ class ToolCall(_Strict):
 
 
 class ChatMessage(_Strict):
-    """A message; content is a string or a list of text parts (joined with newlines).
+    """A message; content is a string or a list of parts: text parts (joined with newlines
+    when the message holds no image) and, in user messages, `image_url` parts.
 
     `developer` is OpenAI's newer name for `system`. Only an assistant message may leave its
     content out (it then usually carries `tool_calls`); an empty string is content. A `tool`
@@ -64,7 +85,7 @@ class ChatMessage(_Strict):
     """
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -74,6 +95,8 @@ class ChatMessage(_Strict):
     def _fields_fit_the_role(self) -> ChatMessage:
         if self.role != "assistant" and (self.content is None or self.content == []):
             raise ValueError(f"a {self.role} message needs content (a string or text parts)")
+        if self.image_urls() and self.role != "user":
+            raise ValueError(f"only a user message may hold image_url parts, not a {self.role} one")
         if self.role == "assistant" and self.content is None and not self.tool_calls:
             raise ValueError("an assistant message needs content or tool_calls")
         if self.tool_calls is not None and self.role != "assistant":
@@ -89,13 +112,29 @@ class ChatMessage(_Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def image_urls(self) -> list[ImageUrl]:
+        """The message's images, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [part.image_url for part in self.content if isinstance(part, ImageUrlPart)]
+
+    def _template_content(self) -> str | list[dict[str, Any]]:
+        if not isinstance(self.content, list) or not self.image_urls():
+            return self.text()
+        # Vision models' chat templates write their image marker for an `image` part.
+        return [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
+            for part in self.content
+        ]
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as chat templates read it (`developer` rendered as `system`)."""
+        """The message as chat templates read it (`developer` rendered as `system`); a
+        message with images keeps its parts, each image as `{"type": "image"}`."""
         message: dict[str, Any] = {
             "role": "system" if self.role == "developer" else self.role,
-            "content": self.text(),
+            "content": self._template_content(),
         }
         if self.name is not None:
             message["name"] = self.name

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from mlxcel_core.engine import EngineConfig
 from mlxcel_core.sampling import SamplingParams
+from mlxcel_server.image_prompts import ImageDecoder
 from mlxcel_server.reasoning import ReasoningFormat
 
 
@@ -34,6 +35,9 @@ class ServerSettings:
             may override it with `reasoning_format`.
         reasoning_budget: most reasoning tokens per reply (`--reasoning-budget`); -1 means
             no limit, 0 disables reasoning.
+        image_decoder: reads the images of chat requests under the operator's media policy
+            (`--allowed-local-media-path`, `--media-fetch`, ...); None answers requests with
+            images 501 (the vision extra is not installed).
 
     Raises:
         ValueError: a value is out of range; the message names the field.
@@ -54,6 +58,7 @@ class ServerSettings:
     endpoint_props: bool = False
     reasoning_format: ReasoningFormat = ReasoningFormat.AUTO
     reasoning_budget: int = -1
+    image_decoder: ImageDecoder | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasoning_format", ReasoningFormat(self.reasoning_format))

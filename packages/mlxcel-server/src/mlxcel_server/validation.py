@@ -21,10 +21,31 @@ def _param(location: tuple) -> str:
     return text
 
 
+def _without_union_tags(location: tuple) -> tuple:
+    """`location` less the tag pydantic puts after a discriminated union's member (the
+    `image_url` of `content[0].image_url.image_url.detail`)."""
+    kept: list = []
+    tag_next = False
+    for part in location:
+        if isinstance(part, str) and "tagged-union[" in part:
+            tag_next = True
+        elif tag_next and not isinstance(part, int):
+            tag_next = False
+            continue
+        kept.append(part)
+    return tuple(kept)
+
+
 def _message(error: ValidationError) -> tuple[str, str]:
-    first = error.errors(include_url=False)[0]
+    # Of a union's failed members, the one that got furthest into the value says most
+    # (an image part's bad `detail`, not "content should be a string").
+    first = max(error.errors(include_url=False), key=lambda each: len(each["loc"]))
     # Union members each report the field; the first member's name suffices.
-    location = tuple(part for part in first["loc"] if not (isinstance(part, str) and "[" in part))
+    location = tuple(
+        part
+        for part in _without_union_tags(first["loc"])
+        if not (isinstance(part, str) and "[" in part)
+    )
     location = tuple(p for p in location if p not in ("str", "list", "float", "bool", "int"))
     param = _param(location)
     if first["type"] == "extra_forbidden":

@@ -30,8 +30,12 @@ from mlxcel_server.errors import invalid
 from mlxcel_server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
+    ContentPart,
     FunctionCall,
     FunctionDefinition,
+    ImageUrl,
+    ImageUrlPart,
+    TextPart,
     Tool,
     ToolCall,
 )
@@ -44,8 +48,7 @@ def _no_images(blocks: Sequence[object], param: str) -> None:
     for index, block in enumerate(blocks):
         if isinstance(block, ImageBlock):
             raise invalid(
-                f"{param}[{index}]: image blocks are not supported; the served model reads "
-                "no images",
+                f"{param}[{index}]: image blocks are taken only in a user message's own content",
                 f"{param}[{index}]",
             )
 
@@ -72,9 +75,41 @@ def _only(blocks: Sequence[ContentBlock], role: str, allowed: tuple[type, ...], 
             )
 
 
+def _image_url(block: ImageBlock, param: str) -> ImageUrlPart:
+    """An image block's source as a chat `image_url` part: base64 data as a data URL."""
+    source = block.source
+    kind = source.get("type")
+    if kind == "base64" and isinstance(source.get("data"), str):
+        media_type = source.get("media_type")
+        if not isinstance(media_type, str):
+            raise invalid(f"{param}.source: a base64 source needs media_type", f"{param}.source")
+        url = f"data:{media_type};base64,{source['data']}"
+    elif kind == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise invalid(
+            f"{param}.source: expected a base64 source (type, media_type, data) or a url "
+            "source (type, url)",
+            f"{param}.source",
+        )
+    return ImageUrlPart(type="image_url", image_url=ImageUrl(url=url))
+
+
+def _user_content(blocks: Sequence[ContentBlock], param: str) -> str | list[ContentPart]:
+    """The text and image blocks as a user message's content (text alone joined)."""
+    if not any(isinstance(block, ImageBlock) for block in blocks):
+        return _texts(blocks)
+    return [
+        _image_url(block, f"{param}[{index}]")
+        if isinstance(block, ImageBlock)
+        else TextPart(type="text", text=block.text)
+        for index, block in enumerate(blocks)
+        if isinstance(block, ImageBlock | TextBlock)
+    ]
+
+
 def _user_messages(blocks: Sequence[ContentBlock], param: str) -> list[ChatMessage]:
-    _no_images(blocks, param)
-    _only(blocks, "user", (TextBlock, ToolResultBlock), param)
+    _only(blocks, "user", (TextBlock, ImageBlock, ToolResultBlock), param)
     results = [
         ChatMessage(
             role="tool",
@@ -84,8 +119,9 @@ def _user_messages(blocks: Sequence[ContentBlock], param: str) -> list[ChatMessa
         for index, block in enumerate(blocks)
         if isinstance(block, ToolResultBlock)
     ]
-    texts = [block for block in blocks if isinstance(block, TextBlock)]
-    return results + ([ChatMessage(role="user", content=_texts(texts))] if texts else [])
+    has_parts = any(isinstance(block, TextBlock | ImageBlock) for block in blocks)
+    user = [ChatMessage(role="user", content=_user_content(blocks, param))] if has_parts else []
+    return results + user
 
 
 def _assistant_message(blocks: Sequence[ContentBlock], param: str) -> ChatMessage:
@@ -118,8 +154,9 @@ def chat_messages(body: PromptFields) -> list[ChatMessage]:
 
     Raises:
         ApiError: 400 naming the message at fault: no messages, a last message that is not
-            the user's (continuing an assistant turn is not supported), an image block, or a
-            tool block in the wrong role.
+            the user's (continuing an assistant turn is not supported), an image block outside
+            a user message's own content or with an unknown source, or a tool block in the
+            wrong role.
     """
     if not body.messages:
         raise invalid("messages must hold at least one message", "messages")

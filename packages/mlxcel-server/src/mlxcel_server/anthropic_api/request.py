@@ -35,7 +35,8 @@ class TextBlock(_Strict):
 
 
 class ImageBlock(_Strict):
-    """An image; parsed so that it can be refused by name (the served model reads no images)."""
+    """An image in a user message: `source` is `{"type": "base64", "media_type", "data"}` or
+    `{"type": "url", "url"}`, read under the server's media policy as chat images are."""
 
     type: Literal["image"]
     source: dict[str, Any]

@@ -6,7 +6,7 @@ is not declared, so a request that sends it gets a 400 naming it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,6 +20,16 @@ class _Strict(BaseModel):
 class InputText(_Strict):
     type: Literal["input_text"]
     text: str
+
+
+class InputImage(_Strict):
+    """An image in a user message: `image_url` is a data URL, an `http(s)` URL (when the
+    server fetches) or a local path under the server's allowed directory. `detail` is
+    accepted; the model's own image processor sets the resolution."""
+
+    type: Literal["input_image"]
+    image_url: str
+    detail: Literal["auto", "low", "high"] = "auto"
 
 
 class OutputText(_Strict):
@@ -39,15 +49,29 @@ class InputMessage(_Strict):
 
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[InputText | OutputText]
+    content: str | list[Annotated[InputText | OutputText | InputImage, Field(discriminator="type")]]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    @model_validator(mode="after")
+    def _images_only_from_the_user(self) -> InputMessage:
+        if self.role != "user" and self.image_urls():
+            raise ValueError(
+                f"only a user message may hold input_image items, not a {self.role} one"
+            )
+        return self
 
     def text(self) -> str:
         """The content as one string; text parts are joined with newlines."""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content if not isinstance(part, InputImage))
+
+    def image_urls(self) -> list[str]:
+        """The message's images, in order."""
+        if isinstance(self.content, str):
+            return []
+        return [part.image_url for part in self.content if isinstance(part, InputImage)]
 
 
 class ReasoningInput(_Strict):

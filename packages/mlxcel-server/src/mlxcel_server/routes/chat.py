@@ -12,10 +12,12 @@ from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
 from mlxcel_core.generate import GenerationStats
+from mlxcel_models.image_prompt import ImagePrompt
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
+from mlxcel_server.image_prompts import ImageDecoder, ImageReference, encode_image_chat
 from mlxcel_server.logprobs import make_chat_logprobs
 from mlxcel_server.reasoning import ReasoningFormat, ReplyReader, make_plan, template_kwargs
 from mlxcel_server.request_params import chat_num_top_logprobs
@@ -32,7 +34,12 @@ from mlxcel_server.responses import (
     make_timings,
     make_usage,
 )
-from mlxcel_server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from mlxcel_server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ImageUrlPart,
+    NamedToolChoice,
+)
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import DONE, encode_event, sse_response
 from mlxcel_server.state import ServerState, ServingModel
@@ -101,34 +108,70 @@ def make_tool_use(body: ChatCompletionRequest, chat_template: str | None) -> Too
     return ToolUse(tool_format, body.parallel_tool_calls)
 
 
+def image_references(
+    messages: Sequence[ChatMessage], param: str | None = None
+) -> list[ImageReference]:
+    """The conversation's images in order, each named by its field
+    (`messages[i].content[j].image_url`), or all by `param` when given."""
+    return [
+        ImageReference(
+            part.image_url.url, param or f"messages[{index}].content[{position}].image_url"
+        )
+        for index, message in enumerate(messages)
+        if isinstance(message.content, list)
+        for position, part in enumerate(message.content)
+        if isinstance(part, ImageUrlPart)
+    ]
+
+
 async def encode_messages(
     model: ServingModel,
     messages: list[ChatMessage],
     *,
+    image_decoder: ImageDecoder | None,
     tools: Sequence[dict] | None = None,
     template_kwargs: dict[str, Any] | None = None,
-) -> list[int]:
-    """Token ids of the conversation through the model's chat template (off the event loop).
+    param: str | None = None,
+) -> ImagePrompt:
+    """The conversation's prompt through the model's chat template (off the event loop):
+    its token ids and, when messages hold images, their placeholder runs.
 
     Args:
+        image_decoder: reads the messages' images; None when the server reads none.
         tools: function definitions the template renders, or None for none.
         template_kwargs: extra template variables (`enable_thinking`), or None.
+        param: the request field errors name, when the messages were converted from
+            another API's input (else `messages`, and each image's own part).
 
     Raises:
-        ApiError: 400 for no messages, or when the template rejects the conversation.
+        ApiError: 400 for no messages, when the template rejects the conversation, or for
+            an image that cannot be used or a model without vision support (see
+            `encode_image_chat`).
     """
     if not messages:
-        raise invalid("messages must hold at least one message", "messages")
+        raise invalid("messages must hold at least one message", param or "messages")
     conversation = [m.template_dict() for m in messages]
+    references = image_references(messages, param)
+    if references:
+        return await encode_image_chat(
+            model,
+            conversation,
+            references,
+            image_decoder,
+            tools=tools,
+            template_kwargs=template_kwargs,
+            param=param or "messages",
+        )
     try:
-        return await asyncio.to_thread(
+        ids = await asyncio.to_thread(
             model.loaded.tokenizer.encode_chat,
             conversation,
             tools=tools,
             template_kwargs=template_kwargs,
         )
     except ValueError as error:
-        raise invalid(str(error), "messages") from error
+        raise invalid(str(error), param or "messages") from error
+    return ImagePrompt(tuple(ids), ())
 
 
 def _call_id() -> str:
@@ -263,7 +306,14 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         syntax = find_reasoning_syntax(tokenizer)
         budget = settings.reasoning_budget
         kwargs = template_kwargs(body.chat_template_kwargs, syntax, budget)
-        ids = await encode_messages(model, body.messages, tools=tools, template_kwargs=kwargs)
+        prompt = await encode_messages(
+            model,
+            body.messages,
+            image_decoder=settings.image_decoder,
+            tools=tools,
+            template_kwargs=kwargs,
+        )
+        ids = list(prompt.prompt_ids)
         generation.check_prompt(ids, model.context_size, "messages")
         num_top = chat_num_top_logprobs(body)
         reasoning_format = ReasoningFormat(body.reasoning_format or settings.reasoning_format)
@@ -276,6 +326,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             id_prefix="chatcmpl",
             num_top_logprobs=num_top,
             reasoning=plan,
+            prompt_images=[prompt.images],
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage

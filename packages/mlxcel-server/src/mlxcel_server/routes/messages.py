@@ -11,6 +11,7 @@ from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
 from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_models.image_prompt import ImagePrompt
 from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.anthropic_api.conversation import chat_request, generation_request
@@ -47,9 +48,9 @@ async def _encode_prompt(
     chat: ChatCompletionRequest,
     thinking: ThinkingConfig | None,
     settings: ServerSettings,
-) -> tuple[list[int], ToolUse | None, ReasoningPlan | None]:
-    """The prompt's token ids through the chat path's template rendering, its tool use,
-    and how its reply is read for reasoning.
+) -> tuple[ImagePrompt, ToolUse | None, ReasoningPlan | None]:
+    """The prompt (token ids and image runs) through the chat path's template rendering,
+    its tool use, and how its reply is read for reasoning.
 
     Raises:
         ApiError: 404 for another model's name; 400 for tools or tool blocks the model's
@@ -64,9 +65,18 @@ async def _encode_prompt(
     syntax = find_reasoning_syntax(tokenizer)
     budget = reasoning_budget(thinking, settings)
     kwargs = template_kwargs(None, syntax, budget)
-    ids = await encode_messages(model, chat.messages, tools=tools, template_kwargs=kwargs)
-    plan = make_plan(syntax, reasoning_format(thinking, settings), budget, tokenizer, ids)
-    return ids, tool_use, plan
+    prompt = await encode_messages(
+        model,
+        chat.messages,
+        image_decoder=settings.image_decoder,
+        tools=tools,
+        template_kwargs=kwargs,
+        param="messages",
+    )
+    plan = make_plan(
+        syntax, reasoning_format(thinking, settings), budget, tokenizer, list(prompt.prompt_ids)
+    )
+    return prompt, tool_use, plan
 
 
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
@@ -79,9 +89,18 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         check_thinking_budget(body)
         model = state.require_model()
         chat = generation_request(body)
-        ids, tool_use, plan = await _encode_prompt(model, chat, body.thinking, settings)
+        prompt, tool_use, plan = await _encode_prompt(model, chat, body.thinking, settings)
+        ids = list(prompt.prompt_ids)
         generation.check_prompt(ids, model.context_size, "messages")
-        prepared = generation.prepare([ids], chat, model, settings, id_prefix="msg", reasoning=plan)
+        prepared = generation.prepare(
+            [ids],
+            chat,
+            model,
+            settings,
+            id_prefix="msg",
+            reasoning=plan,
+            prompt_images=[prompt.images],
+        )
         message_id = make_message_id()
         tracker = EndingTracker(model.loaded.tokenizer, body.stop_sequences or ())
         outputs = await generation.stream(model, prepared)
@@ -107,8 +126,8 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     async def count_tokens() -> Response:
         body = await parse_body(CountTokensRequest)
         model = state.require_model()
-        ids, _, _ = await _encode_prompt(model, chat_request(body), body.thinking, settings)
-        return jsonify({"input_tokens": len(ids)})
+        prompt, _, _ = await _encode_prompt(model, chat_request(body), body.thinking, settings)
+        return jsonify({"input_tokens": len(prompt.prompt_ids)})
 
     return blueprint
 

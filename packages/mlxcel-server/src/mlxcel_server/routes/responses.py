@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from typing import Any
 
 from quart import Blueprint, Response, jsonify
 
@@ -25,10 +23,11 @@ from mlxcel_server.responses_api.objects import (
 )
 from mlxcel_server.responses_api.request import ResponseRequest, TextFormat
 from mlxcel_server.responses_api.store import ResponseStore, StoredResponse
+from mlxcel_server.routes.chat import encode_messages
 from mlxcel_server.schemas import GenerationFields
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import sse_response
-from mlxcel_server.state import ServerState, ServingModel
+from mlxcel_server.state import ServerState
 from mlxcel_server.validation import parse_body
 
 
@@ -56,17 +55,6 @@ def _text_format(body: ResponseRequest) -> TextFormat | None:
     return None if body.text is None else body.text.format
 
 
-async def _encode(
-    model: ServingModel, messages: list[dict[str, str]], template_kwargs: dict[str, Any]
-) -> list[int]:
-    try:
-        return await asyncio.to_thread(
-            model.loaded.tokenizer.encode_chat, messages, template_kwargs=template_kwargs
-        )
-    except ValueError as error:
-        raise invalid(str(error), "input") from error
-
-
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     """The Responses API routes, with this app's own store of responses."""
     blueprint = Blueprint("responses", __name__)
@@ -84,7 +72,14 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         syntax = find_reasoning_syntax(tokenizer)
         budget = settings.reasoning_budget
         kwargs = template_kwargs(None, syntax, budget)
-        ids = await _encode(model, make_chat(body.instructions, turns), kwargs)
+        prompt = await encode_messages(
+            model,
+            make_chat(body.instructions, turns),
+            image_decoder=settings.image_decoder,
+            template_kwargs=kwargs,
+            param="input",
+        )
+        ids = list(prompt.prompt_ids)
         generation.check_prompt(ids, model.context_size, "input")
         # Reasoning has its own output item here: there is no raw text to keep beside it.
         reasoning_format = settings.reasoning_format
@@ -107,6 +102,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             id_prefix="resp",
             format_param="text.format",
             reasoning=plan,
+            prompt_images=[prompt.images],
         )
         text = ResponseText()
         if text_format is not None:

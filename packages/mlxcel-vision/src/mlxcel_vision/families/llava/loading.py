@@ -53,6 +53,12 @@ def load_parts(folder: Path, config: dict[str, Any], compute: ComputeOptions) ->
     args = LlavaArgs.from_config(parsed, vision_config, int(text_config["hidden_size"]))
     language_model = make_text_model(text_config)
     grid_pinpoints = parsed.get("image_grid_pinpoints")
+    # A tile's features must form a square map to be laid out; the class token breaks it.
+    if grid_pinpoints is not None and args.select_strategy != "default":
+        raise ModelLoadError(
+            f"{folder}: LLaVA-NeXT needs vision_feature_select_strategy 'default', "
+            f"got {args.select_strategy!r}"
+        )
     model = LlavaModel(args, language_model, image_newline=grid_pinpoints is not None)
     weights = llava_weights(read_safetensors(folder), language_model, args.vision.num_channels)
     load_module_weights(model, weights, folder, compute)
