@@ -164,6 +164,9 @@ class _ImageHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/slow.png":
             self.release.wait()
+        if self.path == "/trickle.png":
+            self._trickle()
+            return
         if self.path == "/missing.png":
             self.send_error(404)
             return
@@ -172,6 +175,18 @@ class _ImageHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(self.png)))
         self.end_headers()
         self.wfile.write(self.png)
+
+    def _trickle(self) -> None:
+        """The PNG a byte at a time, each well within the read timeout of the test using it."""
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(self.png)))
+        self.end_headers()
+        for index in range(len(self.png)):
+            if self.release.wait(0.05):
+                return
+            self.wfile.write(self.png[index : index + 1])
+            self.wfile.flush()
 
     def log_message(self, *args) -> None:
         pass
@@ -211,6 +226,21 @@ def test_a_fetch_that_outlasts_the_timeout_is_refused(image_server):
     policy = MediaPolicy(fetch_enabled=True, fetch_timeout_seconds=0.2)
     with pytest.raises(ImageInputError, match=r"image 2: fetching .* timed out after 0\.2 s"):
         decode_image(f"{image_server}/slow.png", policy, number=2)
+
+
+def test_a_body_trickling_past_the_timeout_is_refused(image_server):
+    assert len(_ImageHandler.png) > 20
+    policy = MediaPolicy(fetch_enabled=True, fetch_timeout_seconds=0.5)
+    with pytest.raises(ImageInputError, match=r"image 1: fetching .* timed out after 0\.5 s"):
+        decode_image(f"{image_server}/trickle.png", policy, number=1)
+
+
+def test_a_symlink_loop_is_refused(media_dir):
+    (media_dir / "a.png").symlink_to(media_dir / "b.png")
+    (media_dir / "b.png").symlink_to(media_dir / "a.png")
+    policy = MediaPolicy(allowed_local_path=media_dir)
+    with pytest.raises(ImageInputError, match=r"image 1: cannot resolve 'a\.png': a symlink loop"):
+        decode_image("a.png", policy, number=1)
 
 
 @pytest.mark.parametrize(
