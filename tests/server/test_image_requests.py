@@ -197,6 +197,20 @@ def test_a_responses_input_image_outside_a_user_message_is_a_400(make_app):
     )
 
 
+def test_apply_template_with_an_image_on_a_text_only_model_is_a_400(make_app):
+    async def run():
+        transport = httpx.ASGITransport(app=make_app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            messages = [{"role": "user", "content": [image_part(RED_PNG), text_part("Hi")]}]
+            return await http.post("/apply-template", json={"messages": messages})
+
+    response = asyncio.run(run())
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        "model 'tiny' has no vision support; send text only"
+    )
+
+
 def anthropic_post(app, content: list[dict]) -> httpx.Response:
     async def run():
         transport = httpx.ASGITransport(app=app)
