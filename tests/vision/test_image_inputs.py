@@ -43,6 +43,16 @@ def test_a_gif_gives_its_first_frame():
     assert tuple(rgb(image)[0, 0]) == RED
 
 
+def test_a_jpeg_is_turned_upright_as_its_exif_orientation_says():
+    wide = Image.new("RGB", (64, 32), RED)
+    exif = wide.getexif()
+    exif[0x0112] = 6  # rotated 90 degrees clockwise
+    encoded = io.BytesIO()
+    wide.save(encoded, "JPEG", exif=exif.tobytes())
+    image = decode_image(data_url(encoded.getvalue(), "image/jpeg"), OPEN, number=1)
+    assert image.size == (32, 64)
+
+
 def test_base64_wrapped_over_lines_is_read():
     encoded = base64.encodebytes(encode(red_image(), "PNG")).decode("ascii")
     assert "\n" in encoded

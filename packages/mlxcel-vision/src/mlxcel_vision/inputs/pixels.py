@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mlxcel_vision.inputs.errors import ImageInputError
 
@@ -22,7 +22,8 @@ def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
         max_pixels: largest width x height accepted.
 
     Returns:
-        The image, fully decoded, in its own mode (callers convert as their model expects).
+        The image, fully decoded, in its own mode (callers convert as their model expects),
+        turned upright as its EXIF orientation tag says (as viewers show a camera's photo).
 
     Raises:
         ImageInputError: not an image, an unsupported format, too many pixels, or
@@ -44,8 +45,8 @@ def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
         image.load()
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageInputError(number, f"corrupt {image.format} data: {error}") from error
-    # Detached from the file and from any later frames.
-    return image.copy()
+    # Detached from the file and from any later frames; a copy when no rotation applies.
+    return ImageOps.exif_transpose(image)
 
 
 def _unsupported_reason(data: bytes) -> str:
