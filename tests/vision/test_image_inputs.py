@@ -53,6 +53,15 @@ def test_a_jpeg_is_turned_upright_as_its_exif_orientation_says():
     assert image.size == (32, 64)
 
 
+def test_a_16_bit_grayscale_png_keeps_its_levels_in_8_bits():
+    levels = np.arange(0, 65536, 64, dtype=np.uint16).reshape(32, 32)
+    image = decode_image(
+        data_url(encode(Image.fromarray(levels), "PNG"), "image/png"), OPEN, number=1
+    )
+    assert image.mode == "L"
+    np.testing.assert_array_equal(np.asarray(image), levels >> 8)
+
+
 def test_base64_wrapped_over_lines_is_read():
     encoded = base64.encodebytes(encode(red_image(), "PNG")).decode("ascii")
     assert "\n" in encoded

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mlxcel_vision.inputs.errors import ImageInputError
 
 SUPPORTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+# Pillow's modes for 16-bit grayscale PNGs; its conversion to RGB clips them at 255 instead
+# of scaling, which turns all but the darkest pixels white.
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I")
 
 
 def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
@@ -23,6 +27,7 @@ def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
 
     Returns:
         The image, fully decoded, in its own mode (callers convert as their model expects),
+        except that 16-bit grayscale becomes 8-bit (`L`, the high byte of each pixel);
         turned upright as its EXIF orientation tag says (as viewers show a camera's photo).
 
     Raises:
@@ -46,7 +51,15 @@ def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageInputError(number, f"corrupt {image.format} data: {error}") from error
     # Detached from the file and from any later frames; a copy when no rotation applies.
-    return ImageOps.exif_transpose(image)
+    upright = ImageOps.exif_transpose(image)
+    if upright.mode in _SIXTEEN_BIT_MODES:
+        return _eight_bit_gray(upright)
+    return upright
+
+
+def _eight_bit_gray(image: Image.Image) -> Image.Image:
+    high_bytes = np.clip(np.asarray(image, dtype=np.int64) >> 8, 0, 255)
+    return Image.fromarray(high_bytes.astype(np.uint8))
 
 
 def _unsupported_reason(data: bytes) -> str:
