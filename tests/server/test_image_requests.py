@@ -121,13 +121,25 @@ def test_an_unknown_detail_is_refused_by_validation(make_app):
     assert body["param"] == "messages[0].content[0].image_url.detail"
 
 
-def test_images_only_in_user_messages(make_app):
+@pytest.mark.parametrize("role", ["system", "assistant"])
+def test_images_only_in_user_messages(make_app, role):
     messages = [
-        {"role": "system", "content": [image_part(RED_PNG)]},
+        {"role": role, "content": [image_part(RED_PNG)]},
         {"role": "user", "content": "Hi"},
     ]
     body = bad_request(call, make_app(), "chat.completions.create", model="tiny", messages=messages)
-    assert "only a user message may hold image_url parts" in body["message"]
+    assert body["message"].endswith(
+        f"only user messages may hold image_url parts, not {role} messages"
+    )
+
+
+def test_a_symlink_loop_under_the_allowed_directory_is_a_400(make_app, tmp_path):
+    (tmp_path / "a.png").symlink_to(tmp_path / "b.png")
+    (tmp_path / "b.png").symlink_to(tmp_path / "a.png")
+    app = make_app(MediaPolicy(allowed_local_path=tmp_path))
+    body = bad_request(chat, app, [image_part("a.png")])
+    assert body["message"] == "image 1: cannot resolve 'a.png': a symlink loop"
+    assert body["code"] == "invalid_image"
 
 
 def test_a_server_without_image_decoding_still_says_the_model_reads_no_images(make_app):
@@ -170,6 +182,33 @@ def test_an_unusable_responses_input_image_is_a_400_naming_it(make_app):
         input=responses_input({"type": "input_image", "image_url": CORRUPT}),
     )
     assert body["message"].startswith("image 1: corrupt base64")
+
+
+def test_a_responses_input_image_outside_a_user_message_is_a_400(make_app):
+    body = bad_request(
+        call,
+        make_app(),
+        "responses.create",
+        model="tiny",
+        input=[{"role": "assistant", "content": [{"type": "input_image", "image_url": RED_PNG}]}],
+    )
+    assert body["message"].endswith(
+        "only user messages may hold input_image items, not assistant messages"
+    )
+
+
+def test_apply_template_with_an_image_on_a_text_only_model_is_a_400(make_app):
+    async def run():
+        transport = httpx.ASGITransport(app=make_app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            messages = [{"role": "user", "content": [image_part(RED_PNG), text_part("Hi")]}]
+            return await http.post("/apply-template", json={"messages": messages})
+
+    response = asyncio.run(run())
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        "model 'tiny' has no vision support; send text only"
+    )
 
 
 def anthropic_post(app, content: list[dict]) -> httpx.Response:

@@ -43,6 +43,25 @@ def test_a_gif_gives_its_first_frame():
     assert tuple(rgb(image)[0, 0]) == RED
 
 
+def test_a_jpeg_is_turned_upright_as_its_exif_orientation_says():
+    wide = Image.new("RGB", (64, 32), RED)
+    exif = wide.getexif()
+    exif[0x0112] = 6  # rotated 90 degrees clockwise
+    encoded = io.BytesIO()
+    wide.save(encoded, "JPEG", exif=exif.tobytes())
+    image = decode_image(data_url(encoded.getvalue(), "image/jpeg"), OPEN, number=1)
+    assert image.size == (32, 64)
+
+
+def test_a_16_bit_grayscale_png_keeps_its_levels_in_8_bits():
+    levels = np.arange(0, 65536, 64, dtype=np.uint16).reshape(32, 32)
+    image = decode_image(
+        data_url(encode(Image.fromarray(levels), "PNG"), "image/png"), OPEN, number=1
+    )
+    assert image.mode == "L"
+    np.testing.assert_array_equal(np.asarray(image), levels >> 8)
+
+
 def test_base64_wrapped_over_lines_is_read():
     encoded = base64.encodebytes(encode(red_image(), "PNG")).decode("ascii")
     assert "\n" in encoded
@@ -164,6 +183,9 @@ class _ImageHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/slow.png":
             self.release.wait()
+        if self.path == "/trickle.png":
+            self._trickle()
+            return
         if self.path == "/missing.png":
             self.send_error(404)
             return
@@ -172,6 +194,18 @@ class _ImageHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(self.png)))
         self.end_headers()
         self.wfile.write(self.png)
+
+    def _trickle(self) -> None:
+        """The PNG a byte at a time, each well within the read timeout of the test using it."""
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(self.png)))
+        self.end_headers()
+        for index in range(len(self.png)):
+            if self.release.wait(0.05):
+                return
+            self.wfile.write(self.png[index : index + 1])
+            self.wfile.flush()
 
     def log_message(self, *args) -> None:
         pass
@@ -211,6 +245,21 @@ def test_a_fetch_that_outlasts_the_timeout_is_refused(image_server):
     policy = MediaPolicy(fetch_enabled=True, fetch_timeout_seconds=0.2)
     with pytest.raises(ImageInputError, match=r"image 2: fetching .* timed out after 0\.2 s"):
         decode_image(f"{image_server}/slow.png", policy, number=2)
+
+
+def test_a_body_trickling_past_the_timeout_is_refused(image_server):
+    assert len(_ImageHandler.png) > 20
+    policy = MediaPolicy(fetch_enabled=True, fetch_timeout_seconds=0.5)
+    with pytest.raises(ImageInputError, match=r"image 1: fetching .* timed out after 0\.5 s"):
+        decode_image(f"{image_server}/trickle.png", policy, number=1)
+
+
+def test_a_symlink_loop_is_refused(media_dir):
+    (media_dir / "a.png").symlink_to(media_dir / "b.png")
+    (media_dir / "b.png").symlink_to(media_dir / "a.png")
+    policy = MediaPolicy(allowed_local_path=media_dir)
+    with pytest.raises(ImageInputError, match=r"image 1: cannot resolve 'a\.png': a symlink loop"):
+        decode_image("a.png", policy, number=1)
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ MEDIA_FLAGS = (
     MAX_BYTES_FLAG,
     Flag(("--media-fetch-timeout",), "media_fetch_timeout", float,
          DEFAULT_FETCH_TIMEOUT_SECONDS,
-         "seconds allowed for connecting to an image URL and for each read",
+         "seconds allowed for connecting to an image URL, for each read and for the whole body",
          env="MLXCEL_MEDIA_FETCH_TIMEOUT"),
 )  # fmt: skip
 IMAGE_FLAGS = (

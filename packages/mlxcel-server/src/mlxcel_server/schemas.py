@@ -96,7 +96,9 @@ class ChatMessage(_Strict):
         if self.role != "assistant" and (self.content is None or self.content == []):
             raise ValueError(f"a {self.role} message needs content (a string or text parts)")
         if self.image_urls() and self.role != "user":
-            raise ValueError(f"only a user message may hold image_url parts, not a {self.role} one")
+            raise ValueError(
+                f"only user messages may hold image_url parts, not {self.role} messages"
+            )
         if self.role == "assistant" and self.content is None and not self.tool_calls:
             raise ValueError("an assistant message needs content or tool_calls")
         if self.tool_calls is not None and self.role != "assistant":

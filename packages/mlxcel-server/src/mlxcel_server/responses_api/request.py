@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlxcel_server.schemas import FUNCTION_NAME, JsonSchemaFormat, ResponseFormat
 
@@ -57,7 +57,7 @@ class InputMessage(_Strict):
     def _images_only_from_the_user(self) -> InputMessage:
         if self.role != "user" and self.image_urls():
             raise ValueError(
-                f"only a user message may hold input_image items, not a {self.role} one"
+                f"only user messages may hold input_image items, not {self.role} messages"
             )
         return self
 
@@ -84,6 +84,19 @@ class ReasoningInput(_Strict):
     content: list[Any] | None = None
     encrypted_content: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+def _input_item_kind(item: Any) -> str:
+    kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+    return "reasoning" if kind == "reasoning" else "message"
+
+
+# Picked by `type` (a message may leave it out), so that a message's own error is the one
+# reported rather than every union member's.
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")] | Annotated[ReasoningInput, Tag("reasoning")],
+    Discriminator(_input_item_kind),
+]
 
 
 class TextFormat(_Strict):
@@ -133,7 +146,7 @@ class ResponseRequest(_Strict):
     """
 
     model: str | None = None
-    input: str | list[InputMessage | ReasoningInput]
+    input: str | list[InputItem]
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None

@@ -7,6 +7,7 @@ import asyncio
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_server.errors import invalid
+from mlxcel_server.image_prompts import require_prompter
 from mlxcel_server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 from mlxcel_server.state import ServerState
 from mlxcel_server.validation import parse_body
@@ -43,6 +44,8 @@ def make_blueprint(state: ServerState) -> Blueprint:
         model = state.require_model()
         if not body.messages:
             raise invalid("messages must hold at least one message", "messages")
+        if any(message.image_urls() for message in body.messages):
+            require_prompter(model, "messages")
         conversation = [m.template_dict() for m in body.messages]
         try:
             prompt = await asyncio.to_thread(

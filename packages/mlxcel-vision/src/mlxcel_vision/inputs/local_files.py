@@ -22,7 +22,8 @@ def read_allowed_file(path: Path, allowed: Path | None, *, number: int, max_byte
 
     Raises:
         ImageInputError: local paths are not allowed (`allowed` is None), the path holds a
-            NUL character or lies outside `allowed`, or it cannot be read (see `read_file`).
+            NUL character, cannot be resolved (a symlink loop) or lies outside `allowed`, or
+            it cannot be read (see `read_file`).
     """
     if allowed is None:
         raise ImageInputError(
@@ -35,6 +36,9 @@ def read_allowed_file(path: Path, allowed: Path | None, *, number: int, max_byte
         resolved = (root / path).resolve()
     except OSError as error:
         raise ImageInputError(number, f"cannot resolve {str(path)!r}: {error.strerror}") from error
+    except RuntimeError as error:
+        # Python before 3.13 reports a symlink loop as a RuntimeError, later ones as OSError.
+        raise ImageInputError(number, f"cannot resolve {str(path)!r}: a symlink loop") from error
     if not resolved.is_relative_to(root):
         raise ImageInputError(number, f"the path {str(path)!r} is outside the allowed directory")
     return read_file(resolved, number=number, max_bytes=max_bytes)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import io
 
-from PIL import Image, UnidentifiedImageError
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mlxcel_vision.inputs.errors import ImageInputError
 
 SUPPORTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+# Pillow's modes for 16-bit grayscale PNGs; its conversion to RGB clips them at 255 instead
+# of scaling, which turns all but the darkest pixels white.
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I")
 
 
 def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
@@ -22,7 +26,9 @@ def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
         max_pixels: largest width x height accepted.
 
     Returns:
-        The image, fully decoded, in its own mode (callers convert as their model expects).
+        The image, fully decoded, in its own mode (callers convert as their model expects),
+        except that 16-bit grayscale becomes 8-bit (`L`, the high byte of each pixel);
+        turned upright as its EXIF orientation tag says (as viewers show a camera's photo).
 
     Raises:
         ImageInputError: not an image, an unsupported format, too many pixels, or
@@ -44,8 +50,16 @@ def open_image(data: bytes, *, number: int, max_pixels: int) -> Image.Image:
         image.load()
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageInputError(number, f"corrupt {image.format} data: {error}") from error
-    # Detached from the file and from any later frames.
-    return image.copy()
+    # Detached from the file and from any later frames; a copy when no rotation applies.
+    upright = ImageOps.exif_transpose(image)
+    if upright.mode in _SIXTEEN_BIT_MODES:
+        return _eight_bit_gray(upright)
+    return upright
+
+
+def _eight_bit_gray(image: Image.Image) -> Image.Image:
+    high_bytes = np.clip(np.asarray(image, dtype=np.int64) >> 8, 0, 255)
+    return Image.fromarray(high_bytes.astype(np.uint8))
 
 
 def _unsupported_reason(data: bytes) -> str:

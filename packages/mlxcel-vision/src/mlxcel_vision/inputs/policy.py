@@ -22,7 +22,7 @@ class MediaPolicy:
         max_bytes: largest encoded image (bytes) from any source: a data URL's payload, a
             local file or a fetched body.
         fetch_timeout_seconds: time allowed for each network operation of a fetch (the
-            connection and every read), in seconds.
+            connection and every read) and for the whole body, in seconds.
         max_pixels: largest width x height an image may declare; larger ones are refused
             before their pixels are decoded (decompression bombs).
 
