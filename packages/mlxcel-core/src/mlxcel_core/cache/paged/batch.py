@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from mlxcel_core.cache.paged.centering import RowAnchors
 from mlxcel_core.cache.paged.storage import PagedKVStorage
 from mlxcel_core.cache.protocol import AttentionMask
 
@@ -83,6 +84,19 @@ class PagedBatch:
         self.offsets = mx.array(offsets)
         self.read_slots = mx.array(read)
         self.write_slots = mx.array(write.reshape(-1))
+        write_centered = (is_real_query & (query_positions >= block_size)).reshape(-1)
+        self.anchors = RowAnchors(
+            first_block_slots=mx.array(tables[:, :1] * block_size + np.arange(block_size)),
+            write_rows=mx.array(
+                np.repeat(np.arange(self.num_rows, dtype=np.int32), self.num_queries)
+            ),
+            write_centered=mx.array(write_centered),
+            read_centered=mx.array(
+                (key_positions >= block_size) & (key_positions < lengths[:, None])
+            ),
+            writes_first_blocks=bool((is_real_query & (query_positions < block_size)).any()),
+            writes_past_first_blocks=bool(write_centered.any()),
+        )
         self._query_positions = query_positions
         self._lengths = lengths
         self._masks: dict[int | None, mx.array] = {}
@@ -126,8 +140,9 @@ class PagedLayerCache:
             self._batch.write_slots,
             keys.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
             values.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
+            self._batch.anchors,
         )
-        return self._storage.gather(self._layer, self._batch.read_slots)
+        return self._storage.gather(self._layer, self._batch.read_slots, self._batch.anchors)
 
     def make_mask(
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None

@@ -34,9 +34,13 @@ class KVCodec(Protocol):
 
     Attributes:
         components: what `encode` returns, in order.
+        centered: the paged storage should store each row's positions past its first
+            block relative to that block's mean (`mlxcel_core.cache.paged.centering`):
+            for codecs whose error is a fraction of the norm they are given.
     """
 
     components: tuple[Component, ...]
+    centered: bool
 
     def encode(self, x: mx.array) -> tuple[mx.array, ...]:
         """Pack head-vectors.
