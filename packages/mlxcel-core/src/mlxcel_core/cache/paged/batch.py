@@ -39,6 +39,13 @@ def _pad_block_tables(tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.n
     return padded, counts
 
 
+def _anchor_positions(block_size: int) -> np.ndarray:
+    """Positions of a row's first block whose mean its later positions are stored against:
+    all but position 0, the attention sink whose key is unlike the others (Xiao et al.,
+    "Efficient Streaming Language Models with Attention Sinks", 2023), unless it is alone."""
+    return np.arange(min(1, block_size - 1), block_size, dtype=np.int32)
+
+
 class PagedBatch:
     """Slot tables and masks of a batch of rows, each padded to the longest row.
 
@@ -86,7 +93,7 @@ class PagedBatch:
         self.write_slots = mx.array(write.reshape(-1))
         write_centered = (is_real_query & (query_positions >= block_size)).reshape(-1)
         self.anchors = RowAnchors(
-            first_block_slots=mx.array(tables[:, :1] * block_size + np.arange(block_size)),
+            anchor_slots=mx.array(tables[:, :1] * block_size + _anchor_positions(block_size)),
             write_rows=mx.array(
                 np.repeat(np.arange(self.num_rows, dtype=np.int32), self.num_queries)
             ),

@@ -30,7 +30,9 @@ class RowAnchors:
     """Where a batch's rows begin, for storing positions relative to their first block.
 
     Attributes:
-        first_block_slots: (B, block_size) int32 slots of each row's first block.
+        anchor_slots: (B, A) int32 slots of the positions of each row's first block whose
+            mean the later positions are stored against (all but the first, A =
+            block_size - 1, for blocks of more than one position).
         write_rows: (N,) int32 row of each written position.
         write_centered: (N,) bool, True where a written position lies past its row's
             first block.
@@ -40,7 +42,7 @@ class RowAnchors:
         writes_past_first_blocks: some written position lies past it.
     """
 
-    first_block_slots: mx.array
+    anchor_slots: mx.array
     write_rows: mx.array
     write_centered: mx.array
     read_centered: mx.array
@@ -54,11 +56,9 @@ def store_parts(pool: Sequence[mx.array], parts: Sequence[mx.array], slots: mx.a
         array[slots] = part
 
 
-def first_block_means(
-    pool: Sequence[mx.array], codec: KVCodec, first_block_slots: mx.array
-) -> mx.array:
-    """(B, H, D) float32 mean of each row's first block as stored."""
-    decoded = codec.decode([array[first_block_slots] for array in pool], mx.float32)
+def first_block_means(pool: Sequence[mx.array], codec: KVCodec, anchor_slots: mx.array) -> mx.array:
+    """(B, H, D) float32 mean of each row's anchor positions as stored."""
+    decoded = codec.decode([array[anchor_slots] for array in pool], mx.float32)
     return mx.mean(decoded, axis=1)
 
 
@@ -76,7 +76,7 @@ def store_centered(
     if anchors.writes_first_blocks:
         store_parts(pool, codec.encode(x), mx.where(centered, 0, slots))
     if anchors.writes_past_first_blocks:
-        means = first_block_means(pool, codec, anchors.first_block_slots)[anchors.write_rows]
+        means = first_block_means(pool, codec, anchors.anchor_slots)[anchors.write_rows]
         shift = mx.where(centered[:, None, None], means, 0.0)
         store_parts(pool, codec.encode(x.astype(mx.float32) - shift), mx.where(centered, slots, 0))
 
@@ -87,5 +87,5 @@ def load_centered(
     """(B, S, H, D) vectors in `dtype` at (B, S) `slots`, with each row's first-block mean
     added back past its first block."""
     decoded = codec.decode([array[slots] for array in pool], mx.float32)
-    means = first_block_means(pool, codec, anchors.first_block_slots)[:, None]
+    means = first_block_means(pool, codec, anchors.anchor_slots)[:, None]
     return (decoded + mx.where(anchors.read_centered[..., None, None], means, 0.0)).astype(dtype)
