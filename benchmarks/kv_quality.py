@@ -5,7 +5,8 @@ it reports:
 - the KV bytes one token takes over all layers, and that over float16's;
 - the relative error of every layer's attention output when its real keys and values
   (captured from the model on the text's first `--attention-tokens` tokens, float32 on
-  the CPU) are stored as the type, against storing them as float16:
+  the CPU) are stored as the type in a paged cache, as one row written at once, against
+  storing them as float16:
   sqrt(sum ||O - O_f16||^2 / sum ||O_f16||^2) over layers, heads and positions, with the
   same real queries;
 - the perplexity of the model on a fixed English text run through the paged KV cache of

@@ -1,4 +1,4 @@
-"""TurboQuant positions past a row's first block are stored relative to that block's mean.
+"""TurboQuant keys past a row's first block are stored relative to that block's mean.
 
 The decoded vector must be exactly the mean plus the decoded difference (so the centering
 changes only the quantization error), must not depend on how the row was split into
@@ -128,3 +128,13 @@ def test_other_types_store_every_position_on_its_own(cache_type):
     write_rows(storage, [BatchRow([1, 2, 3], 0, 9)], [keys])
     expected = codec.decode(codec.encode(keys), mx.float32)
     assert mx.array_equal(read_row(storage, [1, 2, 3], 9), expected)
+
+
+def test_values_are_never_centered():
+    storage, codec = make_storage(), make_kv_codec("turbo4", DIM)
+    values = keys_with_a_common_part(9, seed=8)
+    write_rows(storage, [BatchRow([1, 2, 3], 0, 9)], [values])
+    batch = PagedBatch([BatchRow([1, 2, 3], 8, 1)], BLOCK_SIZE)
+    _, got = storage.gather(0, batch.read_slots, batch.anchors)
+    expected = codec.decode(codec.encode(values), mx.float32)
+    assert mx.array_equal(got[0].transpose(1, 0, 2), expected)

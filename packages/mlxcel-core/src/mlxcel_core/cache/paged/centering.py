@@ -1,18 +1,20 @@
-"""Centering on each row's first block, for codecs whose error scales with the norm they see.
+"""Centering keys on each row's first block, for codecs whose error scales with the norm
+they see.
 
-A codec with `centered` set (TurboQuant) stores a row's positions past its first block as
-x - m, where m is the mean of that row's first block as stored (decoded), per head, and
-adds m back when it reads them. m is a function of the first block's stored contents
-alone: every later position of the row is encoded after that block is full, so m never
-changes under it; rows that share a cached prefix share its first block and so their m;
-block copies, preemption, rollback and transfers of whole blocks keep it. The positions
-of the first block itself are stored as they are.
+For a codec with `centered` set (TurboQuant) the paged storage stores a row's keys past
+its first block as k - m, where m is the per-head mean of that row's first block as
+stored (decoded), its first position (the attention sink, whose key is unlike the rest)
+left out, and adds m back when it reads them. m is a function of the first block's stored
+contents alone: every later position of the row is encoded after that block is full, so
+m never changes under it; rows that share a cached prefix share its first block and so
+their m; block copies, preemption, rollback and transfers of whole blocks keep it. The
+first block's own keys are stored as they are.
 
-Why: real keys share a large common part per head (SmolLM2's mean key holds a median
-63% of its head's key energy), and TurboQuant's error is a fixed fraction of the norm it
-quantizes; subtracting a mean taken from the sequence's own first tokens leaves it the
-smaller part that varies. Adding m back makes the centering exact: whatever m is, the
-decoded vector is m plus the decoded difference.
+Why keys: they share a large common part per head (SmolLM2's mean key holds a median 63%
+of its head's key energy) that the softmax does not see (q.(k - m) = q.k - q.m, the same
+for every key of one query), while TurboQuant's error is a fixed fraction of the norm it
+quantizes. Adding m back makes the centering exact whatever m is. Values are not centered:
+on SmolLM2 it did not lower their attention error (docs/adr/0014).
 """
 
 from __future__ import annotations

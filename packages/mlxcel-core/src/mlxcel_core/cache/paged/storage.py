@@ -65,7 +65,7 @@ class PagedKVStorage:
     block b is slot `b * block_size + p`. With cache type "auto" a pool is one array of
     the layer's keys as the model made them (W = D_k); any other type stores its codec's
     components (`mlxcel_core.cache.quant`), encoded on `write` and decoded on `gather`;
-    codecs marked `centered` store a row's positions past its first block relative to that
+    keys of codecs marked `centered` are stored, past a row's first block, relative to that
     block's mean (`centering`).
     Block 0 is the null block: padding writes land there and nothing reads it unmasked.
 
@@ -171,11 +171,12 @@ class PagedKVStorage:
             slots: (N,) int32 slot ids, one per position.
             keys: (N, H_kv, D_k) keys, in the layer's dtype.
             values: (N, H_kv, D_v) values.
-            anchors: the rows' first blocks, for centered codecs; None stores every
-                position on its own, as if each lay in its row's first block.
+            anchors: the rows' first blocks, for keys of centered codecs (values are
+                never centered); None stores every position on its own, as if each lay
+                in its row's first block.
         """
         _store(self.keys[layer], self._key_codecs[layer], slots, keys, anchors)
-        _store(self.values[layer], self._value_codecs[layer], slots, values, anchors)
+        _store(self.values[layer], self._value_codecs[layer], slots, values, None)
 
     def gather(
         self, layer: int, slots: mx.array, anchors: RowAnchors | None = None
@@ -191,7 +192,7 @@ class PagedKVStorage:
         """
         dtype = self.layers[layer].dtype
         keys = _load(self.keys[layer], self._key_codecs[layer], slots, dtype, anchors)
-        values = _load(self.values[layer], self._value_codecs[layer], slots, dtype, anchors)
+        values = _load(self.values[layer], self._value_codecs[layer], slots, dtype, None)
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:

@@ -34,9 +34,10 @@ class KVCodec(Protocol):
 
     Attributes:
         components: what `encode` returns, in order.
-        centered: the paged storage should store each row's positions past its first
-            block relative to that block's mean (`mlxcel_core.cache.paged.centering`):
-            for codecs whose error is a fraction of the norm they are given.
+        centered: the paged storage should store each row's keys past its first block
+            relative to that block's mean (`mlxcel_core.cache.paged.centering`): for
+            codecs whose error is a fraction of the norm they are given. Values are
+            never centered.
     """
 
     components: tuple[Component, ...]
