@@ -14,7 +14,8 @@ Why keys: they share a large common part per head (SmolLM2's mean key holds a me
 of its head's key energy) that the softmax does not see (q.(k - m) = q.k - q.m, the same
 for every key of one query), while TurboQuant's error is a fixed fraction of the norm it
 quantizes. Adding m back makes the centering exact whatever m is. Values are not centered:
-on SmolLM2 it did not lower their attention error (docs/adr/0014).
+on SmolLM2 it did not lower their attention error
+(docs/adr/0014-turbo-centered-on-the-first-block.md).
 """
 
 from __future__ import annotations
