@@ -5,7 +5,8 @@ it reports:
 - the KV bytes one token takes over all layers, and that over float16's;
 - the relative error of every layer's attention output when its real keys and values
   (captured from the model on the text's first `--attention-tokens` tokens, float32 on
-  the CPU) are stored as the type, against storing them as float16:
+  the CPU) are stored as the type in a paged cache, as one row written at once, against
+  storing them as float16:
   sqrt(sum ||O - O_f16||^2 / sum ||O_f16||^2) over layers, heads and positions, with the
   same real queries;
 - the perplexity of the model on a fixed English text run through the paged KV cache of
@@ -31,8 +32,14 @@ from pathlib import Path
 import mlx.core as mx
 import mlx_lm.models.llama as mlx_lm_llama
 
-from mlxcel_core.cache.paged import BatchRow, PagedBatch, PagedKVStorage, make_layer_caches
-from mlxcel_core.cache.quant import CACHE_TYPES, make_kv_codec
+from mlxcel_core.cache.paged import (
+    BatchRow,
+    LayerGeometry,
+    PagedBatch,
+    PagedKVStorage,
+    make_layer_caches,
+)
+from mlxcel_core.cache.quant import CACHE_TYPES
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.generate import LanguageModel
 from mlxcel_models.default_model import default_model_path
@@ -84,12 +91,17 @@ def capture_activations(model: LanguageModel, token_ids: Sequence[int]) -> list[
 
 
 def stored(cache_type: str, x: mx.array) -> mx.array:
-    """(1, H, T, D) keys or values as the cache type gives them back."""
-    if cache_type == "auto":
-        return x
-    codec = make_kv_codec(cache_type, x.shape[-1])
+    """(1, H, T, D) keys or values as a paged cache of `cache_type` gives them back, the T
+    positions written as one row."""
+    _, H, T, D = x.shape
+    num_blocks = math.ceil(T / BLOCK_SIZE) + 1
+    geometry = LayerGeometry(num_kv_heads=H, key_dim=D, value_dim=D, dtype=x.dtype)
+    storage = PagedKVStorage([geometry], BLOCK_SIZE, num_blocks, cache_type_k=cache_type)
+    storage.ensure_capacity(num_blocks)
+    batch = PagedBatch([BatchRow(list(range(1, num_blocks)), 0, T)], BLOCK_SIZE)
     rows = x[0].transpose(1, 0, 2)
-    return codec.decode(codec.encode(rows), x.dtype).transpose(1, 0, 2)[None]
+    storage.write(0, batch.write_slots, rows, rows, batch.anchors)
+    return storage.gather(0, batch.read_slots, batch.anchors)[0]
 
 
 def split_types(cache_type: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from mlxcel_core.cache.paged.centering import RowAnchors
 from mlxcel_core.cache.paged.storage import PagedKVStorage
 from mlxcel_core.cache.protocol import AttentionMask
 from mlxcel_core.kernels.paged_attention import paged_decode_attention, uses_decode_kernel
@@ -37,6 +38,13 @@ def _pad_block_tables(tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.n
     flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(counts.sum()))
     padded[np.arange(padded.shape[1]) < counts[:, None]] = flat
     return padded, counts
+
+
+def _anchor_positions(block_size: int) -> np.ndarray:
+    """Positions of a row's first block whose mean its later positions are stored against:
+    all but position 0, the attention sink whose key is unlike the others (Xiao et al.,
+    "Efficient Streaming Language Models with Attention Sinks", 2023), unless it is alone."""
+    return np.arange(min(1, block_size - 1), block_size, dtype=np.int32)
 
 
 class PagedBatch:
@@ -87,6 +95,19 @@ class PagedBatch:
         self.context_lengths = mx.array(lengths)
         self.read_slots = mx.array(read)
         self.write_slots = mx.array(write.reshape(-1))
+        write_centered = (is_real_query & (query_positions >= block_size)).reshape(-1)
+        self.anchors = RowAnchors(
+            anchor_slots=mx.array(tables[:, :1] * block_size + _anchor_positions(block_size)),
+            write_rows=mx.array(
+                np.repeat(np.arange(self.num_rows, dtype=np.int32), self.num_queries)
+            ),
+            write_centered=mx.array(write_centered),
+            read_centered=mx.array(
+                (key_positions >= block_size) & (key_positions < lengths[:, None])
+            ),
+            writes_first_blocks=bool((is_real_query & (query_positions < block_size)).any()),
+            writes_past_first_blocks=bool(write_centered.any()),
+        )
         self._query_positions = query_positions
         self._lengths = lengths
         self._masks: dict[int | None, mx.array] = {}
@@ -132,8 +153,9 @@ class PagedLayerCache:
             self._batch.write_slots,
             keys.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
             values.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
+            self._batch.anchors,
         )
-        return self._storage.gather(self._layer, self._batch.read_slots)
+        return self._storage.gather(self._layer, self._batch.read_slots, self._batch.anchors)
 
     def make_mask(
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None

@@ -7,6 +7,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel_core.cache.paged.centering import (
+    RowAnchors,
+    load_centered,
+    store_centered,
+    store_parts,
+)
 from mlxcel_core.cache.paged.manager import BlockCopy
 from mlxcel_core.cache.quant import (
     AUTO,
@@ -58,7 +64,9 @@ class PagedKVStorage:
     Layer l's keys live in arrays of shape (capacity * block_size, H_kv, W): position p of
     block b is slot `b * block_size + p`. With cache type "auto" a pool is one array of
     the layer's keys as the model made them (W = D_k); any other type stores its codec's
-    components (`mlxcel_core.cache.quant`), encoded on `write` and decoded on `gather`.
+    components (`mlxcel_core.cache.quant`), encoded on `write` and decoded on `gather`;
+    keys of codecs marked `centered` are stored, past a row's first block, relative to that
+    block's mean (`centering`).
     Block 0 is the null block: padding writes land there and nothing reads it unmasked.
 
     Args:
@@ -154,29 +162,42 @@ class PagedKVStorage:
         self.capacity_blocks = target
         mx.eval(self.arrays())
 
-    def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
+    def write(
+        self,
+        layer: int,
+        slots: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        anchors: RowAnchors | None = None,
+    ) -> None:
         """Store new positions.
 
         Args:
             slots: (N,) int32 slot ids, one per position.
             keys: (N, H_kv, D_k) keys, in the layer's dtype.
             values: (N, H_kv, D_v) values.
+            anchors: the rows' first blocks, for keys of centered codecs (values are
+                never centered); None stores every position on its own, as if each lay
+                in its row's first block.
         """
-        _store(self.keys[layer], self._key_codecs[layer], slots, keys)
-        _store(self.values[layer], self._value_codecs[layer], slots, values)
+        _store(self.keys[layer], self._key_codecs[layer], slots, keys, anchors)
+        _store(self.values[layer], self._value_codecs[layer], slots, values, None)
 
-    def gather(self, layer: int, slots: mx.array) -> tuple[mx.array, mx.array]:
+    def gather(
+        self, layer: int, slots: mx.array, anchors: RowAnchors | None = None
+    ) -> tuple[mx.array, mx.array]:
         """Read positions by slot id.
 
         Args:
             slots: (B, S) int32 slot ids.
+            anchors: the rows' first blocks, as `write` was given them.
 
         Returns:
             Keys (B, H_kv, S, D_k) and values (B, H_kv, S, D_v), in the layer's dtype.
         """
         dtype = self.layers[layer].dtype
-        keys = _load(self.keys[layer], self._key_codecs[layer], slots, dtype)
-        values = _load(self.values[layer], self._value_codecs[layer], slots, dtype)
+        keys = _load(self.keys[layer], self._key_codecs[layer], slots, dtype, anchors)
+        values = _load(self.values[layer], self._value_codecs[layer], slots, dtype, None)
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
     def unquantized_pools(self, layer: int) -> tuple[mx.array, mx.array] | None:
@@ -240,13 +261,26 @@ def _concatenate(pool: Pool, extra: Pool) -> Pool:
     return tuple(mx.concatenate([old, new]) for old, new in zip(pool, extra, strict=True))
 
 
-def _store(pool: Pool, codec: KVCodec | None, slots: mx.array, x: mx.array) -> None:
-    parts = (x,) if codec is None else codec.encode(x)
-    for array, part in zip(pool, parts, strict=True):
-        array[slots] = part
+def _store(
+    pool: Pool, codec: KVCodec | None, slots: mx.array, x: mx.array, anchors: RowAnchors | None
+) -> None:
+    if codec is None:
+        store_parts(pool, (x,), slots)
+    elif codec.centered and anchors is not None:
+        store_centered(pool, codec, slots, x, anchors)
+    else:
+        store_parts(pool, codec.encode(x), slots)
 
 
-def _load(pool: Pool, codec: KVCodec | None, slots: mx.array, dtype: mx.Dtype) -> mx.array:
+def _load(
+    pool: Pool,
+    codec: KVCodec | None,
+    slots: mx.array,
+    dtype: mx.Dtype,
+    anchors: RowAnchors | None,
+) -> mx.array:
     if codec is None:
         return pool[0][slots]
+    if codec.centered and anchors is not None:
+        return load_centered(pool, codec, slots, dtype, anchors)
     return codec.decode([array[slots] for array in pool], dtype)

@@ -53,6 +53,7 @@ class Q8_0Codec:
 
     def __init__(self, head_dim: int) -> None:
         _check_head_dim("q8_0", head_dim)
+        self.centered = False
         self.components = (
             Component(head_dim, mx.int8),
             Component(head_dim // GROUP_SIZE, mx.float16),
@@ -84,6 +85,7 @@ class Q4_0Codec:
 
     def __init__(self, head_dim: int) -> None:
         _check_head_dim("q4_0", head_dim)
+        self.centered = False
         self.components = (
             Component(packed_width(4, head_dim), mx.uint8),
             Component(head_dim // GROUP_SIZE, mx.float16),

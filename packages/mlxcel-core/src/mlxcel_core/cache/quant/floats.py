@@ -19,6 +19,7 @@ class FloatCodec:
 
     def __init__(self, head_dim: int, storage_dtype: mx.Dtype) -> None:
         self.storage_dtype = storage_dtype
+        self.centered = False
         self.components = (Component(head_dim, storage_dtype),)
 
     def encode(self, x: mx.array) -> tuple[mx.array, ...]:

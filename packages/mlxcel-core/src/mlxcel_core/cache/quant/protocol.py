@@ -34,9 +34,14 @@ class KVCodec(Protocol):
 
     Attributes:
         components: what `encode` returns, in order.
+        centered: the paged storage should store each row's keys past its first block
+            relative to that block's mean (`mlxcel_core.cache.paged.centering`): for
+            codecs whose error is a fraction of the norm they are given. Values are
+            never centered.
     """
 
     components: tuple[Component, ...]
+    centered: bool
 
     def encode(self, x: mx.array) -> tuple[mx.array, ...]:
         """Pack head-vectors.
