@@ -9,94 +9,28 @@ import dataclasses
 import mlx.core as mx
 import numpy as np
 import pytest
+from engine_runs import greedy_alone, greedy_request, run_engine, tokens_of
 from PIL import Image
 from test_vision_model import CountingEncoder
 
-from mlxcel_core.engine import (
-    Engine,
-    EngineConfig,
-    EngineOutput,
-    EngineRequest,
-    OutputQueue,
-    SchedulerConfig,
-)
+from mlxcel_core.engine import EngineConfig, SchedulerConfig
 from mlxcel_core.generate import GenerationConfig
-from mlxcel_core.images import RowImages
-from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.compute import ComputeOptions
-from mlxcel_models.image_prompt import ImagePrompt
 from mlxcel_vision.loading import load_vision_model
 from mlxcel_vision.model import VisionLanguageModel
 
-GREEDY = SamplingParams(temperature=0.0)
 GENERATION = GenerationConfig(context_size=64, max_tokens=8)
-TIMEOUT = 60.0
-
-
-class NullDetokenizer:
-    def add_token(self, token_id: int) -> str:
-        return ""
-
-    def finalize(self) -> str:
-        return ""
+CONFIG = EngineConfig(
+    scheduler=SchedulerConfig(max_num_seqs=4, max_prefill_chunk=8),
+    context_size=64,
+    block_size=4,
+    num_kv_blocks=64,
+)
 
 
 @pytest.fixture(scope="module")
 def loaded(tiny_llava):
     return load_vision_model(tiny_llava, compute=ComputeOptions(float_dtype=mx.float32))
-
-
-def greedy_alone(model, prompt) -> list[int]:
-    """Greedy tokens from a loop over dense caches, the images given to every pass."""
-    ids, tokens = list(prompt.prompt_ids), []
-    cache = model.make_cache()
-    logits = model(mx.array([ids]), cache, images=[RowImages(0, prompt.images)], last_only=True)
-    for step in range(GENERATION.max_tokens):
-        tokens.append(int(mx.argmax(logits[0, -1]).item()))
-        offset = len(ids) + step
-        logits = model(mx.array([tokens[-1:]]), cache, images=[RowImages(offset, prompt.images)])
-    return tokens
-
-
-def run_engine(model, groups: list[list[EngineRequest]]) -> list[list[EngineOutput]]:
-    """Submit each group after the one before it finished, on one engine; each request's
-    outputs, in submission order."""
-    config = EngineConfig(
-        scheduler=SchedulerConfig(max_num_seqs=4, max_prefill_chunk=8),
-        context_size=64,
-        block_size=4,
-        num_kv_blocks=64,
-    )
-    engine = Engine(model, config)
-    results = []
-    try:
-        for requests in groups:
-            sink = OutputQueue()
-            engine.submit(requests, sink)
-            outputs, finished = [], 0
-            while finished < len(requests):
-                outputs.append(sink.get(timeout=TIMEOUT))
-                finished += outputs[-1].finished
-            results += [[o for o in outputs if o.index == r.index] for r in requests]
-    finally:
-        engine.shutdown(timeout=TIMEOUT)
-    return results
-
-
-def tokens_of(outputs: list[EngineOutput]) -> list[int]:
-    assert not [o.error for o in outputs if o.error is not None]
-    return [o.token_id for o in outputs if o.token_id is not None]
-
-
-def request(prompt: ImagePrompt, index: int) -> EngineRequest:
-    return EngineRequest(
-        prompt_ids=prompt.prompt_ids,
-        sampling=GREEDY,
-        generation=GENERATION,
-        detokenizer=NullDetokenizer(),
-        index=index,
-        images=prompt.images,
-    )
 
 
 def test_image_and_text_requests_in_the_engine_match_a_greedy_loop(loaded):
@@ -112,10 +46,17 @@ def test_image_and_text_requests_in_the_engine_match_a_greedy_loop(loaded):
     # the same image again, its prompt's blocks from the prefix cache.
     first, text, again = run_engine(
         counting,
-        [[request(image_prompt, 0), request(text_prompt, 1)], [request(image_prompt, 2)]],
+        CONFIG,
+        [
+            [
+                greedy_request(image_prompt, 0, GENERATION),
+                greedy_request(text_prompt, 1, GENERATION),
+            ],
+            [greedy_request(image_prompt, 2, GENERATION)],
+        ],
     )
-    assert tokens_of(first) == greedy_alone(model, image_prompt)
-    assert tokens_of(text) == greedy_alone(model, text_prompt)
+    assert tokens_of(first) == greedy_alone(model, image_prompt, GENERATION.max_tokens)
+    assert tokens_of(text) == greedy_alone(model, text_prompt, GENERATION.max_tokens)
     assert tokens_of(again) == tokens_of(first)
     assert again[-1].stats.cached_tokens > image_prompt.images[0].stop
     assert encoder.calls == 1
