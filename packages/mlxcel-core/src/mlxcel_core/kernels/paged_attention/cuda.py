@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -305,6 +306,38 @@ def paged_decode_attention_cuda(
         ValueError: `num_partitions` is < 1, `scale` is not > 0, or a pool's dtype is not
             the queries'.
     """
+    return launch_paged_decode(
+        _kernels,
+        queries,
+        key_pool,
+        value_pool,
+        block_tables,
+        context_lengths,
+        block_size=block_size,
+        scale=scale,
+        num_partitions=num_partitions,
+    )
+
+
+def launch_paged_decode(
+    kernels: Callable[[], dict[str, object]],
+    queries: mx.array,
+    key_pool: mx.array,
+    value_pool: mx.array,
+    block_tables: mx.array,
+    context_lengths: mx.array,
+    *,
+    block_size: int,
+    scale: float,
+    num_partitions: int | None,
+) -> mx.array:
+    """Check the arguments, then launch the `one_pass`, or `split` then `merge`, kernels
+    that `kernels` builds (the CUDA ones or the Metal ones, which take the same inputs,
+    template and grid).
+
+    Raises:
+        ValueError: as `paged_decode_attention_cuda`.
+    """
     B, H_q, _, D = queries.shape
     H_kv = key_pool.shape[1]
     group = H_q // H_kv
@@ -338,7 +371,7 @@ def paged_decode_attention_cuda(
     ]
     grid = (H_kv * THREADS, B, num_partitions)
     if num_partitions == 1:
-        (output,) = _kernels()["one_pass"](
+        (output,) = kernels()["one_pass"](
             inputs=inputs,
             template=template,
             grid=grid,
@@ -348,7 +381,7 @@ def paged_decode_attention_cuda(
         )
         return output
     parts = (B, H_q, num_partitions)
-    partial_out, partial_max, partial_sum = _kernels()["split"](
+    partial_out, partial_max, partial_sum = kernels()["split"](
         inputs=inputs,
         template=template,
         grid=grid,
@@ -356,7 +389,7 @@ def paged_decode_attention_cuda(
         output_shapes=[(*parts, D), parts, parts],
         output_dtypes=[mx.float32, mx.float32, mx.float32],
     )
-    (output,) = _kernels()["merge"](
+    (output,) = kernels()["merge"](
         inputs=[partial_out, partial_max, partial_sum],
         template=[("T", queries.dtype), ("D", D)],
         grid=(B * H_q * D, 1, 1),

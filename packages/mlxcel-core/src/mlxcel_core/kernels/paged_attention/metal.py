@@ -13,12 +13,9 @@ import functools
 import mlx.core as mx
 
 from mlxcel_core.kernels.paged_attention.cuda import (
-    LANE_ELEMENTS,
     ONE_PASS_STORE,
     SPLIT_STORE,
-    THREADS,
-    float_bits,
-    num_partitions_for,
+    launch_paged_decode,
 )
 
 _ATTENTION_SOURCE = """
@@ -206,61 +203,14 @@ def paged_decode_attention_metal(
 
     Arguments, result and errors as `paged_decode_attention_cuda`. Untested on hardware.
     """
-    B, H_q, _, D = queries.shape
-    H_kv = key_pool.shape[1]
-    if num_partitions is None:
-        num_partitions = num_partitions_for(B, H_kv, block_tables.shape[1] * block_size)
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
-    if key_pool.dtype != queries.dtype or value_pool.dtype != queries.dtype:
-        raise ValueError(
-            f"pools must hold the queries' dtype {queries.dtype}, "
-            f"got {key_pool.dtype} and {value_pool.dtype}"
-        )
-    inputs = [
+    return launch_paged_decode(
+        _kernels,
         queries,
         key_pool,
         value_pool,
-        block_tables.astype(mx.int32),
-        context_lengths.astype(mx.int32),
-    ]
-    template = [
-        ("T", queries.dtype),
-        ("G", H_q // H_kv),
-        ("D", D),
-        ("BLOCK_SIZE", block_size),
-        ("THREADS", THREADS),
-        ("LANE_ELEMENTS", LANE_ELEMENTS),
-        ("SCALE_BITS", float_bits(scale)),
-    ]
-    grid = (H_kv * THREADS, B, num_partitions)
-    if num_partitions == 1:
-        (output,) = _kernels()["one_pass"](
-            inputs=inputs,
-            template=template,
-            grid=grid,
-            threadgroup=(THREADS, 1, 1),
-            output_shapes=[(B, H_q, 1, D)],
-            output_dtypes=[queries.dtype],
-        )
-        return output
-    parts = (B, H_q, num_partitions)
-    partial_out, partial_max, partial_sum = _kernels()["split"](
-        inputs=inputs,
-        template=template,
-        grid=grid,
-        threadgroup=(THREADS, 1, 1),
-        output_shapes=[(*parts, D), parts, parts],
-        output_dtypes=[mx.float32, mx.float32, mx.float32],
+        block_tables,
+        context_lengths,
+        block_size=block_size,
+        scale=scale,
+        num_partitions=num_partitions,
     )
-    (output,) = _kernels()["merge"](
-        inputs=[partial_out, partial_max, partial_sum],
-        template=[("T", queries.dtype), ("D", D)],
-        grid=(B * H_q * D, 1, 1),
-        threadgroup=(min(256, B * H_q * D), 1, 1),
-        output_shapes=[(B, H_q, 1, D)],
-        output_dtypes=[queries.dtype],
-    )
-    return output
