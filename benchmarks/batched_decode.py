@@ -5,7 +5,8 @@ each generate `--gen-tokens` tokens, greedy, with no stop token (as llama-bench 
 submitted at once. `--temperature` above 0 samples instead, at that temperature with no
 truncation (each engine request seeded with its index; mlx-lm shares one sampler). Both
 implementations run the same weights; the model is loaded once by each, one after the
-other.
+other. `--cache-type-k/-v` choose how mlxcel's KV cache stores keys and values (mlx-lm keeps
+the model's dtype).
 
 Reported per N and implementation:
 - decode tok/s: tokens sampled after each request's first token, over the time from the
@@ -41,6 +42,8 @@ from mlxcel_core.engine import (
 )
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
+from mlxcel_core.speculative import SpeculativeConfig
+from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.loader import load_model
 
 OUTPUT_TIMEOUT_SECONDS = 600.0
@@ -53,10 +56,14 @@ class Run:
     Attributes:
         decode_tps: decode tokens per second (see the module docstring).
         total_tps: generated tokens per second over the whole run.
+        draft_tokens: draft tokens verified, over every request (0 without a draft model).
+        accepted_draft_tokens: of those, the ones accepted.
     """
 
     decode_tps: float
     total_tps: float
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 def random_prompts(count: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
@@ -66,10 +73,27 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int = 0) -> l
 
 
 def run_mlxcel(
-    loaded, prompts: Sequence[Sequence[int]], gen_tokens: int, temperature: float = 0.0
+    loaded,
+    prompts: Sequence[Sequence[int]],
+    gen_tokens: int,
+    temperature: float = 0.0,
+    *,
+    paged_decode_kernel: bool = True,
+    cache_type_k: str = "auto",
+    cache_type_v: str = "auto",
+    draft: LoadedModel | None = None,
+    speculative: SpeculativeConfig | None = None,
 ) -> Run:
     """Every prompt through one engine with `len(prompts)` slots; no stop token; greedy at
-    temperature 0, else sampled at `temperature` without truncation, seeded per request."""
+    temperature 0, else sampled at `temperature` without truncation, seeded per request;
+    `paged_decode_kernel` False makes decode gather the KV, then attend; `cache_type_k/v`
+    are the KV cache's storage types (`mlxcel_core.cache.quant.CACHE_TYPES`); `draft` (a
+    loaded model) drafts for the model as `speculative` says.
+
+    Raises:
+        RuntimeError: a request failed.
+        ValueError: `draft` is given without `speculative`, or the reverse.
+    """
     context = len(prompts[0]) + gen_tokens + 1
     engine = Engine(
         loaded.model,
@@ -81,7 +105,12 @@ def run_mlxcel(
             ),
             context_size=context,
             enable_prefix_caching=False,
+            paged_decode_kernel=paged_decode_kernel,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+            speculative=speculative,
         ),
+        draft_model=None if draft is None else draft.model,
     )
     generation = GenerationConfig(context_size=context, max_tokens=gen_tokens)
     try:
@@ -105,6 +134,8 @@ def run_mlxcel(
         first_token_at: dict[int, float] = {}
         tokens = 0
         finished = 0
+        draft_tokens = 0
+        accepted_draft_tokens = 0
         while finished < len(prompts):
             output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
             if output.error is not None:
@@ -114,12 +145,19 @@ def run_mlxcel(
                 first_token_at.setdefault(output.index, time.perf_counter())
             if output.finish_reason is not None:
                 finished += 1
+                draft_tokens += output.stats.draft_tokens
+                accepted_draft_tokens += output.stats.accepted_draft_tokens
         end = time.perf_counter()
     finally:
         engine.shutdown()
     decode_start = max(first_token_at.values())
     decode_tokens = tokens - len(prompts)
-    return Run(decode_tokens / (end - decode_start), tokens / (end - start))
+    return Run(
+        decode_tokens / (end - decode_start),
+        tokens / (end - start),
+        draft_tokens,
+        accepted_draft_tokens,
+    )
 
 
 def run_mlx_lm(
@@ -149,6 +187,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--skip-mlx-lm", action="store_true")
+    parser.add_argument(
+        "--gather-attention",
+        action="store_true",
+        help="decode gathers each row's KV, then attends (no paged decode kernel)",
+    )
+    parser.add_argument("-ctk", "--cache-type-k", default="auto", help="mlxcel's KV key storage")
+    parser.add_argument("-ctv", "--cache-type-v", default="auto", help="mlxcel's KV value storage")
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
 
@@ -156,10 +201,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     loaded = load_model(args.model)
     vocab_size = loaded.tokenizer.vocab_size
     # The first run of each implementation compiles kernels; it is not reported.
-    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)
+    settings = {
+        "paged_decode_kernel": not args.gather_attention,
+        "cache_type_k": args.cache_type_k,
+        "cache_type_v": args.cache_type_v,
+    }
+    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8, **settings)
     for level in levels:
         prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
-        results["mlxcel", level] = run_mlxcel(loaded, prompts, args.gen_tokens, args.temperature)
+        results["mlxcel", level] = run_mlxcel(
+            loaded, prompts, args.gen_tokens, args.temperature, **settings
+        )
         print(f"mlxcel N={level}: {results['mlxcel', level]}", flush=True)
     del loaded
     gc.collect()

@@ -208,9 +208,14 @@ def test_arch_lists_the_families_and_what_they_support():
     code, out, _ = run_cli("arch", environ={})
     assert code == 0
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
-    assert set(rows) == {"llama", "mistral", "qwen2", "qwen3"}
+    text_families = {"llama", "mistral", "qwen2", "qwen3"}
+    assert text_families | {"qwen2_vl", "qwen2_5_vl"} <= set(rows)
     architectures = json.loads(run_cli("arch", "--json", environ={})[1])
-    for entry in architectures:
+    by_name = {entry["architecture"]: entry for entry in architectures}
+    for name in ("qwen2_vl", "qwen2_5_vl"):
+        assert by_name[name]["inputs"] == ["text", "vision"]
+        assert by_name[name]["formats"] == ["safetensors"]
+    for entry in (by_name[name] for name in text_families):
         assert entry["inputs"] == ["text"]
         assert entry["lora"] is True
         assert entry["tensor_parallel"] is True

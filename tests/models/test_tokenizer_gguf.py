@@ -270,3 +270,17 @@ def test_trained_sentencepiece_matches_llama_cpp(add_space_prefix: bool):
         assert ids == case[key], case["text"]
         if add_space_prefix and "<" not in case["text"]:
             assert tokenizer.decode(ids) == case["text"]
+
+
+def test_folder_chat_template_from_a_processors_chat_template_json(
+    smollm2: Tokenizer, tmp_path: Path
+):
+    smollm2.hf_tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").unlink()
+    template = "{{ messages[0]['content'] }}?"
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    folder = Tokenizer.from_folder(tmp_path)
+    assert folder.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi?"
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": 3}))
+    with pytest.raises(ModelLoadError, match=r"chat_template\.json holds no chat_template"):
+        Tokenizer.from_folder(tmp_path)

@@ -9,8 +9,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from llava_factory import IMAGE_TOKEN
+from mlx_lm.models import base, llama
 from PIL import Image
 
+from mlxcel_core.cache import DenseKVCache
 from mlxcel_core.images import ImageLanguageModel, RowImages
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_vision.loading import load_vision_model
@@ -113,3 +115,24 @@ def test_the_image_changes_the_logits_and_rows_are_checked(loaded):
             model.make_cache(),
             images=[RowImages(0, red.images), RowImages(0, ())],
         )
+
+
+class RecordingCache(DenseKVCache):
+    """A dense cache that computes attention (as zeros), counting its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def attention(self, queries, keys, values, *, scale, mask):
+        self.calls += 1
+        return mx.zeros_like(queries)
+
+
+def test_the_text_decoder_attends_through_caches_that_compute_attention(tiny_llava, monkeypatch):
+    # Undo the routing an earlier load in this process may have made, so this load must.
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", base.scaled_dot_product_attention)
+    model = load_vision_model(tiny_llava, compute=ComputeOptions(float_dtype=mx.float32)).model
+    caches = [RecordingCache() for _ in range(model.num_layers)]
+    model(mx.array([[1, 2, 3]]), caches)
+    assert [cache.calls for cache in caches] == [1] * model.num_layers

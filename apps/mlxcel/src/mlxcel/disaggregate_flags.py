@@ -3,28 +3,28 @@
 Both ranks run the same command line (`rank_group`). Rank 0 runs the server and the engine,
 which decodes; each new prompt goes to rank 1, which computes its KV blocks and sends their
 contents back over `mx.distributed` while rank 0 keeps decoding
-(`mlxcel_distributed.disaggregate_front`, `disaggregate_prefill`). llama-server has no such
-flag.
+(`mlxcel_distributed.disaggregate_front`, `disaggregate_prefill`). Rank 1's faults (an exit,
+a failed link, a prompt past its deadline) go to the pair's `health`; the server decides
+what they do (`stage_faults`). llama-server has no such flag.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from mlxcel.flags import Flag, RunError, UsageError
 from mlxcel.rank_group import form_group
-from mlxcel_core.engine import EngineConfig, RemotePrefill, RemotePrefillFactory
+from mlxcel_core.engine import EngineConfig, PrefillJob, RemotePrefill, RemotePrefillFactory
 from mlxcel_models.loaded import LoadedModel
 
 if TYPE_CHECKING:
-    from mlxcel_distributed import LocalRanks
+    from mlxcel_distributed import LocalRanks, PrefillDeadline, StageHealth
 
 DISAGGREGATE_FLAG = Flag(
     ("--disaggregate",),
@@ -88,33 +88,30 @@ class DisaggregatedRank:
 
     Attributes:
         is_front: rank 0, which runs the server and the decoding engine; rank 1 prefills.
+        health: rank 1's fault, as rank 0 sees it.
     """
 
     def __init__(
-        self, group: mx.distributed.Group, local_ranks: LocalRanks | None, err: TextIO
+        self, group: mx.distributed.Group, local_ranks: LocalRanks | None, health: StageHealth
     ) -> None:
         self._group = group
         self._local_ranks = local_ranks
-        self._err = err
         self._engine_started = False
         self.is_front = group.rank() == 0
+        self.health = health
 
-    def make_remote_prefill(self) -> RemotePrefillFactory:
-        """Rank 0's engine factory for where prompts are prefilled: rank 1. A failed link
-        ends the process with one line, as a dead local rank does."""
+    def make_remote_prefill(
+        self, on_failure: Callable[[BaseException], None], deadline: PrefillDeadline
+    ) -> RemotePrefillFactory:
+        """Rank 0's engine factory for where prompts are prefilled: rank 1, each job held
+        to `deadline`; a failed link is reported to `on_failure` (on the link's thread)."""
         distributed = _import_distributed()
-
-        def report_failure(error: BaseException) -> None:
-            print(f"mlxcel: error: the prefill rank's link failed: {error}", file=self._err,
-                  flush=True)  # fmt: skip
-            os._exit(1)
-
-        factory = distributed.make_prefill_client_factory(self._group, report_failure)
+        factory = distributed.make_prefill_client_factory(self._group, on_failure, deadline)
 
         def make_remote_prefill(storage, deliver) -> RemotePrefill:
             remote = factory(storage, deliver)
             self._engine_started = True
-            return remote
+            return _ExitExpectedOnClose(remote, self._local_ranks)
 
         return make_remote_prefill
 
@@ -127,30 +124,53 @@ class DisaggregatedRank:
             context: the context size rank 0's engine runs with (tokens).
 
         Raises:
-            RunError: a message from rank 0 is malformed.
+            RunError: a message from rank 0 is malformed, or rank 0 is gone.
         """
         config = replace(engine_config, context_size=context)
         try:
             _import_distributed().serve_prefills(loaded.model, config, self._group)
         except ValueError as error:
             raise RunError(f"rank 1: {error}") from error
+        # MLX's error when the link's peer is gone (see `mlxcel_distributed.stage_guard`).
+        except RuntimeError as error:
+            raise RunError(f"rank 1 lost the group: {error}") from error
         return 0
 
     def close(self) -> None:
         """On rank 0: wait for the local prefill rank to exit (its engine's shutdown told it
-        to), or stop it at once when the engine never started."""
+        to), or stop it at once when the engine never started or rank 1 is at fault (no
+        shutdown reached it)."""
         if not self.is_front or self._local_ranks is None:
             return
         self._local_ranks.stop_watching()
-        self._local_ranks.stop(PREFILL_STOP_SECONDS if self._engine_started else 0.0)
+        told_to_stop = self._engine_started and self.health.fault is None
+        self._local_ranks.stop(PREFILL_STOP_SECONDS if told_to_stop else 0.0)
+
+
+class _ExitExpectedOnClose(RemotePrefill):
+    """The engine's remote prefill, after whose closing (which sends rank 1 its shutdown)
+    a local rank 1's exit is expected, not a fault."""
+
+    def __init__(self, remote: RemotePrefill, local_ranks: LocalRanks | None) -> None:
+        self._remote = remote
+        self._local_ranks = local_ranks
+
+    def submit(self, job: PrefillJob) -> None:
+        self._remote.submit(job)
+
+    def close(self) -> None:
+        if self._local_ranks is not None:
+            self._local_ranks.stop_watching()
+        self._remote.close()
 
 
 @contextmanager
 def disaggregated_rank(
-    args: argparse.Namespace, environ: Mapping[str, str], err: TextIO
+    args: argparse.Namespace, environ: Mapping[str, str]
 ) -> Iterator[DisaggregatedRank | None]:
     """Join the pair of `--disaggregate` ranks (None without the flag), starting rank 1 on
     this machine unless a launcher started this process; on leaving, rank 0 stops it.
+    A local rank 1 that exits early is reported to the pair's `health`.
 
     Raises:
         RunError: the group cannot be formed, or the prefill rank cannot be started.
@@ -159,15 +179,15 @@ def disaggregated_rank(
         yield None
         return
     distributed = _import_distributed()
+    health = distributed.StageHealth()
 
     def report_exit(rank: int, code: int) -> None:
-        print(f"mlxcel: error: rank {rank} exited with code {code}", file=err, flush=True)
-        os._exit(1)
+        health.report(distributed.StageFault(rank, f"exited with code {code}"))
 
     group, local_ranks = form_group(
         distributed, args.argv, NUM_RANKS, "--disaggregate", environ, report_exit
     )
-    rank = DisaggregatedRank(group, local_ranks, err)
+    rank = DisaggregatedRank(group, local_ranks, health)
     try:
         yield rank
     finally:

@@ -53,6 +53,7 @@ from mlxcel.stage_faults import (
     STAGE_TIMEOUT_FLAG,
     check_stage_timeout,
     exit_now_if_degraded,
+    guard_prefill,
     guard_stages,
 )
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
@@ -347,14 +348,14 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     check_disaggregate(args, settings.engine)
     with (
         parallel_rank(args, environ, err, keep_front_up=True) as rank,
-        disaggregated_rank(args, environ, err) as pair,
+        disaggregated_rank(args, environ) as pair,
     ):
         if rank is not None and not rank.is_front:
             return _follow(args, settings, rank, err)
         if pair is not None and not pair.is_front:
             return _prefill(args, settings, pair, err)
         code = _serve(args, settings, rank, err, pair)
-    exit_now_if_degraded(rank, code)
+    exit_now_if_degraded(rank or pair, code)
     return code
 
 
@@ -390,8 +391,14 @@ def _serve(
     pair: DisaggregatedRank | None = None,
 ) -> int:
     load_models = _loader(args, settings, err, rank)
-    make_remote_prefill = None if pair is None else pair.make_remote_prefill()
     state = ServerState()
+    make_remote_prefill = (
+        None
+        if pair is None
+        else guard_prefill(
+            pair, state, args.stage_timeout, settings.engine.scheduler.max_prefill_chunk, err
+        )
+    )
     make_runner = (
         None
         if rank is None

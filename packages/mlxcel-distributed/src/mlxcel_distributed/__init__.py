@@ -7,10 +7,16 @@ starts a group on one machine, `group` joins one however it was started.
 `stage_guard` holds rank 0's steps to the stage timeout (`watchdog`), records the
 group's faults (`stage_health`) and measures the steps (`stage_metrics`). Disaggregated
 prefill runs prompts on a prefill rank (`disaggregate_prefill`) and hands their KV blocks
-to rank 0's engine (`disaggregate_front`, `kv_transfer`).
+to rank 0's engine (`disaggregate_front`, `kv_transfer`), each job held to a deadline by
+the same watchdog.
 """
 
-from mlxcel_distributed.disaggregate_front import PrefillClient, make_prefill_client_factory
+from mlxcel_distributed.disaggregate_front import (
+    PREFILL_RANK,
+    PrefillClient,
+    PrefillDeadline,
+    make_prefill_client_factory,
+)
 from mlxcel_distributed.disaggregate_prefill import PrefillWorker, serve_prefills
 from mlxcel_distributed.group import GroupError, join_group
 from mlxcel_distributed.kv_transfer import BlockLayout, block_layout, pack_blocks, unpack_blocks
@@ -48,6 +54,7 @@ from mlxcel_distributed.watchdog import StepWatchdog
 
 __all__ = [
     "PIPELINE_FAMILIES",
+    "PREFILL_RANK",
     "READY_FD_VARIABLE",
     "BlockLayout",
     "GroupError",
@@ -59,6 +66,7 @@ __all__ = [
     "Message",
     "PipelineStage",
     "PrefillClient",
+    "PrefillDeadline",
     "PrefillWorker",
     "Shutdown",
     "StageFault",

@@ -3,7 +3,9 @@
 
 A job travels as a fixed header of `HEADER_INTS` ints (kind, sequence id, attempt, first
 block, block count, token count) then, for a prefill, its token ids; a shutdown is a
-header alone. The reply is `kv_transfer.pack_blocks` of the job's blocks.
+header alone. The reply is `kv_transfer.pack_blocks` of the job's blocks. Before any job,
+the prefill rank sends one int saying it takes jobs: each job is held to a deadline from
+its sending, which must not include the prefill rank's own start.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from mlxcel_core.engine import PrefillJob
 HEADER_INTS = 6
 _PREFILL = 1
 _SHUTDOWN = 2
+_READY = 3
 
 
 def send_job(job: PrefillJob | None, peer: int, group: mx.distributed.Group) -> None:
@@ -44,6 +47,22 @@ def receive_job(peer: int, group: mx.distributed.Group) -> PrefillJob | None:
         raise ValueError(f"not a prefill job header: {header}")
     tokens = mx.distributed.recv((num_tokens,), mx.int32, peer, group=group).tolist()
     return PrefillJob(seq_id, attempt, tuple(tokens), first_block, num_blocks)
+
+
+def send_ready(peer: int, group: mx.distributed.Group) -> None:
+    """Tell rank `peer` this rank takes jobs now, blocking until it is sent."""
+    mx.eval(mx.distributed.send(_header(_READY), peer, group=group))
+
+
+def receive_ready(peer: int, group: mx.distributed.Group) -> None:
+    """Wait until rank `peer` says it takes jobs.
+
+    Raises:
+        ValueError: the message is not that.
+    """
+    (kind,) = mx.distributed.recv((1,), mx.int32, peer, group=group).tolist()
+    if kind != _READY:
+        raise ValueError(f"expected the prefill rank's ready signal, got {kind}")
 
 
 def _header(*ints: int) -> mx.array:

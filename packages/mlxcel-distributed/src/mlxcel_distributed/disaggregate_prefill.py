@@ -18,7 +18,7 @@ from mlxcel_core.engine.config import make_kv_storage, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import returned_block_ids
 from mlxcel_core.generate import LanguageModel
-from mlxcel_distributed.disaggregate_messages import receive_job
+from mlxcel_distributed.disaggregate_messages import receive_job, send_ready
 from mlxcel_distributed.kv_transfer import pack_blocks
 
 FRONT_RANK = 0
@@ -96,8 +96,8 @@ class PrefillWorker:
 
 
 def serve_prefills(model: LanguageModel, config: EngineConfig, group: mx.distributed.Group) -> int:
-    """The prefill rank's whole life: compute each job the front sends and send its KV
-    back, until the front shuts down.
+    """The prefill rank's whole life: build its KV cache, tell the front it takes jobs,
+    then compute each job the front sends and send its KV back, until the front shuts down.
 
     Returns:
         The number of prompts prefilled.
@@ -107,6 +107,7 @@ def serve_prefills(model: LanguageModel, config: EngineConfig, group: mx.distrib
         ValueError: a message from the front is malformed.
     """
     worker = PrefillWorker(model, config)
+    send_ready(FRONT_RANK, group)
     num_jobs = 0
     while (job := receive_job(FRONT_RANK, group)) is not None:
         packed = pack_blocks(worker.prefill(job))

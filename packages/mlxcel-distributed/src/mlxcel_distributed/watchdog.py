@@ -1,9 +1,10 @@
-"""A deadline on each lockstep step, watched from a thread of its own.
+"""A deadline on each step rank 0 waits on other ranks for (a lockstep step, a prefill
+job), watched from a thread of its own.
 
 A collective whose peer has died raises at once on the ring backend, but one whose peer
-hangs (stopped, deadlocked, swapped out) blocks rank 0's engine thread inside MLX with no
-way to interrupt it. The watchdog sees such a step overrun the stage timeout and reports
-it, so the server can answer while the engine thread is stuck.
+hangs (stopped, deadlocked, swapped out) blocks the waiting thread inside MLX with no
+way to interrupt it. The watchdog sees such a step overrun its limit and reports it, so
+the server can answer while that thread is stuck.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from contextlib import contextmanager
 
 
 class StepWatchdog:
-    """Calls `on_overrun` once when a step runs longer than `timeout` seconds.
+    """Calls `on_overrun` once when a step runs longer than its limit: `timeout` seconds,
+    or the limit the step was given.
 
     Args:
         timeout: the stage timeout (seconds, > 0).
@@ -32,15 +34,23 @@ class StepWatchdog:
         self._on_overrun = on_overrun
         self._condition = threading.Condition()
         self._started_at: float | None = None
+        self._limit = timeout
         self._closed = False
         self._thread = threading.Thread(target=self._watch, name="mlxcel-watchdog", daemon=True)
         self._thread.start()
 
     @contextmanager
-    def step(self) -> Iterator[None]:
-        """Time the body as one step."""
+    def step(self, limit: float | None = None) -> Iterator[None]:
+        """Time the body as one step, held to `limit` seconds (None: `timeout`).
+
+        Raises:
+            ValueError: `limit` is not positive.
+        """
+        if limit is not None and limit <= 0:
+            raise ValueError(f"limit must be > 0 seconds, got {limit}")
         with self._condition:
             self._started_at = time.monotonic()
+            self._limit = self.timeout if limit is None else limit
             self._condition.notify_all()
         try:
             yield
@@ -64,8 +74,8 @@ class StepWatchdog:
                     self._condition.wait()
                     continue
                 elapsed = time.monotonic() - started_at
-                if elapsed < self.timeout:
-                    self._condition.wait(self.timeout - elapsed)
+                if elapsed < self._limit:
+                    self._condition.wait(self._limit - elapsed)
                     continue
                 break
             else:

@@ -8,13 +8,15 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxcel_core.cache import DenseKVCache, KVCache
+from mlxcel_models.cache_attention import route_attention_through_caches
 
 
 class MlxLmLanguageModel:
     """An mlx-lm decoder (`model.model` body, then a tied or separate LM head).
 
     Runs the body on all positions but the LM head only where logits are needed: during
-    prefill that saves a (L, hidden) x (hidden, vocab) matmul per chunk.
+    prefill that saves a (L, hidden) x (hidden, vocab) matmul per chunk. Its attention
+    layers let caches that compute attention do so (`route_attention_through_caches`).
 
     Args:
         module: an mlx-lm `Model` whose `model` attribute is the decoder body and whose
@@ -25,6 +27,7 @@ class MlxLmLanguageModel:
         self.module = module
         self._body = module.model
         self._tied = bool(module.args.tie_word_embeddings)
+        route_attention_through_caches(module)
 
     @property
     def num_layers(self) -> int:

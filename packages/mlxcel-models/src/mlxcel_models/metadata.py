@@ -84,6 +84,10 @@ FAMILIES: dict[str, FamilyMetadata] = {
         ),
         FamilyMetadata("llava", ModelKind.VLM, _SAFETENSORS_ONLY, False),
         FamilyMetadata("llava_next", ModelKind.VLM, _SAFETENSORS_ONLY, False),
+        FamilyMetadata("qwen2_vl", ModelKind.VLM, _SAFETENSORS_ONLY, False),
+        FamilyMetadata("qwen2_5_vl", ModelKind.VLM, _SAFETENSORS_ONLY, False),
+        FamilyMetadata("idefics3", ModelKind.VLM, _SAFETENSORS_ONLY, False),
+        FamilyMetadata("smolvlm", ModelKind.VLM, _SAFETENSORS_ONLY, False),
     )
 }
 

@@ -15,6 +15,7 @@ ACTIVATIONS: dict[str, Callable[[mx.array], mx.array]] = {
     "quick_gelu": nn.gelu_fast_approx,
     "gelu_new": nn.gelu_approx,
     "gelu_pytorch_tanh": nn.gelu_approx,
+    "silu": nn.silu,
 }
 """transformers' `ACT2FN` names and the MLX functions computing the same thing."""
 

@@ -20,7 +20,7 @@ from mlxcel_models.metadata import ModelKind, family_for
 from mlxcel_models.mlx_lm_models import count_parameters
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_models.vlm_config import vlm_text_config
-from mlxcel_vision.families import llava
+from mlxcel_vision.families import idefics3, llava, qwen2_vl
 from mlxcel_vision.family import VisionParts
 from mlxcel_vision.model import VisionLanguageModel
 from mlxcel_vision.prompter import VisionPrompter
@@ -31,6 +31,10 @@ FamilyLoader = Callable[[Path, dict[str, Any], ComputeOptions], VisionParts]
 VISION_FAMILIES: dict[str, FamilyLoader] = {
     "llava": llava.load_parts,
     "llava_next": llava.load_parts,
+    "qwen2_vl": qwen2_vl.load_parts,
+    "qwen2_5_vl": qwen2_vl.load_parts,
+    "idefics3": idefics3.load_parts,
+    "smolvlm": idefics3.load_parts,
 }
 """The loader of each vision-language `model_type`."""
 

@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from mlxcel_core.cache import KVCache
 from mlxcel_core.images import RowImages
+from mlxcel_models.cache_attention import route_attention_through_caches
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.mlx_lm_models import make_mlx_lm_model
 
@@ -33,7 +34,9 @@ def make_text_model(text_config: dict[str, Any]) -> nn.Module:
 class MlxLmTextDecoder:
     """An mlx-lm decoder (`module.model`, then a tied or separate LM head) on embeddings.
 
-    Models whose positions do not depend on images (plain RoPE) ignore `images`.
+    Models whose positions do not depend on images (plain RoPE) ignore `images`. Its
+    attention layers let caches that compute attention do so (the paged decode kernel,
+    `route_attention_through_caches`).
 
     Args:
         module: an mlx-lm `Model` whose body accepts `input_embeddings` (llama, mistral,
@@ -44,6 +47,7 @@ class MlxLmTextDecoder:
         self.module = module
         self._body = module.model
         self._tied = bool(module.args.tie_word_embeddings)
+        route_attention_through_caches(module)
 
     @property
     def num_layers(self) -> int:

@@ -1,6 +1,6 @@
 """KV caches: the protocol model code calls, and its implementations."""
 
 from mlxcel_core.cache.dense import DenseKVCache, make_causal_mask
-from mlxcel_core.cache.protocol import AttentionMask, KVCache
+from mlxcel_core.cache.protocol import AttentionCache, AttentionMask, KVCache
 
-__all__ = ["AttentionMask", "DenseKVCache", "KVCache", "make_causal_mask"]
+__all__ = ["AttentionCache", "AttentionMask", "DenseKVCache", "KVCache", "make_causal_mask"]

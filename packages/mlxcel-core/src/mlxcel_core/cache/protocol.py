@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import mlx.core as mx
 
@@ -41,4 +41,24 @@ class KVCache(Protocol):
 
     def trim(self, num_tokens: int) -> int:
         """Drop up to `num_tokens` most recent positions; return how many were dropped."""
+        ...
+
+
+@runtime_checkable
+class AttentionCache(Protocol):
+    """A cache that computes attention over what it stores, in place of the model's
+    `scaled_dot_product_attention`, so it can read its storage directly."""
+
+    def attention(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        *,
+        scale: float,
+        mask: AttentionMask,
+    ) -> mx.array:
+        """Attention of `queries` (B, H_q, L, D_k) over the keys (B, H_kv, S, D_k) and
+        values (B, H_kv, S, D_v) `update_and_fetch` returned, under `mask` (as
+        `make_mask` gave it); (B, H_q, L, D_v) in the queries' dtype."""
         ...

@@ -37,6 +37,9 @@ class EngineConfig:
         cache_type_k: how the KV cache stores keys, one of
             `mlxcel_core.cache.quant.CACHE_TYPES`; "auto" keeps the model's own dtype.
         cache_type_v: how the KV cache stores values.
+        paged_decode_kernel: decode passes attend straight from the KV pools where a
+            kernel serves the device (`PagedKVStorage`'s `decode_kernel`); False keeps
+            gathering each row's keys and values, then attending.
 
     Raises:
         ValueError: a setting is out of range.
@@ -54,6 +57,7 @@ class EngineConfig:
     max_consecutive_failures: int = 3
     cache_type_k: str = AUTO
     cache_type_v: str = AUTO
+    paged_decode_kernel: bool = True
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
@@ -124,4 +128,5 @@ def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int
         num_blocks,
         cache_type_k=config.cache_type_k,
         cache_type_v=config.cache_type_v,
+        decode_kernel=config.paged_decode_kernel,
     )

@@ -138,9 +138,10 @@ class Tokenizer:
         """Load the tokenizer of a Hugging Face / mlx-lm model folder.
 
         Reads `tokenizer.json` and `tokenizer_config.json`; the chat template comes from
-        `tokenizer_config.json` or `chat_template.jinja`. End-of-generation ids add those of
-        `generation_config.json` and `config.json` (`eos_token_id`, an id or a list) to the
-        tokenizer's EOS. Nothing is downloaded.
+        `tokenizer_config.json` or `chat_template.jinja`, else from a processor's
+        `chat_template.json` (vision-language folders keep it there). End-of-generation
+        ids add those of `generation_config.json` and `config.json` (`eos_token_id`, an id
+        or a list) to the tokenizer's EOS. Nothing is downloaded.
 
         Raises:
             ModelLoadError: the folder has no `tokenizer.json`, or a file cannot be read.
@@ -152,6 +153,8 @@ class Tokenizer:
             hf_tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError) as error:
             raise ModelLoadError(f"cannot load the tokenizer in {folder}: {error}") from error
+        if hf_tokenizer.chat_template is None:
+            hf_tokenizer.chat_template = _processor_chat_template(folder)
         backend = hf_tokenizer.backend_tokenizer
         explicit = {hf_tokenizer.eos_token_id} - {None}
         for name in ("generation_config.json", "config.json"):
@@ -348,3 +351,22 @@ def _configured_eos_ids(path: Path) -> set[int]:
     if value is None:
         return set()
     return {value} if isinstance(value, int) else set(value)
+
+
+def _processor_chat_template(folder: Path) -> str | None:
+    """The template in a processor's `chat_template.json` (`{"chat_template": ...}`), or
+    None without one.
+
+    Raises:
+        ModelLoadError: the file exists but holds no template text.
+    """
+    path = folder / "chat_template.json"
+    if not path.is_file():
+        return None
+    try:
+        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
+        raise ModelLoadError(f"cannot read {path}: {error}") from error
+    if not isinstance(template, str):
+        raise ModelLoadError(f"{path} holds no chat_template text")
+    return template

@@ -11,6 +11,7 @@ import numpy as np
 
 from mlxcel_core.cache.paged.storage import PagedKVStorage
 from mlxcel_core.cache.protocol import AttentionMask
+from mlxcel_core.kernels.paged_attention import paged_decode_attention, uses_decode_kernel
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class PagedBatch:
         last_positions = np.minimum(query_positions, lengths[:, None] - 1)
         write = np.where(is_real_query, np.take_along_axis(read, last_positions, 1), 0)
         self.offsets = mx.array(offsets)
+        # Decode attention reads the pools through these; -1 padding reads block 0.
+        self.block_tables = mx.array(np.maximum(tables, 0))
+        self.context_lengths = mx.array(lengths)
         self.read_slots = mx.array(read)
         self.write_slots = mx.array(write.reshape(-1))
         self._query_positions = query_positions
@@ -104,10 +108,12 @@ class PagedBatch:
 
 
 class PagedLayerCache:
-    """One layer's view of the paged cache during one forward pass (the `KVCache` protocol).
+    """One layer's view of the paged cache during one forward pass (the `KVCache` and
+    `AttentionCache` protocols).
 
     `offset` is a (B,) int32 array, which RoPE applies per row; `update_and_fetch` stores the
-    new keys and values in their slots, then gathers each row's whole context.
+    new keys and values in their slots, then gathers each row's whole context (lazily: a
+    decode pass whose `attention` reads the pools never evaluates that gather).
     """
 
     def __init__(self, storage: PagedKVStorage, layer: int, batch: PagedBatch) -> None:
@@ -142,6 +148,68 @@ class PagedLayerCache:
     def trim(self, num_tokens: int) -> int:
         """Paged views never drop positions; sequences shrink through the KV manager."""
         return 0
+
+    def attention(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        *,
+        scale: float,
+        mask: AttentionMask,
+    ) -> mx.array:
+        """Attention of this pass's queries over the keys and values `update_and_fetch`
+        returned.
+
+        A decode pass (one query per row) over unquantized pools, under the batch's own
+        unwindowed mask, reads the pools through the block tables when a kernel serves the
+        device (`mlxcel_core.kernels.paged_attention`); any other pass attends to the
+        gathered keys and values with `mx.fast.scaled_dot_product_attention`.
+
+        Args:
+            queries: (B, H_q, L, D_k), H_q a multiple of H_kv.
+            keys: (B, H_kv, S, D_k), as `update_and_fetch` returned them.
+            values: (B, H_kv, S, D_v).
+            scale: multiplier of the query-key dot products.
+            mask: the mask `make_mask` gave the model.
+
+        Returns:
+            (B, H_q, L, D_v) in the queries' dtype.
+        """
+        pools = self._decode_pools(queries, mask)
+        if pools is None:
+            return mx.fast.scaled_dot_product_attention(
+                queries, keys, values, scale=scale, mask=mask
+            )
+        batch = self._batch
+        return paged_decode_attention(
+            queries,
+            *pools,
+            batch.block_tables,
+            batch.context_lengths,
+            block_size=self._storage.block_size,
+            scale=scale,
+        )
+
+    def _decode_pools(
+        self, queries: mx.array, mask: AttentionMask
+    ) -> tuple[mx.array, mx.array] | None:
+        """The pools to attend from directly, or None for the gather path."""
+        storage, batch = self._storage, self._batch
+        if not storage.decode_kernel or batch.num_queries != 1:
+            return None
+        if mask is not None and mask is not batch.mask():
+            return None
+        pools = storage.unquantized_pools(self._layer)
+        if pools is None:
+            return None
+        key_pool, value_pool = pools
+        _, H_q, _, D = queries.shape
+        if key_pool.dtype != queries.dtype or not uses_decode_kernel(
+            mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
+        ):
+            return None
+        return pools
 
 
 def make_layer_caches(storage: PagedKVStorage, batch: PagedBatch) -> list[PagedLayerCache]:

@@ -67,6 +67,9 @@ class PagedKVStorage:
         max_blocks: the most blocks the pools may ever hold.
         cache_type_k: how keys are stored (`mlxcel_core.cache.quant.CACHE_TYPES`).
         cache_type_v: how values are stored.
+        decode_kernel: let decode passes attend straight from unquantized pools with
+            `mlxcel_core.kernels.paged_attention` where a kernel serves the device; False
+            keeps the gather-then-attend path everywhere.
 
     Raises:
         ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, or a cache type
@@ -81,6 +84,7 @@ class PagedKVStorage:
         *,
         cache_type_k: str = AUTO,
         cache_type_v: str = AUTO,
+        decode_kernel: bool = True,
     ) -> None:
         if not layers:
             raise ValueError("layers must describe at least one attention layer")
@@ -95,6 +99,7 @@ class PagedKVStorage:
         self.max_blocks = max_blocks
         self.cache_type_k = cache_type_k
         self.cache_type_v = cache_type_v
+        self.decode_kernel = decode_kernel
         self.capacity_blocks = 0
         self._key_codecs = [make_kv_codec(cache_type_k, g.key_dim) for g in layers]
         self._value_codecs = [make_kv_codec(cache_type_v, g.value_dim) for g in layers]
@@ -173,6 +178,13 @@ class PagedKVStorage:
         keys = _load(self.keys[layer], self._key_codecs[layer], slots, dtype)
         values = _load(self.values[layer], self._value_codecs[layer], slots, dtype)
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
+
+    def unquantized_pools(self, layer: int) -> tuple[mx.array, mx.array] | None:
+        """The layer's key pool (slots, H_kv, D_k) and value pool (slots, H_kv, D_v) as
+        stored, when both hold the layer's own dtype (cache type "auto"); else None."""
+        if self._key_codecs[layer] is not None or self._value_codecs[layer] is not None:
+            return None
+        return self.keys[layer][0], self.values[layer][0]
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         """Copy whole blocks (copy-on-write), every layer, before the step that writes them."""

@@ -1,0 +1,83 @@
+"""Decode attention over a paged KV cache, read through the block tables.
+
+`paged_decode_attention` runs the CUDA kernels on a CUDA device for layers they support,
+and the plain-MLX reference everywhere else (docs/adr/0015-paged-decode-kernel.md).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxcel_core.kernels.paged_attention import cuda
+from mlxcel_core.kernels.paged_attention.cuda import paged_decode_attention_cuda
+from mlxcel_core.kernels.paged_attention.metal import paged_decode_attention_metal
+from mlxcel_core.kernels.paged_attention.reference import (
+    gather_context,
+    paged_decode_attention_reference,
+)
+
+
+def uses_decode_kernel(
+    device: mx.Device,
+    dtype: mx.Dtype,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    value_dim: int,
+) -> bool:
+    """Whether `paged_decode_attention` runs a kernel for this layer on `device`: a GPU
+    whose backend is CUDA, and a layer the CUDA kernels support."""
+    return (
+        device.type == mx.DeviceType.gpu
+        and mx.cuda.is_available()
+        and cuda.supports(dtype, num_q_heads // num_kv_heads, head_dim, value_dim)
+    )
+
+
+def paged_decode_attention(
+    queries: mx.array,
+    key_pool: mx.array,
+    value_pool: mx.array,
+    block_tables: mx.array,
+    context_lengths: mx.array,
+    *,
+    block_size: int,
+    scale: float,
+) -> mx.array:
+    """One query per row attending to that row's positions in the paged pools.
+
+    Arguments and result as `paged_decode_attention_reference`. On the default device,
+    `uses_decode_kernel` decides between the CUDA kernels and that reference.
+    """
+    _, H_q, _, D = queries.shape
+    if uses_decode_kernel(
+        mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
+    ):
+        return paged_decode_attention_cuda(
+            queries,
+            key_pool,
+            value_pool,
+            block_tables,
+            context_lengths,
+            block_size=block_size,
+            scale=scale,
+        )
+    return paged_decode_attention_reference(
+        queries,
+        key_pool,
+        value_pool,
+        block_tables,
+        context_lengths,
+        block_size=block_size,
+        scale=scale,
+    )
+
+
+__all__ = [
+    "gather_context",
+    "paged_decode_attention",
+    "paged_decode_attention_cuda",
+    "paged_decode_attention_metal",
+    "paged_decode_attention_reference",
+    "uses_decode_kernel",
+]
