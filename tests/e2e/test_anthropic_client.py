@@ -3,10 +3,13 @@ count tokens, stop sequences and typed errors."""
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Iterator
 
 import anthropic
 import pytest
+from PIL import Image
 
 from live_server import LiveServer
 
@@ -70,12 +73,15 @@ def test_stop_sequences_and_max_tokens(client):
 
 
 def test_errors_are_the_clients_typed_exceptions(client, server):
-    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), "red").save(png, format="PNG")
+    data = base64.b64encode(png.getvalue()).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
     with pytest.raises(anthropic.BadRequestError) as bad:
         ask(client, messages=[{"role": "user", "content": [image]}])
     assert bad.value.status_code == 400
     assert bad.value.body["error"]["type"] == "invalid_request_error"
-    assert "image blocks are not supported" in bad.value.message
+    assert "has no vision support" in bad.value.message
     with pytest.raises(anthropic.NotFoundError):
         ask(client, model="claude-opus-4-1")
     stranger = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
