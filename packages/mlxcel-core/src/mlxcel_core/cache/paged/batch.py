@@ -12,7 +12,14 @@ import numpy as np
 from mlxcel_core.cache.paged.centering import RowAnchors
 from mlxcel_core.cache.paged.storage import PagedKVStorage
 from mlxcel_core.cache.protocol import AttentionMask
-from mlxcel_core.kernels.paged_attention import paged_decode_attention, uses_decode_kernel
+from mlxcel_core.cache.quant.turbo import TurboQuantCodec
+from mlxcel_core.kernels.paged_attention import (
+    TurboPool,
+    paged_decode_attention,
+    turbo_decode_attention_cuda,
+    uses_decode_kernel,
+    uses_turbo_decode_kernel,
+)
 
 
 @dataclass(frozen=True)
@@ -183,10 +190,11 @@ class PagedLayerCache:
         """Attention of this pass's queries over the keys and values `update_and_fetch`
         returned.
 
-        A decode pass (one query per row) over unquantized pools, under the batch's own
-        unwindowed mask, reads the pools through the block tables when a kernel serves the
-        device (`mlxcel_core.kernels.paged_attention`); any other pass attends to the
-        gathered keys and values with `mx.fast.scaled_dot_product_attention`.
+        A decode pass (one query per row) under the batch's own unwindowed mask reads the
+        pools through the block tables when a kernel serves the device and the pools'
+        types (`mlxcel_core.kernels.paged_attention`: unquantized pools of the queries'
+        dtype, or TurboQuant keys and values); any other pass attends to the gathered keys
+        and values with `mx.fast.scaled_dot_product_attention`.
 
         Args:
             queries: (B, H_q, L, D_k), H_q a multiple of H_kv.
@@ -198,40 +206,74 @@ class PagedLayerCache:
         Returns:
             (B, H_q, L, D_v) in the queries' dtype.
         """
-        pools = self._decode_pools(queries, mask)
-        if pools is None:
-            return mx.fast.scaled_dot_product_attention(
-                queries, keys, values, scale=scale, mask=mask
-            )
+        if self._decodes_from_pools(mask):
+            attended = self._attend_from_pools(queries, scale)
+            if attended is not None:
+                return attended
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    def _decodes_from_pools(self, mask: AttentionMask) -> bool:
+        """A decode pass under the batch's own unwindowed mask, with kernels allowed."""
         batch = self._batch
-        return paged_decode_attention(
+        return (
+            self._storage.decode_kernel
+            and batch.num_queries == 1
+            and (mask is None or mask is batch.mask())
+        )
+
+    def _attend_from_pools(self, queries: mx.array, scale: float) -> mx.array | None:
+        """Decode attention by a kernel reading this layer's pools, or None where no kernel
+        serves the pools' types on the default device."""
+        storage, batch = self._storage, self._batch
+        _, H_q, _, D = queries.shape
+        device = mx.default_device()
+        key_codec, value_codec = storage.codecs(self._layer)
+        if key_codec is None and value_codec is None:
+            key_pool, value_pool = storage.keys[self._layer][0], storage.values[self._layer][0]
+            if key_pool.dtype != queries.dtype or not uses_decode_kernel(
+                device, key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
+            ):
+                return None
+            return paged_decode_attention(
+                queries,
+                key_pool,
+                value_pool,
+                batch.block_tables,
+                batch.context_lengths,
+                block_size=storage.block_size,
+                scale=scale,
+            )
+        if not isinstance(key_codec, TurboQuantCodec) or not isinstance(
+            value_codec, TurboQuantCodec
+        ):
+            return None
+        geometry = storage.layers[self._layer]
+        if not uses_turbo_decode_kernel(
+            device,
+            H_q,
+            geometry.num_kv_heads,
+            geometry.key_dim,
+            geometry.value_dim,
+            key_codec.bits,
+            value_codec.bits,
+        ):
+            return None
+        return turbo_decode_attention_cuda(
             queries,
-            *pools,
+            _turbo_pool(storage.keys[self._layer], key_codec),
+            _turbo_pool(storage.values[self._layer], value_codec),
+            key_codec.rotation,
+            key_codec.signs,
             batch.block_tables,
             batch.context_lengths,
-            block_size=self._storage.block_size,
+            block_size=storage.block_size,
             scale=scale,
         )
 
-    def _decode_pools(
-        self, queries: mx.array, mask: AttentionMask
-    ) -> tuple[mx.array, mx.array] | None:
-        """The pools to attend from directly, or None for the gather path."""
-        storage, batch = self._storage, self._batch
-        if not storage.decode_kernel or batch.num_queries != 1:
-            return None
-        if mask is not None and mask is not batch.mask():
-            return None
-        pools = storage.unquantized_pools(self._layer)
-        if pools is None:
-            return None
-        key_pool, value_pool = pools
-        _, H_q, _, D = queries.shape
-        if key_pool.dtype != queries.dtype or not uses_decode_kernel(
-            mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
-        ):
-            return None
-        return pools
+
+def _turbo_pool(pool: Sequence[mx.array], codec: TurboQuantCodec) -> TurboPool:
+    codes, scales, positions, outliers = pool
+    return TurboPool(codes, scales, positions, outliers, codec.levels, codec.bits)
 
 
 def make_layer_caches(storage: PagedKVStorage, batch: PagedBatch) -> list[PagedLayerCache]:

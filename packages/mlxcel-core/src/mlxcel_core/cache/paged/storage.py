@@ -75,9 +75,9 @@ class PagedKVStorage:
         max_blocks: the most blocks the pools may ever hold.
         cache_type_k: how keys are stored (`mlxcel_core.cache.quant.CACHE_TYPES`).
         cache_type_v: how values are stored.
-        decode_kernel: let decode passes attend straight from unquantized pools with
-            `mlxcel_core.kernels.paged_attention` where a kernel serves the device; False
-            keeps the gather-then-attend path everywhere.
+        decode_kernel: let decode passes attend straight from the pools with
+            `mlxcel_core.kernels.paged_attention` where a kernel serves the device and the
+            pools' types; False keeps the gather-then-attend path everywhere.
 
     Raises:
         ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, or a cache type
@@ -200,12 +200,10 @@ class PagedKVStorage:
         values = _load(self.values[layer], self._value_codecs[layer], slots, dtype, None)
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
-    def unquantized_pools(self, layer: int) -> tuple[mx.array, mx.array] | None:
-        """The layer's key pool (slots, H_kv, D_k) and value pool (slots, H_kv, D_v) as
-        stored, when both hold the layer's own dtype (cache type "auto"); else None."""
-        if self._key_codecs[layer] is not None or self._value_codecs[layer] is not None:
-            return None
-        return self.keys[layer][0], self.values[layer][0]
+    def codecs(self, layer: int) -> tuple[KVCodec | None, KVCodec | None]:
+        """The codecs of the layer's key and value pools; None for one that stores the
+        layer's own dtype (cache type "auto")."""
+        return self._key_codecs[layer], self._value_codecs[layer]
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         """Copy whole blocks (copy-on-write), every layer, before the step that writes them."""

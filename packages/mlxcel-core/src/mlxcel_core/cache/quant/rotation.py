@@ -26,12 +26,26 @@ def hadamard_rotation(head_dim: int) -> np.ndarray:
     Raises:
         ValueError: `head_dim` is not a power of two.
     """
-    if not is_power_of_two(head_dim):
-        raise ValueError(f"head_dim must be a power of two, got {head_dim}")
     hadamard = np.ones((1, 1))
     while hadamard.shape[0] < head_dim:
         hadamard = np.block([[hadamard, hadamard], [hadamard, -hadamard]])
-    signs = np.random.default_rng([ROTATION_SEED, head_dim]).choice([-1.0, 1.0], head_dim)
+    signs = rotation_signs(head_dim).astype(np.float64)
     rotation = (signs[:, None] * hadamard / np.sqrt(head_dim)).astype(np.float32)
     rotation.setflags(write=False)
     return rotation
+
+
+@functools.cache
+def rotation_signs(head_dim: int) -> np.ndarray:
+    """The (D,) float32 random signs s of R: R[p, i] = s[p] (-1)^popcount(p & i) / sqrt(D),
+    Sylvester's H having entry (-1)^popcount(p & i), so a kernel can form any entry of R.
+
+    Raises:
+        ValueError: `head_dim` is not a power of two.
+    """
+    if not is_power_of_two(head_dim):
+        raise ValueError(f"head_dim must be a power of two, got {head_dim}")
+    signs = np.random.default_rng([ROTATION_SEED, head_dim]).choice([-1.0, 1.0], head_dim)
+    signs = signs.astype(np.float32)
+    signs.setflags(write=False)
+    return signs

@@ -56,7 +56,7 @@ import mlx.core as mx
 from mlxcel_core.cache.quant.bitpack import pack_bits, packed_width, unpack_bits
 from mlxcel_core.cache.quant.lloyd_max import gaussian_codebook
 from mlxcel_core.cache.quant.protocol import Component
-from mlxcel_core.cache.quant.rotation import hadamard_rotation, is_power_of_two
+from mlxcel_core.cache.quant.rotation import hadamard_rotation, is_power_of_two, rotation_signs
 
 MIN_HEAD_DIM = 8
 # One outlier feature per 64 keeps turbo4 under 0.3x float16's bytes at D = 64 and 128.
@@ -81,6 +81,12 @@ class TurboQuantCodec:
         head_dim: features per head (D), a power of two >= 8.
         bits: bits per coordinate, 1 to 8.
 
+    Attributes (what a kernel reading the codes needs):
+        rotation: (D, D) float32 R, `rotation.hadamard_rotation`.
+        signs: (D,) float32 random signs of R, `rotation.rotation_signs`.
+        levels: (2**bits,) float32 reconstruction levels of a rotated coordinate.
+        outliers: outlier features per head-vector.
+
     Raises:
         ValueError: `head_dim` is not a power of two >= 8, or `bits` is outside [1, 8].
     """
@@ -103,13 +109,23 @@ class TurboQuantCodec:
             Component(self.outliers, position_dtype),
             Component(self.outliers, mx.float16),
         )
-        self._rotation = mx.array(hadamard_rotation(head_dim))
-        self._inverse_rotation = self._rotation.T
-        self._levels = mx.array(codebook.levels, dtype=mx.float32) * scale
+        self.head_dim = head_dim
+        self.rotation = mx.array(hadamard_rotation(head_dim))
+        self.signs = mx.array(rotation_signs(head_dim))
+        self.levels = mx.array(codebook.levels, dtype=mx.float32) * scale
         self._boundaries = mx.array(codebook.boundaries, dtype=mx.float32) * scale
+        # Compiled, the ~30 small operations of each run as a few fused kernels: a decode
+        # step encodes one position per row and layer, where launches cost the most.
+        self._encode = mx.compile(self._encode_float32)
+        self._decode = mx.compile(self._decode_float32)
 
     def encode(self, x: mx.array) -> tuple[mx.array, ...]:
-        x = x.astype(mx.float32)
+        return self._encode(x.astype(mx.float32))
+
+    def decode(self, parts: Sequence[mx.array], dtype: mx.Dtype) -> mx.array:
+        return self._decode(*parts).astype(dtype)
+
+    def _encode_float32(self, x: mx.array) -> tuple[mx.array, ...]:
         positions = mx.argpartition(-mx.abs(x), kth=self.outliers - 1, axis=-1)
         positions = positions[..., : self.outliers]
         outliers = mx.take_along_axis(x, positions, axis=-1)
@@ -117,9 +133,9 @@ class TurboQuantCodec:
         norm = mx.sqrt(mx.sum(rest * rest, axis=-1, keepdims=True))
         unit = rest / mx.where(norm > 0, norm, 1.0)
         # A dense (D, D) product: one operation, where the butterfly would take log2(D) stages.
-        rotated = unit @ self._rotation
+        rotated = unit @ self.rotation
         codes = mx.sum(rotated[..., None] > self._boundaries, axis=-1).astype(mx.uint8)
-        quantized = self._levels[codes]
+        quantized = self.levels[codes]
         quantized_norm = mx.sqrt(mx.sum(quantized * quantized, axis=-1, keepdims=True))
         scale = norm / mx.where(quantized_norm > 0, quantized_norm, 1.0)
         return (
@@ -129,11 +145,11 @@ class TurboQuantCodec:
             outliers.astype(mx.float16),
         )
 
-    def decode(self, parts: Sequence[mx.array], dtype: mx.Dtype) -> mx.array:
-        packed, scale, positions, outliers = parts
-        rotated = self._levels[unpack_bits(packed, self.bits)]
-        rest = (rotated @ self._inverse_rotation) * scale.astype(mx.float32)
-        restored = mx.put_along_axis(
+    def _decode_float32(
+        self, packed: mx.array, scale: mx.array, positions: mx.array, outliers: mx.array
+    ) -> mx.array:
+        rotated = self.levels[unpack_bits(packed, self.bits)]
+        rest = (rotated @ self.rotation.T) * scale.astype(mx.float32)
+        return mx.put_along_axis(
             rest, positions.astype(mx.int32), outliers.astype(mx.float32), axis=-1
         )
-        return restored.astype(dtype)

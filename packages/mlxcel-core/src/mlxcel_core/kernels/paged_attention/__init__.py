@@ -2,6 +2,8 @@
 
 `paged_decode_attention` runs the CUDA kernels on a CUDA device for layers they support,
 and the plain-MLX reference everywhere else (docs/adr/0015-paged-decode-kernel.md).
+`turbo_decode_attention_cuda` reads TurboQuant pools as stored, where
+`uses_turbo_decode_kernel` says it serves the layer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from mlxcel_core.kernels.paged_attention.metal import paged_decode_attention_met
 from mlxcel_core.kernels.paged_attention.reference import (
     gather_context,
     paged_decode_attention_reference,
+)
+from mlxcel_core.kernels.paged_attention.turbo_cuda import (
+    TurboPool,
+    supports_turbo,
+    turbo_decode_attention_cuda,
 )
 
 
@@ -31,6 +38,24 @@ def uses_decode_kernel(
         device.type == mx.DeviceType.gpu
         and mx.cuda.is_available()
         and cuda.supports(dtype, num_q_heads // num_kv_heads, head_dim, value_dim)
+    )
+
+
+def uses_turbo_decode_kernel(
+    device: mx.Device,
+    num_q_heads: int,
+    num_kv_heads: int,
+    key_dim: int,
+    value_dim: int,
+    key_bits: int,
+    value_bits: int,
+) -> bool:
+    """Whether `turbo_decode_attention_cuda` serves a layer of TurboQuant keys and values
+    of these bits on `device`: a GPU whose backend is CUDA, and a layer it supports."""
+    return (
+        device.type == mx.DeviceType.gpu
+        and mx.cuda.is_available()
+        and supports_turbo(num_q_heads // num_kv_heads, key_dim, value_dim, key_bits, value_bits)
     )
 
 
@@ -74,10 +99,13 @@ def paged_decode_attention(
 
 
 __all__ = [
+    "TurboPool",
     "gather_context",
     "paged_decode_attention",
     "paged_decode_attention_cuda",
     "paged_decode_attention_metal",
     "paged_decode_attention_reference",
+    "turbo_decode_attention_cuda",
     "uses_decode_kernel",
+    "uses_turbo_decode_kernel",
 ]

@@ -35,7 +35,7 @@ MAX_SHARED_BYTES = 48 * 1024
 TARGET_BLOCKS = 2048
 MIN_PARTITION_TOKENS = 512
 
-_HEADER = """
+HEADER = """
 #define NEG_INF (-cuda::std::numeric_limits<float>::infinity())
 
 __device__ __forceinline__ float lane_group_sum(float x, int lanes) {
@@ -46,7 +46,43 @@ __device__ __forceinline__ float lane_group_sum(float x, int lanes) {
 }
 """
 
-_ATTENTION_SOURCE = """
+# The end of an attention block: merge the online-softmax states of its position lanes,
+# kept in shared memory as (state, group head) maxes and sums and (state, group head, D)
+# accumulators, then STORE each (query head, feature) result.
+STATE_MERGE_SOURCE = """
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (sub == 0) {
+      shared_max[state * G + g] = running_max[g];
+      shared_sum[state * G + g] = running_sum[g];
+    }
+    #pragma unroll
+    for (int i = 0; i < VEC; ++i) shared_acc[(state * G + g) * D + sub * VEC + i] = acc[g][i];
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < G * D; idx += THREADS) {
+    const int g = idx / D;
+    const int d = idx % D;
+    float m = NEG_INF;
+    for (int s = 0; s < STATES; ++s) m = fmaxf(m, shared_max[s * G + g]);
+    float total = 0.0f;
+    float out = 0.0f;
+    if (m != NEG_INF) {
+      for (int s = 0; s < STATES; ++s) {
+        const float w = exp2f(shared_max[s * G + g] - m);
+        total += shared_sum[s * G + g] * w;
+        out += shared_acc[(s * G + g) * D + d] * w;
+      }
+    }
+    const float normalized = total > 0.0f ? out / total : 0.0f;
+    const size_t head = (size_t)row * num_q_heads + kv_head * G + g;
+    STORE
+  }
+"""
+
+_ATTENTION_SOURCE = (
+    """
   constexpr int WARPS = THREADS / 32;
   constexpr int VEC = LANE_ELEMENTS;
   constexpr int LANES_PER_TOKEN = D / VEC;
@@ -152,36 +188,9 @@ _ATTENTION_SOURCE = """
     }
   }
 
-  #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (sub == 0) {
-      shared_max[state * G + g] = running_max[g];
-      shared_sum[state * G + g] = running_sum[g];
-    }
-    #pragma unroll
-    for (int i = 0; i < VEC; ++i) shared_acc[(state * G + g) * D + sub * VEC + i] = acc[g][i];
-  }
-  __syncthreads();
-
-  for (int idx = threadIdx.x; idx < G * D; idx += THREADS) {
-    const int g = idx / D;
-    const int d = idx % D;
-    float m = NEG_INF;
-    for (int s = 0; s < STATES; ++s) m = fmaxf(m, shared_max[s * G + g]);
-    float total = 0.0f;
-    float out = 0.0f;
-    if (m != NEG_INF) {
-      for (int s = 0; s < STATES; ++s) {
-        const float w = exp2f(shared_max[s * G + g] - m);
-        total += shared_sum[s * G + g] * w;
-        out += shared_acc[(s * G + g) * D + d] * w;
-      }
-    }
-    const float normalized = total > 0.0f ? out / total : 0.0f;
-    const size_t head = (size_t)row * num_q_heads + kv_head * G + g;
-    STORE
-  }
 """
+    + STATE_MERGE_SOURCE
+)
 
 # How a block stores each (query head, feature) result: the one-pass kernel writes the output;
 # a split-KV partition writes its normalized output, and its max and sum once per head.
@@ -193,7 +202,7 @@ SPLIT_STORE = """const size_t part = head * num_partitions + partition;
       partial_sum[part] = total;
     }"""
 
-_MERGE_SOURCE = """
+MERGE_SOURCE = """
   const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int num_partitions = partial_max_shape[2];
   const int d = index % D;
@@ -227,21 +236,21 @@ def _kernels() -> dict[str, object]:
             input_names=_INPUTS,
             output_names=["output"],
             source=_ATTENTION_SOURCE.replace("STORE", ONE_PASS_STORE),
-            header=_HEADER,
+            header=HEADER,
         ),
         "split": mx.fast.cuda_kernel(
             name="mlxcel_paged_decode_split",
             input_names=_INPUTS,
             output_names=["partial_out", "partial_max", "partial_sum"],
             source=_ATTENTION_SOURCE.replace("STORE", SPLIT_STORE),
-            header=_HEADER,
+            header=HEADER,
         ),
         "merge": mx.fast.cuda_kernel(
             name="mlxcel_paged_decode_merge",
             input_names=["partial_out", "partial_max", "partial_sum"],
             output_names=["output"],
-            source=_MERGE_SOURCE,
-            header=_HEADER,
+            source=MERGE_SOURCE,
+            header=HEADER,
         ),
     }
 

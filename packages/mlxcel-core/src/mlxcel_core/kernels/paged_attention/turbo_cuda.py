@@ -1,0 +1,456 @@
+"""Paged decode attention over TurboQuant KV blocks as CUDA kernels, read as stored.
+
+The codes are never decoded to head-vectors. TurboQuant stores a head-vector x as b-bit
+codes c of its rotated rest (x with its outlier features zeroed, rotated by R, quantized
+to Lloyd-Max levels y = levels[c]), a scale s, and each outlier feature's position p and
+value o (`mlxcel_core.cache.quant.turbo`). With x_hat the decoded vector:
+
+- a key's score is q . x_hat = s (q R) . y + sum_p q[p] (o - r[p]), where r = s y R^T is
+  the decoded rest, whose entry r[p] = s sum_i y_i R[p, i] is one dot product per outlier;
+- a value enters the output in rotated coordinates, w = s y + sum_p (o - r[p]) R[p, :],
+  and the block's weighted sum of w is rotated back once, by R^T, after the softmax.
+
+R = diag(signs) H / sqrt(D) with Sylvester's H, so the kernel forms R[p, i] from the signs
+and the parity of p & i. Keys past a row's first block are stored relative to that block's
+mean m (`mlxcel_core.cache.paged.centering`); their scores get q . m back, which is the
+mean of the anchor positions' own scores, so each block computes it from those positions
+first.
+
+The rest is the float kernels' design (`cuda.py`): one thread block per (row, KV head)
+and partition, D / 8 lanes per position with 8 rotated coordinates each (one run of 8
+packed codes, b bytes), an online softmax per query head of the group, and the split-KV
+variant with the same merge kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxcel_core.kernels.paged_attention.cuda import (
+    HEADER,
+    LANE_ELEMENTS,
+    MAX_SHARED_BYTES,
+    MERGE_SOURCE,
+    SPLIT_STORE,
+    STATE_MERGE_SOURCE,
+    THREADS,
+    float_bits,
+    num_partitions_for,
+    shared_bytes,
+)
+
+_TURBO_HEADER = (
+    HEADER
+    + """
+// The levels of a run of 8 codes packed bit plane by bit plane: byte k of the run holds
+// bit k of each code, code i in bit i (`mlxcel_core.cache.quant.bitpack`).
+template <int BITS>
+__device__ __forceinline__ void unpack_run(
+    const uint8_t* bytes, const float* levels, float (&y)[8]) {
+  uint32_t plane[BITS];
+  #pragma unroll
+  for (int k = 0; k < BITS; ++k) plane[k] = bytes[k];
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    int code = 0;
+    #pragma unroll
+    for (int k = 0; k < BITS; ++k) code |= ((plane[k] >> i) & 1) << k;
+    y[i] = levels[code];
+  }
+}
+
+// Entry (p, i) of Sylvester's Hadamard matrix.
+__device__ __forceinline__ float hadamard_sign(int p, int i) {
+  return (__popc(p & i) & 1) ? -1.0f : 1.0f;
+}
+"""
+)
+
+_TURBO_SOURCE = (
+    """
+  constexpr int WARPS = THREADS / 32;
+  constexpr int VEC = LANE_ELEMENTS;
+  constexpr int LANES_PER_TOKEN = D / VEC;
+  constexpr int TOKENS_PER_WARP = 32 / LANES_PER_TOKEN;
+  constexpr int STATES = WARPS * TOKENS_PER_WARP;
+  constexpr int KEY_BYTES = D * KEY_BITS / 8;
+  constexpr int VALUE_BYTES = D * VALUE_BITS / 8;
+
+  __shared__ float shared_max[STATES * G];
+  __shared__ float shared_sum[STATES * G];
+  __shared__ float shared_acc[STATES * G * D];
+  __shared__ float rotation_row_sign[D];
+  __shared__ float key_level[1 << KEY_BITS];
+  __shared__ float value_level[1 << VALUE_BITS];
+  __shared__ float anchor_score[G];
+
+  const int kv_head = blockIdx.x;
+  const int row = blockIdx.y;
+  const int partition = blockIdx.z;
+  const int num_kv_heads = gridDim.x;
+  const int num_partitions = gridDim.z;
+  const int num_q_heads = num_kv_heads * G;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int token_lane = lane / LANES_PER_TOKEN;
+  const int sub = lane % LANES_PER_TOKEN;
+  const int state = warp * TOKENS_PER_WARP + token_lane;
+
+  const int table_width = block_tables_shape[1];
+  const int partition_size = (table_width * BLOCK_SIZE + num_partitions - 1) / num_partitions;
+  const int length = context_lengths[row];
+  const int begin = partition * partition_size;
+  const int end = min(length, begin + partition_size);
+
+  // R[p, i] = rotation_row_sign[p] * hadamard_sign(p, i).
+  for (int i = threadIdx.x; i < D; i += THREADS) {
+    rotation_row_sign[i] = signs[i] * rsqrtf(static_cast<float>(D));
+  }
+  for (int i = threadIdx.x; i < (1 << KEY_BITS); i += THREADS) key_level[i] = key_levels[i];
+  for (int i = threadIdx.x; i < (1 << VALUE_BITS); i += THREADS) {
+    value_level[i] = value_levels[i];
+  }
+  __syncthreads();
+
+  // Scores are kept in base 2: q is prescaled by scale * log2(e) so exp2 gives the softmax.
+  const float q_scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;
+  const size_t first_head = (size_t)row * num_q_heads + kv_head * G;
+  float q[G][VEC];
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    #pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      q[g][i] = rotated_queries[(first_head + g) * D + sub * VEC + i] * q_scale;
+    }
+  }
+  const T* plain_queries = queries + first_head * D;
+
+  // The scores of head-vector `vec`'s key, uncentered. Every lane of a position's group
+  // takes part (the sums shuffle), whether or not the position is read.
+  auto key_scores = [&](size_t vec, float (&score)[G]) {
+    float y[VEC];
+    unpack_run<KEY_BITS>(key_codes + vec * KEY_BYTES + sub * KEY_BITS, key_level, y);
+    const float s = static_cast<float>(key_scales[vec]);
+    #pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float partial = 0.0f;
+      #pragma unroll
+      for (int i = 0; i < VEC; ++i) partial += q[g][i] * y[i];
+      score[g] = s * lane_group_sum(partial, LANES_PER_TOKEN);
+    }
+    #pragma unroll
+    for (int j = 0; j < OUTLIERS; ++j) {
+      const int p = min(static_cast<int>(key_positions[vec * OUTLIERS + j]), D - 1);
+      float partial = 0.0f;
+      #pragma unroll
+      for (int i = 0; i < VEC; ++i) partial += y[i] * hadamard_sign(p, sub * VEC + i);
+      const float rest = s * rotation_row_sign[p] * lane_group_sum(partial, LANES_PER_TOKEN);
+      const float delta = static_cast<float>(key_outliers[vec * OUTLIERS + j]) - rest;
+      #pragma unroll
+      for (int g = 0; g < G; ++g) {
+        score[g] += static_cast<float>(plain_queries[g * D + p]) * q_scale * delta;
+      }
+    }
+  };
+
+  const int* table = block_tables + (size_t)row * table_width;
+
+  // q . m for the row's first-block mean m: the mean of its anchor positions' scores,
+  // needed only where this partition reads positions past the first block.
+  float anchor[G];
+  #pragma unroll
+  for (int g = 0; g < G; ++g) anchor[g] = 0.0f;
+  if (end > BLOCK_SIZE && begin < end) {
+    float total[G];
+    #pragma unroll
+    for (int g = 0; g < G; ++g) total[g] = 0.0f;
+    for (int base = ANCHOR_BEGIN + warp * TOKENS_PER_WARP; base < BLOCK_SIZE; base += STATES) {
+      const int t = base + token_lane;
+      const bool valid = t < BLOCK_SIZE;
+      const size_t slot = valid ? (size_t)table[0] * BLOCK_SIZE + t : 0;
+      float score[G];
+      key_scores(slot * num_kv_heads + kv_head, score);
+      #pragma unroll
+      for (int g = 0; g < G; ++g) total[g] += valid ? score[g] : 0.0f;
+    }
+    #pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (sub == 0) shared_max[state * G + g] = total[g];
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+      float sum = 0.0f;
+      for (int s = 0; s < STATES; ++s) sum += shared_max[s * G + threadIdx.x];
+      anchor_score[threadIdx.x] = sum / (BLOCK_SIZE - ANCHOR_BEGIN);
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int g = 0; g < G; ++g) anchor[g] = anchor_score[g];
+  }
+
+  float running_max[G];
+  float running_sum[G];
+  float acc[G][VEC];
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    running_max[g] = NEG_INF;
+    running_sum[g] = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
+  }
+
+  for (int base = begin + warp * TOKENS_PER_WARP; base < end; base += STATES) {
+    const int t = base + token_lane;
+    const bool valid = t < end;
+    const size_t slot = valid ? (size_t)table[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE : 0;
+    const size_t vec = slot * num_kv_heads + kv_head;
+    float score[G];
+    key_scores(vec, score);
+
+    // The value in rotated coordinates, its outlier features folded in.
+    float w[VEC];
+    {
+      float y[VEC];
+      unpack_run<VALUE_BITS>(value_codes + vec * VALUE_BYTES + sub * VALUE_BITS, value_level, y);
+      const float s = static_cast<float>(value_scales[vec]);
+      #pragma unroll
+      for (int i = 0; i < VEC; ++i) w[i] = s * y[i];
+      #pragma unroll
+      for (int j = 0; j < OUTLIERS; ++j) {
+        const int p = min(static_cast<int>(value_positions[vec * OUTLIERS + j]), D - 1);
+        float partial = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < VEC; ++i) partial += y[i] * hadamard_sign(p, sub * VEC + i);
+        const float rest = s * rotation_row_sign[p] * lane_group_sum(partial, LANES_PER_TOKEN);
+        const float delta = static_cast<float>(value_outliers[vec * OUTLIERS + j]) - rest;
+        #pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          w[i] += delta * rotation_row_sign[p] * hadamard_sign(p, sub * VEC + i);
+        }
+      }
+    }
+    if (!valid) continue;
+    const float shift = t >= BLOCK_SIZE ? 1.0f : 0.0f;
+    #pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float x = score[g] + shift * anchor[g];
+      const float new_max = fmaxf(running_max[g], x);
+      const float correction = exp2f(running_max[g] - new_max);
+      const float p = exp2f(x - new_max);
+      running_sum[g] = running_sum[g] * correction + p;
+      #pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * correction + p * w[i];
+      running_max[g] = new_max;
+    }
+  }
+"""
+    + STATE_MERGE_SOURCE
+)
+
+# The one-pass kernel writes the rotated output in float32; it is rotated back after.
+_ROTATED_STORE = "output[head * D + d] = normalized;"
+
+_INPUTS = [
+    "queries",
+    "rotated_queries",
+    "key_codes",
+    "key_scales",
+    "key_positions",
+    "key_outliers",
+    "value_codes",
+    "value_scales",
+    "value_positions",
+    "value_outliers",
+    "signs",
+    "key_levels",
+    "value_levels",
+    "block_tables",
+    "context_lengths",
+]
+
+
+@functools.cache
+def _kernels() -> dict[str, object]:
+    return {
+        "one_pass": mx.fast.cuda_kernel(
+            name="mlxcel_turbo_paged_decode",
+            input_names=_INPUTS,
+            output_names=["output"],
+            source=_TURBO_SOURCE.replace("STORE", _ROTATED_STORE),
+            header=_TURBO_HEADER,
+        ),
+        "split": mx.fast.cuda_kernel(
+            name="mlxcel_turbo_paged_decode_split",
+            input_names=_INPUTS,
+            output_names=["partial_out", "partial_max", "partial_sum"],
+            source=_TURBO_SOURCE.replace("STORE", SPLIT_STORE),
+            header=_TURBO_HEADER,
+        ),
+        "merge": mx.fast.cuda_kernel(
+            name="mlxcel_turbo_paged_decode_merge",
+            input_names=["partial_out", "partial_max", "partial_sum"],
+            output_names=["output"],
+            source=MERGE_SOURCE,
+            header=HEADER,
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class TurboPool:
+    """One layer's keys or values as TurboQuant stores them in the paged pools.
+
+    Attributes:
+        codes: (slots, H_kv, D * bits / 8) uint8 packed codes.
+        scales: (slots, H_kv, 1) float16.
+        positions: (slots, H_kv, outliers) uint8 or uint16 outlier features.
+        outliers: (slots, H_kv, outliers) float16 their values.
+        levels: (2**bits,) float32 reconstruction level of each code.
+        bits: bits per code.
+    """
+
+    codes: mx.array
+    scales: mx.array
+    positions: mx.array
+    outliers: mx.array
+    levels: mx.array
+    bits: int
+
+
+def _anchor_begin(block_size: int) -> int:
+    # As the paged batch picks a row's anchors: its first block past position 0, unless
+    # the block holds one position.
+    return min(1, block_size - 1)
+
+
+def turbo_shared_bytes(group_size: int, head_dim: int, key_bits: int, value_bits: int) -> int:
+    """Static shared memory of one block (bytes): the float kernel's states, plus the
+    rotation's signs, both codebooks and the group's anchor scores, in float32."""
+    extra = head_dim + 2**key_bits + 2**value_bits + group_size
+    return shared_bytes(group_size, head_dim) + 4 * extra
+
+
+def supports_turbo(
+    group_size: int, key_dim: int, value_dim: int, key_bits: int, value_bits: int
+) -> bool:
+    """Whether the kernels take this layer: keys and values of one head dim that 8-code
+    runs tile within a warp (8 to 256), and shared memory to spare."""
+    return (
+        key_dim == value_dim
+        and key_dim in (8, 16, 32, 64, 128, 256)
+        and 1 <= key_bits <= 8
+        and 1 <= value_bits <= 8
+        and turbo_shared_bytes(group_size, key_dim, key_bits, value_bits) <= MAX_SHARED_BYTES
+    )
+
+
+def turbo_decode_attention_cuda(
+    queries: mx.array,
+    keys: TurboPool,
+    values: TurboPool,
+    rotation: mx.array,
+    signs: mx.array,
+    block_tables: mx.array,
+    context_lengths: mx.array,
+    *,
+    block_size: int,
+    scale: float,
+    num_partitions: int | None = None,
+) -> mx.array:
+    """Decode attention read straight from TurboQuant pools with centered keys, on a CUDA
+    device: what decoding the row's keys and values (`PagedKVStorage.gather`) and
+    attending would give, up to rounding.
+
+    Args:
+        queries: (B, H_q, 1, D) queries; H_q a multiple of H_kv.
+        keys: the layer's key pool; keys past each row's first block stored relative to
+            the mean of that block's positions 1 .. block_size - 1 (all of it for one
+            position per block).
+        values: the layer's value pool, uncentered.
+        rotation: (D, D) float32 R of the codec.
+        signs: (D,) float32 random signs of R.
+        block_tables: (B, max_blocks) int32 block ids of each row, in position order.
+        context_lengths: (B,) int32 positions each row attends to.
+        block_size: tokens per block.
+        scale: multiplier of the query-key dot products.
+        num_partitions: split each row's block-table capacity into this many partitions;
+            None picks with `num_partitions_for`.
+
+    Returns:
+        (B, H_q, 1, D) in the queries' dtype; a row of length 0 gives zeros.
+
+    Raises:
+        ValueError: `num_partitions` is < 1 or `scale` is not > 0.
+    """
+    B, H_q, _, D = queries.shape
+    H_kv = keys.codes.shape[1]
+    capacity = block_tables.shape[1] * block_size
+    if num_partitions is None:
+        num_partitions = num_partitions_for(B, H_kv, capacity)
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    plain = queries.reshape(B, H_q, D)
+    inputs = [
+        plain,
+        plain.astype(mx.float32) @ rotation,
+        keys.codes,
+        keys.scales,
+        keys.positions,
+        keys.outliers,
+        values.codes,
+        values.scales,
+        values.positions,
+        values.outliers,
+        signs,
+        keys.levels,
+        values.levels,
+        block_tables.astype(mx.int32),
+        context_lengths.astype(mx.int32),
+    ]
+    template = [
+        ("T", queries.dtype),
+        ("G", H_q // H_kv),
+        ("D", D),
+        ("BLOCK_SIZE", block_size),
+        ("THREADS", THREADS),
+        ("LANE_ELEMENTS", LANE_ELEMENTS),
+        ("KEY_BITS", keys.bits),
+        ("VALUE_BITS", values.bits),
+        ("OUTLIERS", keys.positions.shape[2]),
+        ("ANCHOR_BEGIN", _anchor_begin(block_size)),
+        ("SCALE_BITS", float_bits(scale)),
+    ]
+    grid = (H_kv * THREADS, B, num_partitions)
+    if num_partitions == 1:
+        (rotated,) = _kernels()["one_pass"](
+            inputs=inputs,
+            template=template,
+            grid=grid,
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(B, H_q, 1, D)],
+            output_dtypes=[mx.float32],
+        )
+    else:
+        parts = (B, H_q, num_partitions)
+        partial_out, partial_max, partial_sum = _kernels()["split"](
+            inputs=inputs,
+            template=template,
+            grid=grid,
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(*parts, D), parts, parts],
+            output_dtypes=[mx.float32, mx.float32, mx.float32],
+        )
+        (rotated,) = _kernels()["merge"](
+            inputs=[partial_out, partial_max, partial_sum],
+            template=[("T", mx.float32), ("D", D)],
+            grid=(B * H_q * D, 1, 1),
+            threadgroup=(min(256, B * H_q * D), 1, 1),
+            output_shapes=[(B, H_q, 1, D)],
+            output_dtypes=[mx.float32],
+        )
+    return (rotated @ rotation.T).astype(queries.dtype)

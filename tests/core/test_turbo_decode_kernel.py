@@ -1,0 +1,185 @@
+"""Decode attention read straight from TurboQuant pools: the dispatch, and (on a CUDA
+device) the kernel against decoding the pools, then attending.
+
+The pools are written by `PagedKVStorage` itself, so keys past each row's first block are
+stored centered, in blocks scattered in a shuffled order through the pool.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
+from mlxcel_core.cache.paged import batch as batch_module
+from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.kernels.paged_attention import (
+    TurboPool,
+    turbo_decode_attention_cuda,
+    uses_turbo_decode_kernel,
+)
+from mlxcel_core.kernels.paged_attention.turbo_cuda import supports_turbo
+
+LENGTHS = [700, 1, 33, 257, 16]
+
+
+def written_storage(
+    lengths: list[int],
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    key_type: str,
+    value_type: str,
+    dtype: mx.Dtype,
+    seed: int,
+) -> tuple[PagedKVStorage, list[list[int]]]:
+    """A storage holding rows of `lengths` positions written in one prefill pass; keys
+    share a large mean per head and carry one large feature, as real keys do. Returns it
+    and each row's block table."""
+    rng = np.random.default_rng(seed)
+    blocks_per_row = [-(-n // block_size) for n in lengths]
+    ids = rng.permutation(np.arange(1, 1 + sum(blocks_per_row))).tolist()
+    tables, start = [], 0
+    for count in blocks_per_row:
+        tables.append(ids[start : start + count])
+        start += count
+    geometry = LayerGeometry(num_kv_heads, head_dim, head_dim, dtype)
+    storage = PagedKVStorage(
+        [geometry],
+        block_size,
+        max_blocks=1 + len(ids),
+        cache_type_k=key_type,
+        cache_type_v=value_type,
+    )
+    storage.ensure_capacity(1 + len(ids))
+    prefill = PagedBatch(
+        [BatchRow(table, 0, n) for table, n in zip(tables, lengths, strict=True)], block_size
+    )
+    shape = (len(lengths), prefill.num_queries, num_kv_heads, head_dim)
+    mean = 3.0 * rng.standard_normal((1, 1, num_kv_heads, head_dim))
+    keys = mean + rng.standard_normal(shape)
+    keys[..., 5] += 8.0
+    values = rng.standard_normal(shape)
+    flat = (-1, num_kv_heads, head_dim)
+    storage.write(
+        0,
+        prefill.write_slots,
+        mx.array(keys.reshape(flat).astype(np.float32)).astype(dtype),
+        mx.array(values.reshape(flat).astype(np.float32)).astype(dtype),
+        prefill.anchors,
+    )
+    mx.eval(storage.arrays())
+    return storage, tables
+
+
+def decode_batch(tables: list[list[int]], lengths: list[int], block_size: int) -> PagedBatch:
+    rows = [BatchRow(table, n - 1, 1) for table, n in zip(tables, lengths, strict=True)]
+    return PagedBatch(rows, block_size)
+
+
+def gather_then_attend(
+    storage: PagedKVStorage, batch: PagedBatch, queries: mx.array, scale: float
+) -> mx.array:
+    keys, values = storage.gather(0, batch.read_slots, batch.anchors)
+    return mx.fast.scaled_dot_product_attention(
+        queries, keys, values, scale=scale, mask=batch.mask()
+    )
+
+
+def test_dispatch_takes_no_kernel_on_the_cpu():
+    assert not uses_turbo_decode_kernel(mx.Device(mx.cpu), 32, 8, 64, 64, 4, 4)
+
+
+def test_kernel_takes_one_head_dim_tiled_by_code_runs_within_shared_memory():
+    assert supports_turbo(4, 64, 64, 4, 4)
+    assert supports_turbo(8, 128, 128, 4, 3)
+    assert supports_turbo(1, 8, 8, 2, 2)
+    assert not supports_turbo(4, 128, 64, 4, 4)
+    assert not supports_turbo(4, 512, 512, 4, 4)
+    assert not supports_turbo(32, 128, 128, 4, 4)
+
+
+on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs a CUDA GPU")
+# Relative error against decode-then-attend, which rounds keys and values to the model's
+# dtype and, in float32 on CUDA, decodes them through a TF32 matrix product.
+TOLERANCE = {mx.float32: 1e-3, mx.bfloat16: 2e-2}
+
+
+@on_cuda
+@pytest.mark.parametrize(("key_type", "value_type"), [("turbo4", "turbo4"), ("turbo3", "turbo2")])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize("num_partitions", [1, 3, 16])
+@pytest.mark.parametrize(
+    ("num_q_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(8, 2, 64, 16), (4, 4, 128, 8), (3, 1, 32, 1)],
+)
+def test_kernel_matches_decoding_then_attending(
+    key_type, value_type, dtype, num_partitions, num_q_heads, num_kv_heads, head_dim, block_size
+):
+    storage, tables = written_storage(
+        LENGTHS,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        key_type=key_type,
+        value_type=value_type,
+        dtype=dtype,
+        seed=head_dim + block_size,
+    )
+    batch = decode_batch(tables, LENGTHS, block_size)
+    rng = np.random.default_rng(7)
+    queries = mx.array(
+        rng.standard_normal((len(LENGTHS), num_q_heads, 1, head_dim)).astype(np.float32)
+    ).astype(dtype)
+    scale = head_dim**-0.5
+    key_codec, value_codec = storage.codecs(0)
+    out = turbo_decode_attention_cuda(
+        queries,
+        TurboPool(*storage.keys[0], key_codec.levels, key_codec.bits),
+        TurboPool(*storage.values[0], value_codec.levels, value_codec.bits),
+        key_codec.rotation,
+        key_codec.signs,
+        batch.block_tables,
+        batch.context_lengths,
+        block_size=block_size,
+        scale=scale,
+        num_partitions=num_partitions,
+    )
+    expected = gather_then_attend(storage, batch, queries, scale)
+    assert out.shape == expected.shape and out.dtype == dtype
+    difference = (out.astype(mx.float32) - expected.astype(mx.float32)).abs().max().item()
+    assert difference <= TOLERANCE[dtype] * expected.abs().max().item()
+
+
+@on_cuda
+@pytest.mark.parametrize("decode_kernel", [True, False])
+def test_layer_cache_decodes_from_turbo_pools_as_the_gather_path_does(decode_kernel, monkeypatch):
+    launches = []
+
+    def counted(*args, **kwargs):
+        launches.append(args[0].shape)
+        return turbo_decode_attention_cuda(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "turbo_decode_attention_cuda", counted)
+    storage, tables = written_storage(
+        LENGTHS,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        key_type="turbo4",
+        value_type="turbo4",
+        dtype=mx.float32,
+        seed=1,
+    )
+    storage.decode_kernel = decode_kernel
+    batch = decode_batch(tables, LENGTHS, 16)
+    queries = mx.array(np.random.default_rng(2).standard_normal((5, 8, 1, 64)).astype(np.float32))
+    keys, values = storage.gather(0, batch.read_slots, batch.anchors)
+    cache = PagedLayerCache(storage, 0, batch)
+    out = cache.attention(queries, keys, values, scale=0.125, mask=batch.mask())
+    expected = gather_then_attend(storage, batch, queries, 0.125)
+    difference = (out - expected).abs().max().item()
+    assert difference <= TOLERANCE[mx.float32] * expected.abs().max().item()
+    assert launches == ([(5, 8, 1, 64)] if decode_kernel else [])
