@@ -23,8 +23,9 @@ class PrefillMetricsSnapshot:
     Attributes:
         prefill_rank_down: whether the prefill rank is at fault.
         num_prefills: prompts whose KV the prefill rank returned.
-        remote_seconds: per prompt, the front's time from sending its job to handing its
-            received KV to the engine (the link both ways, rank 1's compute, its queue).
+        remote_seconds: per prompt, the front's time from sending its job to having its
+            KV received and unpacked for the engine: the link both ways and the prefill
+            rank's work, not the job's wait in the front's queue of jobs.
         compute_seconds: per prompt, the prefill rank's own time computing its KV and
             reading its blocks, as it reports it with the KV.
         job_bytes: bytes the front sent to the prefill rank (jobs' headers and token ids).
