@@ -55,9 +55,10 @@ class FakePrefillRank:
     def receive_ready(self, peer: int, group) -> None:
         assert peer == 1
 
-    def send_job(self, job: PrefillJob | None, peer: int, group) -> None:
+    def send_job(self, job: PrefillJob | None, peer: int, group) -> int:
         assert peer == 1
         self.jobs.append(job)
+        return 0
 
     def recv(self, shape, dtype, src: int, *, group=None) -> mx.array:
         self.receiving.set()

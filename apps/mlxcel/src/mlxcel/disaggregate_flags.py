@@ -24,7 +24,7 @@ from mlxcel_core.engine import EngineConfig, PrefillJob, RemotePrefill, RemotePr
 from mlxcel_models.loaded import LoadedModel
 
 if TYPE_CHECKING:
-    from mlxcel_distributed import LocalRanks, PrefillDeadline, StageHealth
+    from mlxcel_distributed import LocalRanks, PrefillDeadline, PrefillMetrics, StageHealth
 
 DISAGGREGATE_FLAG = Flag(
     ("--disaggregate",),
@@ -101,12 +101,18 @@ class DisaggregatedRank:
         self.health = health
 
     def make_remote_prefill(
-        self, on_failure: Callable[[BaseException], None], deadline: PrefillDeadline
+        self,
+        on_failure: Callable[[BaseException], None],
+        metrics: PrefillMetrics,
+        deadline: PrefillDeadline,
     ) -> RemotePrefillFactory:
         """Rank 0's engine factory for where prompts are prefilled: rank 1, each job held
-        to `deadline`; a failed link is reported to `on_failure` (on the link's thread)."""
+        to `deadline` and measured into `metrics`; a failed link is reported to
+        `on_failure` (on the link's thread)."""
         distributed = _import_distributed()
-        factory = distributed.make_prefill_client_factory(self._group, on_failure, deadline)
+        factory = distributed.make_prefill_client_factory(
+            self._group, on_failure, metrics, deadline
+        )
 
         def make_remote_prefill(storage, deliver) -> RemotePrefill:
             remote = factory(storage, deliver)

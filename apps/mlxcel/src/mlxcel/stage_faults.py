@@ -21,7 +21,7 @@ from mlxcel.flags import Flag, UsageError
 from mlxcel.parallel_flags import ParallelRank
 from mlxcel_core.engine import RemotePrefillFactory
 from mlxcel_server import ServerState
-from mlxcel_server.stage_metrics import StageCollector
+from mlxcel_server.stage_metrics import PrefillCollector, StageCollector
 from mlxcel_server.state import Degradation
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def guard_prefill(
     """Rank 0's factory for where prompts are prefilled (rank 1), its faults degrading
     `state` as `guard_stages`' do: a prompt's KV that has not arrived `timeout` seconds
     per `chunk` tokens of the prompt after its job was sent (`PrefillDeadline`), and a
-    failed link, count as rank 1's fault.
+    failed link, count as rank 1's fault; `/metrics` shows the pair and the prefills.
     """
     import mlxcel_distributed as distributed
     from mlxcel_distributed.stage_guard import NAMING_GRACE_SECONDS
@@ -91,9 +91,13 @@ def guard_prefill(
         if health.wait_for_fault(NAMING_GRACE_SECONDS) is None:
             health.report(distributed.StageFault(prefill_rank, f"cannot be reached: {error}"))
 
+    metrics = distributed.PrefillMetrics()
+    health.add_listener(lambda fault: metrics.record_down())
     _degrade_on_fault(health, state, err)
+    state.add_collector(PrefillCollector(metrics))
     watchdog = distributed.StepWatchdog(timeout, on_overrun)
-    return pair.make_remote_prefill(on_failure, distributed.PrefillDeadline(watchdog, chunk))
+    deadline = distributed.PrefillDeadline(watchdog, chunk)
+    return pair.make_remote_prefill(on_failure, metrics, deadline)
 
 
 def _degrade_on_fault(health: StageHealth, state: ServerState, err: TextIO) -> None:

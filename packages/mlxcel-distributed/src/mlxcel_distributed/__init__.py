@@ -8,7 +8,7 @@ starts a group on one machine, `group` joins one however it was started.
 group's faults (`stage_health`) and measures the steps (`stage_metrics`). Disaggregated
 prefill runs prompts on a prefill rank (`disaggregate_prefill`) and hands their KV blocks
 to rank 0's engine (`disaggregate_front`, `kv_transfer`), each job held to a deadline by
-the same watchdog.
+the same watchdog, and measured (`disaggregate_metrics`).
 """
 
 from mlxcel_distributed.disaggregate_front import (
@@ -17,6 +17,7 @@ from mlxcel_distributed.disaggregate_front import (
     PrefillDeadline,
     make_prefill_client_factory,
 )
+from mlxcel_distributed.disaggregate_metrics import PrefillMetrics, PrefillMetricsSnapshot
 from mlxcel_distributed.disaggregate_prefill import PrefillWorker, serve_prefills
 from mlxcel_distributed.group import GroupError, join_group
 from mlxcel_distributed.kv_transfer import BlockLayout, block_layout, pack_blocks, unpack_blocks
@@ -67,6 +68,8 @@ __all__ = [
     "PipelineStage",
     "PrefillClient",
     "PrefillDeadline",
+    "PrefillMetrics",
+    "PrefillMetricsSnapshot",
     "PrefillWorker",
     "Shutdown",
     "StageFault",

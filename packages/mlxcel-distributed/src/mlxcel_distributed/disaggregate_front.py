@@ -9,13 +9,14 @@ computes one prompt at a time anyway.
 
 A receive whose peer hangs blocks for good (MLX cannot interrupt it), so each job can be
 held to a deadline (`PrefillDeadline`) by a `StepWatchdog`, which reports the overrun
-while the thread stays blocked.
+while the thread stays blocked. Each prompt's times and bytes go to a `PrefillMetrics`.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -25,7 +26,12 @@ import mlx.core as mx
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import PrefilledKV, PrefillJob, RemotePrefill, RemotePrefillFactory
 from mlxcel_core.threads import thread_stream
-from mlxcel_distributed.disaggregate_messages import receive_ready, send_job
+from mlxcel_distributed.disaggregate_messages import (
+    receive_compute_seconds,
+    receive_ready,
+    send_job,
+)
+from mlxcel_distributed.disaggregate_metrics import PrefillMetrics
 from mlxcel_distributed.kv_transfer import BlockLayout, block_layout, unpack_blocks
 from mlxcel_distributed.watchdog import StepWatchdog
 
@@ -76,6 +82,7 @@ class PrefillClient(RemotePrefill):
         layout: the block layout of the front's KV storage, which the prefill rank shares.
         deliver: called on the client's thread with each job's KV.
         on_failure: called on the client's thread when the link fails; the client stops.
+        metrics: where each prompt's times and bytes are recorded.
         deadline: holds each job to its limit; None waits for the KV however long it takes.
     """
 
@@ -85,12 +92,14 @@ class PrefillClient(RemotePrefill):
         layout: BlockLayout,
         deliver: Callable[[PrefilledKV], None],
         on_failure: Callable[[BaseException], None],
+        metrics: PrefillMetrics,
         deadline: PrefillDeadline | None = None,
     ) -> None:
         self._group = group
         self._layout = layout
         self._deliver = deliver
         self._on_failure = on_failure
+        self._metrics = metrics
         self._deadline = deadline
         self._jobs: queue.Queue[PrefillJob | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="mlxcel-prefill-link", daemon=True)
@@ -114,8 +123,7 @@ class PrefillClient(RemotePrefill):
                         send_job(None, PREFILL_RANK, self._group)
                         return
                     with self._watching(job):
-                        send_job(job, PREFILL_RANK, self._group)
-                        kv = self._receive(job)
+                        kv = self._prefill(job)
                     self._deliver(kv)
                 # A failed link (a dead rank, a broken socket) leaves no way to prefill.
                 except Exception as error:
@@ -125,27 +133,35 @@ class PrefillClient(RemotePrefill):
     def _watching(self, job: PrefillJob) -> AbstractContextManager[None]:
         return nullcontext() if self._deadline is None else self._deadline.watch(job)
 
-    def _receive(self, job: PrefillJob) -> PrefilledKV:
+    def _prefill(self, job: PrefillJob) -> PrefilledKV:
+        """Send `job`, receive its KV and record both."""
+        start = time.perf_counter()
+        job_bytes = send_job(job, PREFILL_RANK, self._group)
         size = self._layout.num_elements(job.num_blocks)
         flat = mx.distributed.recv((size,), self._layout.dtype, PREFILL_RANK, group=self._group)
         # The receive waits alone: MLX throttles the tasks in flight over all streams
         # together, and the slicing tasks queued behind a waiting receive would hold the
         # engine thread's evaluations back until the KV arrived.
         mx.eval(flat)
+        compute_seconds = receive_compute_seconds(PREFILL_RANK, self._group)
         contents = unpack_blocks(flat, self._layout, job.num_blocks)
         mx.eval(contents)
+        self._metrics.record_prefill(
+            time.perf_counter() - start, compute_seconds, job_bytes, flat.nbytes
+        )
         return PrefilledKV(job.seq_id, job.attempt, tuple(contents))
 
 
 def make_prefill_client_factory(
     group: mx.distributed.Group,
     on_failure: Callable[[BaseException], None],
+    metrics: PrefillMetrics,
     deadline: PrefillDeadline | None = None,
 ) -> RemotePrefillFactory:
     """The `Engine(make_remote_prefill=...)` factory of the front: it waits until the
     prefill rank takes jobs (so the engine, and the server, are ready only then), and
-    returns a `PrefillClient` reporting a failed link to `on_failure`, its jobs held to
-    `deadline` (None: none).
+    returns a `PrefillClient` reporting a failed link to `on_failure`, each prompt's times
+    and bytes to `metrics`, its jobs held to `deadline` (None: none).
 
     The factory raises `ValueError` for a KV storage whose pools differ in dtype (a
     quantized cache type), or a first message that is not the prefill rank's ready signal;
@@ -162,6 +178,6 @@ def make_prefill_client_factory(
         except RuntimeError as error:
             on_failure(error)
             raise
-        return PrefillClient(group, layout, deliver, on_failure, deadline)
+        return PrefillClient(group, layout, deliver, on_failure, metrics, deadline)
 
     return make_remote_prefill

@@ -3,7 +3,8 @@
 
 A job travels as a fixed header of `HEADER_INTS` ints (kind, sequence id, attempt, first
 block, block count, token count) then, for a prefill, its token ids; a shutdown is a
-header alone. The reply is `kv_transfer.pack_blocks` of the job's blocks. Before any job,
+header alone. The reply is `kv_transfer.pack_blocks` of the job's blocks, then one
+float32: the seconds the prefill rank took computing them (for `/metrics`). Before any job,
 the prefill rank sends one int saying it takes jobs: each job is held to a deadline from
 its sending, which must not include the prefill rank's own start.
 """
@@ -20,17 +21,23 @@ _SHUTDOWN = 2
 _READY = 3
 
 
-def send_job(job: PrefillJob | None, peer: int, group: mx.distributed.Group) -> None:
-    """Send a job (None: shutdown) to rank `peer`, blocking until it is sent."""
+def send_job(job: PrefillJob | None, peer: int, group: mx.distributed.Group) -> int:
+    """Send a job (None: shutdown) to rank `peer`, blocking until it is sent.
+
+    Returns:
+        The bytes sent.
+    """
     if job is None:
-        mx.eval(mx.distributed.send(_header(_SHUTDOWN, 0, 0, 0, 0, 0), peer, group=group))
-        return
+        header = _header(_SHUTDOWN, 0, 0, 0, 0, 0)
+        mx.eval(mx.distributed.send(header, peer, group=group))
+        return header.nbytes
     header = _header(
         _PREFILL, job.seq_id, job.attempt, job.first_block, job.num_blocks, len(job.token_ids)
     )
     tokens = mx.array(job.token_ids, dtype=mx.int32)
     mx.eval(mx.distributed.send(header, peer, group=group))
     mx.eval(mx.distributed.send(tokens, peer, group=group))
+    return header.nbytes + tokens.nbytes
 
 
 def receive_job(peer: int, group: mx.distributed.Group) -> PrefillJob | None:
@@ -47,6 +54,23 @@ def receive_job(peer: int, group: mx.distributed.Group) -> PrefillJob | None:
         raise ValueError(f"not a prefill job header: {header}")
     tokens = mx.distributed.recv((num_tokens,), mx.int32, peer, group=group).tolist()
     return PrefillJob(seq_id, attempt, tuple(tokens), first_block, num_blocks)
+
+
+def send_kv(
+    packed: mx.array, compute_seconds: float, peer: int, group: mx.distributed.Group
+) -> None:
+    """Send a job's packed KV to rank `peer`, then the time (seconds) this rank took
+    computing it, blocking until both are sent."""
+    mx.eval(mx.distributed.send(packed, peer, group=group))
+    seconds = mx.array([compute_seconds], dtype=mx.float32)
+    mx.eval(mx.distributed.send(seconds, peer, group=group))
+
+
+def receive_compute_seconds(peer: int, group: mx.distributed.Group) -> float:
+    """The time (seconds) rank `peer` took computing the KV it has just sent, blocking
+    until it arrives."""
+    (seconds,) = mx.distributed.recv((1,), mx.float32, peer, group=group).tolist()
+    return seconds
 
 
 def send_ready(peer: int, group: mx.distributed.Group) -> None:

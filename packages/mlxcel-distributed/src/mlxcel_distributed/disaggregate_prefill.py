@@ -10,6 +10,8 @@ computes the prompt's last token and samples.
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager
@@ -18,7 +20,7 @@ from mlxcel_core.engine.config import make_kv_storage, plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import returned_block_ids
 from mlxcel_core.generate import LanguageModel
-from mlxcel_distributed.disaggregate_messages import receive_job, send_ready
+from mlxcel_distributed.disaggregate_messages import receive_job, send_kv, send_ready
 from mlxcel_distributed.kv_transfer import pack_blocks
 
 FRONT_RANK = 0
@@ -97,7 +99,8 @@ class PrefillWorker:
 
 def serve_prefills(model: LanguageModel, config: EngineConfig, group: mx.distributed.Group) -> int:
     """The prefill rank's whole life: build its KV cache, tell the front it takes jobs,
-    then compute each job the front sends and send its KV back, until the front shuts down.
+    then compute each job the front sends and send its KV back, with the time computing it
+    took, until the front shuts down.
 
     Returns:
         The number of prompts prefilled.
@@ -110,7 +113,8 @@ def serve_prefills(model: LanguageModel, config: EngineConfig, group: mx.distrib
     send_ready(FRONT_RANK, group)
     num_jobs = 0
     while (job := receive_job(FRONT_RANK, group)) is not None:
-        packed = pack_blocks(worker.prefill(job))
-        mx.eval(mx.distributed.send(packed, FRONT_RANK, group=group))
+        start = time.perf_counter()
+        contents = worker.prefill(job)
+        send_kv(pack_blocks(contents), time.perf_counter() - start, FRONT_RANK, group)
         num_jobs += 1
     return num_jobs

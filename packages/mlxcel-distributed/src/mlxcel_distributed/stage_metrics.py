@@ -27,17 +27,24 @@ class Histogram:
     total: float
 
 
-class _HistogramCounter:
-    def __init__(self) -> None:
-        self._counts = [0] * (len(STEP_SECONDS_BUCKETS) + 1)
+class HistogramCounter:
+    """Observations (seconds) counted into buckets; not thread-safe: its owner locks.
+
+    Args:
+        bounds: the buckets' upper bounds (seconds, ascending); `+Inf` is added last.
+    """
+
+    def __init__(self, bounds: tuple[float, ...] = STEP_SECONDS_BUCKETS) -> None:
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)
         self._total = 0.0
 
     def observe(self, seconds: float) -> None:
-        self._counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, seconds)] += 1
+        self._counts[bisect.bisect_left(self._bounds, seconds)] += 1
         self._total += seconds
 
     def snapshot(self) -> Histogram:
-        bounds = (*STEP_SECONDS_BUCKETS, float("inf"))
+        bounds = (*self._bounds, float("inf"))
         running, buckets = 0, []
         for bound, count in zip(bounds, self._counts, strict=True):
             running += count
@@ -75,8 +82,8 @@ class StageMetrics:
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
         self._lock = threading.Lock()
-        self._channel = _HistogramCounter()
-        self._forward = _HistogramCounter()
+        self._channel = HistogramCounter()
+        self._forward = HistogramCounter()
         self._bytes = 0
         self._down_rank: int | None = None
 
