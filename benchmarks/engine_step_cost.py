@@ -24,7 +24,7 @@ from batched_decode import random_prompts, run_mlxcel
 from mlxcel_core.engine import Engine
 from mlxcel_models.loading.loader import load_model
 
-_ENGINE_MODULES = r"mlxcel_core/(engine|sampling|cache/paged)/"
+_ENGINE_MODULES = r"mlxcel_core/(engine|sampling|cache|kernels)/"
 
 
 def engine_cpu_seconds(
@@ -33,8 +33,10 @@ def engine_cpu_seconds(
     gen_tokens: int,
     temperature: float,
     profile: cProfile.Profile | None,
+    **settings,
 ) -> float:
-    """The engine thread's CPU seconds over one `run_mlxcel`, profiled into `profile` if given."""
+    """The engine thread's CPU seconds over one `run_mlxcel` with `settings` (its keyword
+    arguments), profiled into `profile` if given."""
     spent = []
     run = Engine._run
 
@@ -51,7 +53,7 @@ def engine_cpu_seconds(
 
     Engine._run = measured_run
     try:
-        run_mlxcel(loaded, prompts, gen_tokens, temperature)
+        run_mlxcel(loaded, prompts, gen_tokens, temperature, **settings)
     finally:
         Engine._run = run
     return spent[0]
@@ -65,17 +67,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gen-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--top", type=int, default=15, help="calls listed per level")
+    parser.add_argument("-ctk", "--cache-type-k", default="auto", help="the KV key storage")
+    parser.add_argument("-ctv", "--cache-type-v", default="auto", help="the KV value storage")
     args = parser.parse_args(argv)
+    settings = {"cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v}
 
     loaded = load_model(args.model)
     vocab_size = loaded.tokenizer.vocab_size
     # The first run compiles kernels; it is not reported.
-    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)
+    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8, **settings)
     for level in (int(level) for level in args.concurrency.split(",")):
         prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
-        seconds = engine_cpu_seconds(loaded, prompts, args.gen_tokens, args.temperature, None)
+        seconds = engine_cpu_seconds(
+            loaded, prompts, args.gen_tokens, args.temperature, None, **settings
+        )
         profile = cProfile.Profile(timer=time.thread_time)
-        engine_cpu_seconds(loaded, prompts, args.gen_tokens, args.temperature, profile)
+        engine_cpu_seconds(loaded, prompts, args.gen_tokens, args.temperature, profile, **settings)
         stats = pstats.Stats(profile)
         num_steps = next(
             calls

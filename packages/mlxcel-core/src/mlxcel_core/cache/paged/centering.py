@@ -26,6 +26,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.cache.quant import KVCodec
+from mlxcel_core.cache.quant.turbo import TurboQuantCodec
+from mlxcel_core.kernels.turbo_encode_cuda import (
+    FirstBlockCentering,
+    turbo_encode_cuda,
+    uses_turbo_encode_kernel,
+)
 
 
 @dataclass(frozen=True)
@@ -79,9 +85,23 @@ def store_centered(
     if anchors.writes_first_blocks:
         store_parts(pool, codec.encode(x), mx.where(centered, 0, slots))
     if anchors.writes_past_first_blocks:
-        means = first_block_means(pool, codec, anchors.anchor_slots)[anchors.write_rows]
-        shift = mx.where(centered[:, None, None], means, 0.0)
-        store_parts(pool, codec.encode(x.astype(mx.float32) - shift), mx.where(centered, slots, 0))
+        store_parts(pool, _centered_parts(pool, codec, x, anchors), mx.where(centered, slots, 0))
+
+
+def _centered_parts(
+    pool: Sequence[mx.array], codec: KVCodec, x: mx.array, anchors: RowAnchors
+) -> tuple[mx.array, ...]:
+    """`x` encoded, the positions past their row's first block relative to its mean."""
+    if isinstance(codec, TurboQuantCodec) and uses_turbo_encode_kernel(
+        mx.default_device(), codec.head_dim
+    ):
+        centering = FirstBlockCentering(
+            tuple(pool), anchors.anchor_slots, anchors.write_rows, anchors.write_centered
+        )
+        return turbo_encode_cuda(x, codec.codebook, centering)
+    means = first_block_means(pool, codec, anchors.anchor_slots)[anchors.write_rows]
+    shift = mx.where(anchors.write_centered[:, None, None], means, 0.0)
+    return codec.encode(x.astype(mx.float32) - shift)
 
 
 def load_centered(

@@ -57,6 +57,11 @@ from mlxcel_core.cache.quant.bitpack import pack_bits, packed_width, unpack_bits
 from mlxcel_core.cache.quant.lloyd_max import gaussian_codebook
 from mlxcel_core.cache.quant.protocol import Component
 from mlxcel_core.cache.quant.rotation import hadamard_rotation, is_power_of_two, rotation_signs
+from mlxcel_core.kernels.turbo_encode_cuda import (
+    TurboCodebook,
+    turbo_encode_cuda,
+    uses_turbo_encode_kernel,
+)
 
 MIN_HEAD_DIM = 8
 # One outlier feature per 64 keeps turbo4 under 0.3x float16's bytes at D = 64 and 128.
@@ -86,6 +91,8 @@ class TurboQuantCodec:
         signs: (D,) float32 random signs of R, `rotation.rotation_signs`.
         levels: (2**bits,) float32 reconstruction levels of a rotated coordinate.
         outliers: outlier features per head-vector.
+        codebook: all of the above that encoding needs, for `turbo_encode_cuda`, which
+            `encode` runs on a CUDA GPU.
 
     Raises:
         ValueError: `head_dim` is not a power of two >= 8, or `bits` is outside [1, 8].
@@ -118,8 +125,18 @@ class TurboQuantCodec:
         # step encodes one position per row and layer, where launches cost the most.
         self._encode = mx.compile(self._encode_float32)
         self._decode = mx.compile(self._decode_float32)
+        self.codebook = TurboCodebook(
+            signs=self.signs,
+            boundaries=self._boundaries,
+            levels=self.levels,
+            bits=bits,
+            outliers=self.outliers,
+            position_dtype=position_dtype,
+        )
 
     def encode(self, x: mx.array) -> tuple[mx.array, ...]:
+        if uses_turbo_encode_kernel(mx.default_device(), self.head_dim):
+            return turbo_encode_cuda(x, self.codebook)
         return self._encode(x.astype(mx.float32))
 
     def decode(self, parts: Sequence[mx.array], dtype: mx.Dtype) -> mx.array:

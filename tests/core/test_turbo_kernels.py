@@ -1,5 +1,6 @@
-"""Decode attention read straight from TurboQuant pools: the dispatch, and (on a CUDA
-device) the kernel against decoding the pools, then attending.
+"""The TurboQuant kernels: the dispatch, and on a CUDA device, decode attention read
+straight from the pools against decoding them, then attending, and the encoder against
+the plain-MLX one.
 
 The pools are written by `PagedKVStorage` itself, so keys past each row's first block are
 stored centered, in blocks scattered in a shuffled order through the pool.
@@ -20,6 +21,7 @@ from mlxcel_core.kernels.paged_attention import (
     uses_turbo_decode_kernel,
 )
 from mlxcel_core.kernels.paged_attention.turbo_cuda import supports_turbo
+from mlxcel_core.kernels.turbo_encode_cuda import uses_turbo_encode_kernel
 
 LENGTHS = [700, 1, 33, 257, 16]
 
@@ -34,10 +36,11 @@ def written_storage(
     value_type: str,
     dtype: mx.Dtype,
     seed: int,
+    device: mx.Device | None = None,
 ) -> tuple[PagedKVStorage, list[list[int]]]:
-    """A storage holding rows of `lengths` positions written in one prefill pass; keys
-    share a large mean per head and carry one large feature, as real keys do. Returns it
-    and each row's block table."""
+    """A storage holding rows of `lengths` positions written in one prefill pass on
+    `device` (the default one if None); keys share a large mean per head and carry one
+    large feature, as real keys do. Returns it and each row's block table."""
     rng = np.random.default_rng(seed)
     blocks_per_row = [-(-n // block_size) for n in lengths]
     ids = rng.permutation(np.arange(1, 1 + sum(blocks_per_row))).tolist()
@@ -63,14 +66,15 @@ def written_storage(
     keys[..., 5] += 8.0
     values = rng.standard_normal(shape)
     flat = (-1, num_kv_heads, head_dim)
-    storage.write(
-        0,
-        prefill.write_slots,
-        mx.array(keys.reshape(flat).astype(np.float32)).astype(dtype),
-        mx.array(values.reshape(flat).astype(np.float32)).astype(dtype),
-        prefill.anchors,
-    )
-    mx.eval(storage.arrays())
+    with mx.stream(device or mx.default_device()):
+        storage.write(
+            0,
+            prefill.write_slots,
+            mx.array(keys.reshape(flat).astype(np.float32)).astype(dtype),
+            mx.array(values.reshape(flat).astype(np.float32)).astype(dtype),
+            prefill.anchors,
+        )
+        mx.eval(storage.arrays())
     return storage, tables
 
 
@@ -90,6 +94,7 @@ def gather_then_attend(
 
 def test_dispatch_takes_no_kernel_on_the_cpu():
     assert not uses_turbo_decode_kernel(mx.Device(mx.cpu), 32, 8, 64, 64, 4, 4)
+    assert not uses_turbo_encode_kernel(mx.Device(mx.cpu), 64)
 
 
 def test_kernel_takes_one_head_dim_tiled_by_code_runs_within_shared_memory():
@@ -183,3 +188,41 @@ def test_layer_cache_decodes_from_turbo_pools_as_the_gather_path_does(decode_ker
     difference = (out - expected).abs().max().item()
     assert difference <= TOLERANCE[mx.float32] * expected.abs().max().item()
     assert launches == ([(5, 8, 1, 64)] if decode_kernel else [])
+
+
+@on_cuda
+@pytest.mark.parametrize("cache_type", ["turbo2", "turbo3", "turbo4"])
+@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (128, 8), (8, 4), (256, 16)])
+def test_encoder_kernel_stores_what_the_plain_encoder_does(cache_type, head_dim, block_size):
+    written = {
+        device: written_storage(
+            LENGTHS,
+            num_kv_heads=2,
+            head_dim=head_dim,
+            block_size=block_size,
+            key_type=cache_type,
+            value_type=cache_type,
+            dtype=mx.float32,
+            seed=head_dim,
+            device=mx.Device(device),
+        )
+        for device in (mx.gpu, mx.cpu)
+    }
+    (kernel_storage, tables), (plain_storage, _) = written[mx.gpu], written[mx.cpu]
+    batch = decode_batch(tables, LENGTHS, block_size)
+    with mx.stream(mx.cpu):
+        for layer_pools in ("keys", "values"):
+            kernel_codes = getattr(kernel_storage, layer_pools)[0][0]
+            plain_codes = getattr(plain_storage, layer_pools)[0][0]
+            same = mx.mean(kernel_codes == plain_codes).item()
+            assert same > 0.99, f"{layer_pools}: {same:.4f} of code bytes agree"
+        # Positions past a row's end read the null block, where padding writes collide.
+        inside = (mx.arange(batch.num_keys) < batch.context_lengths[:, None])[:, None, :, None]
+        for kernel_part, plain_part in zip(
+            kernel_storage.gather(0, batch.read_slots, batch.anchors),
+            plain_storage.gather(0, batch.read_slots, batch.anchors),
+            strict=True,
+        ):
+            difference = mx.where(inside, kernel_part - plain_part, 0.0)
+            error = mx.linalg.norm(difference) / mx.linalg.norm(mx.where(inside, plain_part, 0.0))
+            assert error.item() < 1e-3
