@@ -125,6 +125,7 @@ def test_malformed_entries_are_skipped_and_the_rest_kept(tmp_path):
     document["entries"] += [
         {**good, "bucket": "b1", "value": 0},
         {**good, "bucket": "b2", "value": "big"},
+        {**good, "bucket": "b3", "median_seconds": 0},
         {"tactic": PREFILL_CHUNK},
         "not an entry",
     ]

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import mlx.core as mx
 
+from mlxcel.flags import RunError
 from mlxcel_core.autotune import (
     PAGED_DECODE_PARTITIONS,
     PREFILL_CHUNK,
@@ -17,6 +18,7 @@ from mlxcel_core.autotune import (
 from mlxcel_core.autotune.buckets import next_power_of_two
 from mlxcel_core.autotune.paged_decode import DecodeKernelProblem, partition_candidates
 from mlxcel_core.autotune.prefill import EnginePrefill, prefill_chunk_candidates
+from mlxcel_core.engine import InsufficientMemoryError
 from mlxcel_core.kernels.paged_attention import uses_decode_kernel
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loaded import LoadedModel
@@ -33,12 +35,16 @@ def search_prefill_chunk(
     candidate chunk (`prefill_chunk_candidates`) against `default`.
 
     Raises:
-        InsufficientMemoryError: the prompt's KV cache does not fit.
+        RunError: the engine cannot start (the prompt's KV cache does not fit).
     """
     key = mx.random.key(0)
     prompt = mx.random.randint(0, loaded.config.vocab_size, (prompt_tokens,), key=key).tolist()
     candidates = prefill_chunk_candidates(prompt_tokens, default)
-    with EnginePrefill(loaded.model, prompt, candidates, block_size=BLOCK_SIZE) as prefill:
+    try:
+        prefill = EnginePrefill(loaded.model, prompt, candidates, block_size=BLOCK_SIZE)
+    except InsufficientMemoryError as error:
+        raise RunError(str(error)) from error
+    with prefill:
         return search(PREFILL_CHUNK, bucket, candidates, prefill, default=default, rounds=rounds)
 
 

@@ -19,8 +19,6 @@ from mlxcel_core.sampling import SamplingParams
 
 # Chunk sizes (tokens) a search tries, besides the default, up to the prompt's length.
 PREFILL_CHUNK_CANDIDATES = (128, 256, 512, 1024, 2048)
-# A request's outputs arrive within this many seconds or the engine is taken as stuck.
-OUTPUT_TIMEOUT_SECONDS = 600.0
 _GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
 
 
@@ -97,7 +95,7 @@ class EnginePrefill:
         sink = OutputQueue()
         request = EngineRequest(self._prompt_ids, _GREEDY, self._generation, _NoText())
         self._engines[chunk].submit([request], sink)
-        while not (output := sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)).finished:
+        while not (output := sink.get()).finished:
             pass
         if output.error is not None:
             raise EngineError(f"the prefill with chunk {chunk} failed: {output.error}")

@@ -167,6 +167,9 @@ def _entry_from(fields: Any) -> TunedEntry | None:
     ints = (entry.value, entry.default)
     if not all(isinstance(value, int) and value >= 1 for value in ints):
         return None
+    seconds = (entry.median_seconds, entry.default_median_seconds)
+    if not all(isinstance(value, int | float) and value > 0 for value in seconds):
+        return None
     if not (isinstance(entry.tactic, str) and isinstance(entry.bucket, str)):
         return None
     return entry
