@@ -26,6 +26,7 @@ COMMANDS = {
     "rm": ("mlxcel.rm_command", "delete a model from the store"),
     "arch": ("mlxcel.arch_command", "list the supported architectures and their features"),
     "inspect": ("mlxcel.inspect_command", "estimate a model's memory and whether it fits"),
+    "tune": ("mlxcel.tune_command", "search and store the fastest prefill chunk and kernel splits"),
     "transcribe": ("mlxcel.transcribe_command", "transcribe speech in an audio file"),
     "speak": ("mlxcel.speak_command", "speak text with a Piper voice (text-to-speech)"),
 }

@@ -22,15 +22,22 @@ from mlxcel_core.engine import (
 )
 from mlxcel_models.loaded import LoadedModel
 
+UBATCH_SIZE_FLAG = Flag(
+    ("-ub", "--ubatch-size"),
+    "ubatch_size",
+    int,
+    512,
+    "most prompt tokens of one request per forward pass (prefill chunk; with "
+    "MLXCEL_AUTOTUNE set and neither this flag nor its variable given, the tuned one)",
+    env="LLAMA_ARG_UBATCH",
+)
 _CACHE_TYPE_HELP = f"({', '.join(CACHE_TYPES)}); auto = the model's own dtype"
 
 ENGINE_FLAGS = (
     Flag(("-np", "--parallel"), "parallel", int, 4,
          "sequences generated at once (continuous batching); more wait in a queue",
          env="LLAMA_ARG_N_PARALLEL"),
-    Flag(("-ub", "--ubatch-size"), "ubatch_size", int, 512,
-         "most prompt tokens of one request per forward pass (prefill chunk)",
-         env="LLAMA_ARG_UBATCH"),
+    UBATCH_SIZE_FLAG,
     Flag(("--block-size",), "block_size", int, 16, "tokens per KV cache block"),
     Flag(("--kv-cache-blocks",), "kv_cache_blocks", int, 0,
          "KV cache blocks to use; 0 = as many as --gpu-memory-utilization allows"),

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
+from mlxcel.autotune_settings import apply_autotune
 from mlxcel.batch_generate import read_prompts, run_batch
 from mlxcel.chat_prompt import (
     CHAT_FLAGS,
@@ -188,6 +189,7 @@ def check_length_flags(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
+    apply_autotune(args, environ)
     prompts = _read_prompts(args)
     check_image_mode(args)
     images = read_images(args)

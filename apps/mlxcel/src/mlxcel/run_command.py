@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
+from mlxcel.autotune_settings import apply_autotune
 from mlxcel.chat_prompt import (
     CHAT_FLAGS,
     chat_template_from,
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     args.model = _model_from(args)
     resolve_store_flags(args, environ)
+    apply_autotune(args, environ)
     params = sampling_params_from(args)
     check_length_flags(args)
     check_reasoning_budget(args)

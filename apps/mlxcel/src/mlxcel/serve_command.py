@@ -24,6 +24,7 @@ from hypercorn.config import Config
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.audio_flags import AUDIO_FLAGS, serving_audio, speech_model_paths
+from mlxcel.autotune_settings import apply_autotune
 from mlxcel.disaggregate_flags import (
     DISAGGREGATE_FLAG,
     DisaggregatedRank,
@@ -342,6 +343,7 @@ async def serve_until_stopped(
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
+    apply_autotune(args, environ)
     settings = settings_from(args)
     check_parallel(args, settings.engine)
     check_stage_timeout(args)

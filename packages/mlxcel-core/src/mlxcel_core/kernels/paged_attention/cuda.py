@@ -24,6 +24,9 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
+from mlxcel_core.autotune.buckets import PAGED_DECODE_PARTITIONS, paged_decode_bucket
+from mlxcel_core.autotune.lookup import installed_tunings
+
 # Threads per block of the attention kernel: 4 warps.
 THREADS = 128
 # Elements of a head each lane reads per position: 16 bytes of a 16-bit dtype.
@@ -309,7 +312,9 @@ def paged_decode_attention_cuda(
 
     Args:
         num_partitions: split each row's block-table capacity into this many partitions
-            (1 runs the one-pass kernel); None picks with `num_partitions_for`.
+            (1 runs the one-pass kernel); None takes the value `mlxcel tune` stored for
+            this shape in the installed tunings (`mlxcel_core.autotune`), else
+            `num_partitions_for`'s.
 
     Raises:
         ValueError: `num_partitions` is < 1, `scale` is not > 0, or a pool's dtype is not
@@ -353,6 +358,17 @@ def launch_paged_decode(
     capacity = block_tables.shape[1] * block_size
     if num_partitions is None:
         num_partitions = num_partitions_for(B, H_kv, capacity)
+        tunings = installed_tunings()
+        if tunings.enabled:
+            bucket = paged_decode_bucket(
+                dtype=queries.dtype,
+                group_size=group,
+                head_dim=D,
+                num_kv_heads=H_kv,
+                num_rows=B,
+                capacity_tokens=capacity,
+            )
+            num_partitions = tunings.value(PAGED_DECODE_PARTITIONS, bucket, num_partitions)
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     if not scale > 0:
