@@ -79,6 +79,9 @@ class PagedKVStorage:
             `mlxcel_core.kernels.paged_attention` where a kernel serves the device and the
             pools' types; False keeps the gather-then-attend path everywhere.
 
+    Attributes:
+        bytes_per_block: key and value bytes of one block over all layers, as stored.
+
     Raises:
         ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, or a cache type
             is unknown or cannot take a layer's head dim.
@@ -111,6 +114,10 @@ class PagedKVStorage:
         self.capacity_blocks = 0
         self._key_codecs = [make_kv_codec(cache_type_k, g.key_dim) for g in layers]
         self._value_codecs = [make_kv_codec(cache_type_v, g.value_dim) for g in layers]
+        # Computed once: the engine's statistics read it every step, and it makes codecs.
+        self.bytes_per_block = block_size * sum(
+            g.bytes_per_token(cache_type_k, cache_type_v) for g in layers
+        )
         self.keys: list[Pool] = [
             self._zeros(g, g.key_dim, codec, 0)
             for g, codec in zip(layers, self._key_codecs, strict=True)
@@ -125,13 +132,6 @@ class PagedKVStorage:
         if codec is None:
             return (mx.zeros((slots, heads, dim), geometry.dtype),)
         return tuple(mx.zeros((slots, heads, c.width), c.dtype) for c in codec.components)
-
-    @property
-    def bytes_per_block(self) -> int:
-        """Key and value bytes of one block over all layers, as stored."""
-        return self.block_size * sum(
-            g.bytes_per_token(self.cache_type_k, self.cache_type_v) for g in self.layers
-        )
 
     @property
     def nbytes(self) -> int:
