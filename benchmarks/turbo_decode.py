@@ -15,19 +15,15 @@ Each is the median of `--repeats` groups of `--calls` calls evaluated together, 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 import numpy as np
+from paged_attention import BLOCK_SIZE, SHAPES, time_call
 
 from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
 from mlxcel_core.cache.paged.batch import PagedLayerCache
 
-BLOCK_SIZE = 16
-# (query heads, KV heads, head dim) of the model shapes in benchmarks/random_model.py.
-SHAPES = {"llama-3.2-1b": (32, 8, 64), "llama-3.1-8b": (32, 8, 128)}
 
 
 def written_storage(
@@ -55,18 +51,6 @@ def written_storage(
         storage.write(0, prefill.write_slots, keys, values, prefill.anchors)
         mx.eval(storage.arrays())
     return storage, tables
-
-
-def time_call(function: Callable[[], object], calls: int, repeats: int) -> float:
-    """Median seconds per call of `function` (see the module docstring)."""
-    for _ in range(3):
-        mx.eval([function() for _ in range(calls)])
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval([function() for _ in range(calls)])
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
 
 
 def time_step(

@@ -17,6 +17,7 @@ from mlxcel_core.cache.paged import batch as batch_module
 from mlxcel_core.cache.paged.batch import PagedLayerCache
 from mlxcel_core.kernels.paged_attention import (
     TurboPool,
+    turbo_cuda,
     turbo_decode_attention_cuda,
     uses_turbo_decode_kernel,
 )
@@ -104,6 +105,71 @@ def test_kernel_takes_one_head_dim_tiled_by_code_runs_within_shared_memory():
     assert not supports_turbo(4, 128, 64, 4, 4)
     assert not supports_turbo(4, 512, 512, 4, 4)
     assert not supports_turbo(32, 128, 128, 4, 4)
+
+
+class FakeKernels:
+    """Stands in for the compiled kernels: records each launch; the one-pass kernel and the
+    merge return `rotated`, the split kernel zeros."""
+
+    def __init__(self, rotated: mx.array) -> None:
+        self.rotated = rotated
+        self.launches: list[tuple[str, tuple[int, int, int], dict[str, object]]] = []
+
+    def kernels(self) -> dict[str, object]:
+        return {name: self._launcher(name) for name in ("one_pass", "split", "merge")}
+
+    def _launcher(self, name: str):
+        def launch(*, grid, template, output_shapes, output_dtypes, **_):
+            self.launches.append((name, grid, dict(template)))
+            if name == "split":
+                pairs = zip(output_shapes, output_dtypes, strict=True)
+                return [mx.zeros(shape, dtype) for shape, dtype in pairs]
+            assert output_shapes == [self.rotated.shape] and output_dtypes == [mx.float32]
+            return [self.rotated]
+
+        return launch
+
+
+@pytest.mark.parametrize(
+    ("num_partitions", "launched"), [(1, ["one_pass"]), (4, ["split", "merge"])]
+)
+def test_launch_rotates_the_kernels_output_back(monkeypatch, num_partitions, launched):
+    storage, tables = written_storage(
+        [40, 9],
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        key_type="turbo4",
+        value_type="turbo3",
+        dtype=mx.bfloat16,
+        seed=3,
+        device=mx.Device(mx.cpu),
+    )
+    batch = decode_batch(tables, [40, 9], 16)
+    key_codec, value_codec = storage.codecs(0)
+    rotated = mx.array(np.random.default_rng(4).standard_normal((2, 8, 1, 64)).astype(np.float32))
+    fake = FakeKernels(rotated)
+    monkeypatch.setattr(turbo_cuda, "_kernels", fake.kernels)
+    with mx.stream(mx.cpu):
+        out = turbo_decode_attention_cuda(
+            mx.zeros((2, 8, 1, 64), mx.bfloat16),
+            TurboPool(*storage.keys[0], key_codec.levels, key_codec.bits),
+            TurboPool(*storage.values[0], value_codec.levels, value_codec.bits),
+            key_codec.rotation,
+            key_codec.signs,
+            batch.block_tables,
+            batch.context_lengths,
+            block_size=16,
+            scale=0.125,
+            num_partitions=num_partitions,
+        )
+        expected = (rotated @ key_codec.rotation.T).astype(mx.bfloat16)
+    assert [name for name, _, _ in fake.launches] == launched
+    _, grid, template = fake.launches[0]
+    assert grid == (2 * 128, 2, num_partitions)
+    assert (template["KEY_BITS"], template["VALUE_BITS"], template["OUTLIERS"]) == (4, 3, 1)
+    assert template["G"] == 4 and template["ANCHOR_BEGIN"] == 1
+    assert out.dtype == mx.bfloat16 and mx.array_equal(out, expected)
 
 
 on_cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="needs a CUDA GPU")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import mlx.core as mx
 
@@ -47,6 +47,37 @@ __device__ __forceinline__ float lane_group_sum(float x, int lanes) {
   }
   return x;
 }
+"""
+
+# The start of an attention block: its (row, KV head, partition), its lanes, the positions
+# it reads, and the shared memory of its softmax states.
+BLOCK_SOURCE = """
+  constexpr int WARPS = THREADS / 32;
+  constexpr int VEC = LANE_ELEMENTS;
+  constexpr int LANES_PER_TOKEN = D / VEC;
+  constexpr int TOKENS_PER_WARP = 32 / LANES_PER_TOKEN;
+  constexpr int STATES = WARPS * TOKENS_PER_WARP;
+  __shared__ float shared_max[STATES * G];
+  __shared__ float shared_sum[STATES * G];
+  __shared__ float shared_acc[STATES * G * D];
+
+  const int kv_head = blockIdx.x;
+  const int row = blockIdx.y;
+  const int partition = blockIdx.z;
+  const int num_kv_heads = gridDim.x;
+  const int num_partitions = gridDim.z;
+  const int num_q_heads = num_kv_heads * G;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int token_lane = lane / LANES_PER_TOKEN;
+  const int sub = lane % LANES_PER_TOKEN;
+  const int state = warp * TOKENS_PER_WARP + token_lane;
+
+  const int table_width = block_tables_shape[1];
+  const int partition_size = (table_width * BLOCK_SIZE + num_partitions - 1) / num_partitions;
+  const int length = context_lengths[row];
+  const int begin = partition * partition_size;
+  const int end = min(length, begin + partition_size);
 """
 
 # The end of an attention block: merge the online-softmax states of its position lanes,
@@ -85,36 +116,10 @@ STATE_MERGE_SOURCE = """
 """
 
 _ATTENTION_SOURCE = (
-    """
-  constexpr int WARPS = THREADS / 32;
-  constexpr int VEC = LANE_ELEMENTS;
-  constexpr int LANES_PER_TOKEN = D / VEC;
-  constexpr int TOKENS_PER_WARP = 32 / LANES_PER_TOKEN;
-  constexpr int STATES = WARPS * TOKENS_PER_WARP;
+    BLOCK_SOURCE
+    + """
   constexpr int CHUNKS = VEC * sizeof(T) / 16;
   constexpr int UNROLL = CHUNKS == 1 ? 4 : 2;
-
-  __shared__ float shared_max[STATES * G];
-  __shared__ float shared_sum[STATES * G];
-  __shared__ float shared_acc[STATES * G * D];
-
-  const int kv_head = blockIdx.x;
-  const int row = blockIdx.y;
-  const int partition = blockIdx.z;
-  const int num_kv_heads = gridDim.x;
-  const int num_partitions = gridDim.z;
-  const int num_q_heads = num_kv_heads * G;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int token_lane = lane / LANES_PER_TOKEN;
-  const int sub = lane % LANES_PER_TOKEN;
-  const int state = warp * TOKENS_PER_WARP + token_lane;
-
-  const int table_width = block_tables_shape[1];
-  const int partition_size = (table_width * BLOCK_SIZE + num_partitions - 1) / num_partitions;
-  const int length = context_lengths[row];
-  const int begin = partition * partition_size;
-  const int end = min(length, begin + partition_size);
 
   // Scores are kept in base 2: q is prescaled by scale * log2(e) so exp2 gives the softmax.
   const float q_scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;
@@ -231,31 +236,42 @@ MERGE_SOURCE = """
 _INPUTS = ["queries", "key_pool", "value_pool", "block_tables", "context_lengths"]
 
 
-@functools.cache
-def _kernels() -> dict[str, object]:
+def attention_kernels(
+    name: str, input_names: Sequence[str], source: str, header: str, one_pass_store: str
+) -> dict[str, object]:
+    """The `one_pass`, `split` and `merge` CUDA kernels of an attention block's `source`,
+    whose STORE the one-pass kernel fills with `one_pass_store` and the split one with
+    `SPLIT_STORE`."""
     return {
         "one_pass": mx.fast.cuda_kernel(
-            name="mlxcel_paged_decode",
-            input_names=_INPUTS,
+            name=name,
+            input_names=list(input_names),
             output_names=["output"],
-            source=_ATTENTION_SOURCE.replace("STORE", ONE_PASS_STORE),
-            header=HEADER,
+            source=source.replace("STORE", one_pass_store),
+            header=header,
         ),
         "split": mx.fast.cuda_kernel(
-            name="mlxcel_paged_decode_split",
-            input_names=_INPUTS,
+            name=f"{name}_split",
+            input_names=list(input_names),
             output_names=["partial_out", "partial_max", "partial_sum"],
-            source=_ATTENTION_SOURCE.replace("STORE", SPLIT_STORE),
-            header=HEADER,
+            source=source.replace("STORE", SPLIT_STORE),
+            header=header,
         ),
         "merge": mx.fast.cuda_kernel(
-            name="mlxcel_paged_decode_merge",
+            name=f"{name}_merge",
             input_names=["partial_out", "partial_max", "partial_sum"],
             output_names=["output"],
             source=MERGE_SOURCE,
-            header=HEADER,
+            header=header,
         ),
     }
+
+
+@functools.cache
+def _kernels() -> dict[str, object]:
+    return attention_kernels(
+        "mlxcel_paged_decode", _INPUTS, _ATTENTION_SOURCE, HEADER, ONE_PASS_STORE
+    )
 
 
 def float_bits(value: float) -> int:
@@ -394,19 +410,50 @@ def launch_paged_decode(
         ("LANE_ELEMENTS", LANE_ELEMENTS),
         ("SCALE_BITS", float_bits(scale)),
     ]
+    return launch_partitioned(
+        kernels(),
+        inputs,
+        template,
+        shape=(B, H_q, H_kv, D),
+        num_partitions=num_partitions,
+        output_dtype=queries.dtype,
+    )
+
+
+def launch_partitioned(
+    kernels: Mapping[str, object],
+    inputs: Sequence[mx.array],
+    template: Sequence[tuple[str, object]],
+    *,
+    shape: tuple[int, int, int, int],
+    num_partitions: int,
+    output_dtype: mx.Dtype,
+) -> mx.array:
+    """Launch `kernels`' one-pass kernel over a grid of one block per (KV head, row), or
+    its split kernel over `num_partitions` partitions of each row, then the merge.
+
+    Args:
+        kernels: as `attention_kernels` (or the Metal port) builds them.
+        inputs: the attention kernel's inputs.
+        template: its template arguments.
+        shape: (B, H_q, H_kv, D): rows, query heads, KV heads, output features.
+        num_partitions: 1 for the one-pass kernel.
+        output_dtype: the dtype of the (B, H_q, 1, D) result.
+    """
+    B, H_q, H_kv, D = shape
     grid = (H_kv * THREADS, B, num_partitions)
     if num_partitions == 1:
-        (output,) = kernels()["one_pass"](
+        (output,) = kernels["one_pass"](
             inputs=inputs,
             template=template,
             grid=grid,
             threadgroup=(THREADS, 1, 1),
             output_shapes=[(B, H_q, 1, D)],
-            output_dtypes=[queries.dtype],
+            output_dtypes=[output_dtype],
         )
         return output
     parts = (B, H_q, num_partitions)
-    partial_out, partial_max, partial_sum = kernels()["split"](
+    partial_out, partial_max, partial_sum = kernels["split"](
         inputs=inputs,
         template=template,
         grid=grid,
@@ -414,12 +461,12 @@ def launch_paged_decode(
         output_shapes=[(*parts, D), parts, parts],
         output_dtypes=[mx.float32, mx.float32, mx.float32],
     )
-    (output,) = kernels()["merge"](
+    (output,) = kernels["merge"](
         inputs=[partial_out, partial_max, partial_sum],
-        template=[("T", queries.dtype), ("D", D)],
+        template=[("T", output_dtype), ("D", D)],
         grid=(B * H_q * D, 1, 1),
         threadgroup=(min(256, B * H_q * D), 1, 1),
         output_shapes=[(B, H_q, 1, D)],
-        output_dtypes=[queries.dtype],
+        output_dtypes=[output_dtype],
     )
     return output

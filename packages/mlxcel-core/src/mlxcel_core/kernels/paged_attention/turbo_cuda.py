@@ -30,14 +30,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.kernels.paged_attention.cuda import (
+    BLOCK_SOURCE,
     HEADER,
     LANE_ELEMENTS,
     MAX_SHARED_BYTES,
-    MERGE_SOURCE,
-    SPLIT_STORE,
     STATE_MERGE_SOURCE,
     THREADS,
+    attention_kernels,
     float_bits,
+    launch_partitioned,
     num_partitions_for,
     shared_bytes,
 )
@@ -70,40 +71,15 @@ __device__ __forceinline__ float hadamard_sign(int p, int i) {
 )
 
 _TURBO_SOURCE = (
-    """
-  constexpr int WARPS = THREADS / 32;
-  constexpr int VEC = LANE_ELEMENTS;
-  constexpr int LANES_PER_TOKEN = D / VEC;
-  constexpr int TOKENS_PER_WARP = 32 / LANES_PER_TOKEN;
-  constexpr int STATES = WARPS * TOKENS_PER_WARP;
+    BLOCK_SOURCE
+    + """
   constexpr int KEY_BYTES = D * KEY_BITS / 8;
   constexpr int VALUE_BYTES = D * VALUE_BITS / 8;
 
-  __shared__ float shared_max[STATES * G];
-  __shared__ float shared_sum[STATES * G];
-  __shared__ float shared_acc[STATES * G * D];
   __shared__ float rotation_row_sign[D];
   __shared__ float key_level[1 << KEY_BITS];
   __shared__ float value_level[1 << VALUE_BITS];
   __shared__ float anchor_score[G];
-
-  const int kv_head = blockIdx.x;
-  const int row = blockIdx.y;
-  const int partition = blockIdx.z;
-  const int num_kv_heads = gridDim.x;
-  const int num_partitions = gridDim.z;
-  const int num_q_heads = num_kv_heads * G;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int token_lane = lane / LANES_PER_TOKEN;
-  const int sub = lane % LANES_PER_TOKEN;
-  const int state = warp * TOKENS_PER_WARP + token_lane;
-
-  const int table_width = block_tables_shape[1];
-  const int partition_size = (table_width * BLOCK_SIZE + num_partitions - 1) / num_partitions;
-  const int length = context_lengths[row];
-  const int begin = partition * partition_size;
-  const int end = min(length, begin + partition_size);
 
   // R[p, i] = rotation_row_sign[p] * hadamard_sign(p, i).
   for (int i = threadIdx.x; i < D; i += THREADS) {
@@ -274,29 +250,9 @@ _INPUTS = [
 
 @functools.cache
 def _kernels() -> dict[str, object]:
-    return {
-        "one_pass": mx.fast.cuda_kernel(
-            name="mlxcel_turbo_paged_decode",
-            input_names=_INPUTS,
-            output_names=["output"],
-            source=_TURBO_SOURCE.replace("STORE", _ROTATED_STORE),
-            header=_TURBO_HEADER,
-        ),
-        "split": mx.fast.cuda_kernel(
-            name="mlxcel_turbo_paged_decode_split",
-            input_names=_INPUTS,
-            output_names=["partial_out", "partial_max", "partial_sum"],
-            source=_TURBO_SOURCE.replace("STORE", SPLIT_STORE),
-            header=_TURBO_HEADER,
-        ),
-        "merge": mx.fast.cuda_kernel(
-            name="mlxcel_turbo_paged_decode_merge",
-            input_names=["partial_out", "partial_max", "partial_sum"],
-            output_names=["output"],
-            source=MERGE_SOURCE,
-            header=HEADER,
-        ),
-    }
+    return attention_kernels(
+        "mlxcel_turbo_paged_decode", _INPUTS, _TURBO_SOURCE, _TURBO_HEADER, _ROTATED_STORE
+    )
 
 
 @dataclass(frozen=True)
@@ -425,32 +381,12 @@ def turbo_decode_attention_cuda(
         ("ANCHOR_BEGIN", _anchor_begin(block_size)),
         ("SCALE_BITS", float_bits(scale)),
     ]
-    grid = (H_kv * THREADS, B, num_partitions)
-    if num_partitions == 1:
-        (rotated,) = _kernels()["one_pass"](
-            inputs=inputs,
-            template=template,
-            grid=grid,
-            threadgroup=(THREADS, 1, 1),
-            output_shapes=[(B, H_q, 1, D)],
-            output_dtypes=[mx.float32],
-        )
-    else:
-        parts = (B, H_q, num_partitions)
-        partial_out, partial_max, partial_sum = _kernels()["split"](
-            inputs=inputs,
-            template=template,
-            grid=grid,
-            threadgroup=(THREADS, 1, 1),
-            output_shapes=[(*parts, D), parts, parts],
-            output_dtypes=[mx.float32, mx.float32, mx.float32],
-        )
-        (rotated,) = _kernels()["merge"](
-            inputs=[partial_out, partial_max, partial_sum],
-            template=[("T", mx.float32), ("D", D)],
-            grid=(B * H_q * D, 1, 1),
-            threadgroup=(min(256, B * H_q * D), 1, 1),
-            output_shapes=[(B, H_q, 1, D)],
-            output_dtypes=[mx.float32],
-        )
+    rotated = launch_partitioned(
+        _kernels(),
+        inputs,
+        template,
+        shape=(B, H_q, H_kv, D),
+        num_partitions=num_partitions,
+        output_dtype=mx.float32,
+    )
     return (rotated @ rotation.T).astype(queries.dtype)
