@@ -25,7 +25,6 @@ from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKV
 from mlxcel_core.cache.paged.batch import PagedLayerCache
 
 
-
 def written_storage(
     batch: int, context: int, shape: tuple[int, int, int], cache_type: str
 ) -> tuple[PagedKVStorage, list[list[int]]]:
