@@ -5,8 +5,8 @@ The stored values of this device and MLX version are installed for the kernels
 (`mlxcel_core.autotune.install_tunings`), and a command whose prefill chunk flag came from
 neither the command line nor its environment variable takes the chunk tuned for the
 model's shape: `-ub` for `generate`, `run` and `serve`, `-b` (its prefill step) for
-`bench`. The shape is read from the model's headers before it loads, so the memory check
-and the engine both see the chunk that will run.
+`bench`, and says so in one line on stderr. The shape is read from the model's headers
+before it loads, so the memory check and the engine both see the chunk that will run.
 """
 
 from __future__ import annotations
@@ -14,12 +14,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TextIO
 
 import mlx.core as mx
 
 from mlxcel.engine_flags import UBATCH_SIZE_FLAG
 from mlxcel.flags import Flag
-from mlxcel_core.autotune import PREFILL_CHUNK, Tunings, install_tunings, prefill_bucket
+from mlxcel_core.autotune import (
+    AUTOTUNE_VARIABLE,
+    PREFILL_CHUNK,
+    Tunings,
+    install_tunings,
+    prefill_bucket,
+)
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.memory import activation_dtype, estimate_weights, read_model_inventory
@@ -61,11 +68,15 @@ def prefill_bucket_for(path: Path) -> str:
 
 
 def apply_autotune(
-    args: argparse.Namespace, environ: Mapping[str, str], chunk_flag: Flag = UBATCH_SIZE_FLAG
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    err: TextIO,
+    chunk_flag: Flag = UBATCH_SIZE_FLAG,
 ) -> None:
     """Install the tunings `environ` asks for (none without `MLXCEL_AUTOTUNE`), and set
     `chunk_flag`'s value in resolved `args` to the prefill chunk tuned for `-m`'s model
-    when one is stored and neither the command line nor the flag's variable gave it.
+    when one is stored and neither the command line nor the flag's variable gave it,
+    saying so on `err`.
 
     Raises:
         ModelLoadError: the model is missing, corrupt or unsupported.
@@ -76,5 +87,10 @@ def apply_autotune(
     if not tunings.enabled or given:
         return
     bucket = prefill_bucket_for(model_path(args))
-    default = getattr(args, chunk_flag.dest)
-    setattr(args, chunk_flag.dest, tunings.value(PREFILL_CHUNK, bucket, default))
+    tuned = tunings.tuned(PREFILL_CHUNK, bucket)
+    if tuned is not None:
+        setattr(args, chunk_flag.dest, tuned)
+        print(
+            f"mlxcel: prefill chunk {tuned} from the autotune store ({AUTOTUNE_VARIABLE})",
+            file=err,
+        )

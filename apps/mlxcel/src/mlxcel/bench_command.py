@@ -148,7 +148,7 @@ def format_results(results: list[BenchResult], args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, BENCH_FLAGS, environ)
     resolve_store_flags(args, environ)
-    apply_autotune(args, environ, BATCH_SIZE_FLAG)
+    apply_autotune(args, environ, err, BATCH_SIZE_FLAG)
     for name, value, low in (
         ("-p/--n-prompt", args.n_prompt, 1),
         ("-n/--n-gen", args.n_gen, 2),

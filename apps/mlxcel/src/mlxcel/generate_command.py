@@ -189,7 +189,7 @@ def check_length_flags(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
-    apply_autotune(args, environ)
+    apply_autotune(args, environ, err)
     prompts = _read_prompts(args)
     check_image_mode(args)
     images = read_images(args)

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     args.model = _model_from(args)
     resolve_store_flags(args, environ)
-    apply_autotune(args, environ)
+    apply_autotune(args, environ, err)
     params = sampling_params_from(args)
     check_length_flags(args)
     check_reasoning_budget(args)

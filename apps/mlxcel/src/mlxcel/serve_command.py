@@ -343,7 +343,7 @@ async def serve_until_stopped(
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
-    apply_autotune(args, environ)
+    apply_autotune(args, environ, err)
     settings = settings_from(args)
     check_parallel(args, settings.engine)
     check_stage_timeout(args)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TextIO
 
 from mlxcel.autotune_settings import model_path, prefill_bucket_for
 from mlxcel.engine_flags import UBATCH_SIZE_FLAG
-from mlxcel.flags import MODEL_FLAG, Flag, UsageError, add_command, resolve_defaults
+from mlxcel.flags import MODEL_FLAG, Flag, RunError, UsageError, add_command, resolve_defaults
 from mlxcel.loading import load_for_command
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.tables import format_table
@@ -33,6 +34,7 @@ from mlxcel_core.autotune import (
     TuningStore,
     autotune_dir,
 )
+from mlxcel_core.autotune.prefill import PREFILL_CHUNK_CANDIDATES, prefill_chunk_candidates
 from mlxcel_models.memory import read_model_inventory
 
 
@@ -58,7 +60,8 @@ TUNE_FLAGS = (
     Flag(("--rounds",), "rounds", int, 7, "timed runs of every candidate (>= 2)",
          env="MLXCEL_TUNE_ROUNDS"),
     Flag(("--tune-prompt-tokens",), "prompt_tokens", int, 2048,
-         "length of the prompt whose prefill is timed (tokens)",
+         "length of the prompt whose prefill is timed (tokens; >= 128 to search, below the "
+         "model's context)",
          env="MLXCEL_TUNE_PROMPT_TOKENS"),
     Flag(("--tune-decode-rows",), "decode_rows", _positive_ints, (1, 8, 32),
          "sequences decoded together, comma-separated, each rounded up to a power of two",
@@ -84,7 +87,10 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     store = TuningStore(autotune_dir(environ), TuningScope.current())
     if args.show or args.clear:
         _check_alone(args)
-        return _show(store, out) if args.show else _clear(store, out)
+        if args.show:
+            return _show(store, out)
+        _check_writable(store)
+        return _clear(store, out)
     if args.rounds < 2:
         raise UsageError(f"--rounds must be >= 2, got {args.rounds}")
     if args.prompt_tokens < 1:
@@ -95,32 +101,96 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     path = model_path(args)
     results: list[SearchResult] = []
     if PREFILL_CHUNK in tactics:
-        bucket = prefill_bucket_for(path)
-        loaded = load_for_command(args.model, store=args.model_store, revision=args.revision)
-        result = search_prefill_chunk(
-            loaded,
-            bucket,
-            prompt_tokens=args.prompt_tokens,
-            default=UBATCH_SIZE_FLAG.default,
-            rounds=args.rounds,
-        )
-        _record(store, result, out)
-        results.append(result)
-        del loaded  # the decode kernel's pools need the memory, not the weights
+        result = _tune_prefill_chunk(args, path, store, err)
+        if result is not None:
+            _record(store, result, out)
+            results.append(result)
     if PAGED_DECODE_PARTITIONS in tactics:
         inventory = read_model_inventory(path)
         skip_reason = decode_kernel_skip_reason(inventory)
         if skip_reason is not None:
             print(f"mlxcel tune: {skip_reason}", file=err)
         else:
+            _check_writable(store)
             for result in search_paged_decode_partitions(
-                inventory, rows=args.decode_rows, contexts=args.decode_contexts, rounds=args.rounds
+                inventory,
+                rows=args.decode_rows,
+                contexts=args.decode_contexts,
+                rounds=args.rounds,
+                on_round=lambda bucket, done: _progress(
+                    err, f"{PAGED_DECODE_PARTITIONS} [{bucket}]", done, args.rounds
+                ),
             ):
                 _record(store, result, out)
                 results.append(result)
     if results:
         print(f"stored in {store.path}", file=out)
     return 0
+
+
+def _tune_prefill_chunk(
+    args: argparse.Namespace, path: Path, store: TuningStore, err: TextIO
+) -> SearchResult | None:
+    """Search the prefill chunk for the model at `path`; None when the prompt is too
+    short to leave any candidate but the default (said on `err`).
+
+    Raises:
+        UsageError: the prompt and its first token do not fit the model's context.
+        RunError: the autotune folder cannot be written, or the engine cannot start.
+    """
+    context = read_model_inventory(path).architecture.context_length
+    if args.prompt_tokens >= context:
+        raise UsageError(
+            f"--tune-prompt-tokens {args.prompt_tokens} does not fit the model's context of "
+            f"{context} tokens (at most {context - 1}: the prompt and its first token)"
+        )
+    default = UBATCH_SIZE_FLAG.default
+    candidates = prefill_chunk_candidates(args.prompt_tokens, default)
+    if len(candidates) == 1:
+        print(
+            f"mlxcel tune: a {args.prompt_tokens}-token prompt leaves only the default chunk "
+            f"{default}; nothing searched or stored (--tune-prompt-tokens "
+            f"{min(PREFILL_CHUNK_CANDIDATES)} or more searches {PREFILL_CHUNK})",
+            file=err,
+        )
+        return None
+    _check_writable(store)
+    bucket = prefill_bucket_for(path)
+    loaded = load_for_command(args.model, store=args.model_store, revision=args.revision)
+    print(
+        f"mlxcel tune: {PREFILL_CHUNK}: timing chunks {', '.join(map(str, candidates))} "
+        f"on a {args.prompt_tokens}-token prompt",
+        file=err,
+        flush=True,
+    )
+    result = search_prefill_chunk(
+        loaded,
+        bucket,
+        prompt_tokens=args.prompt_tokens,
+        candidates=candidates,
+        default=default,
+        rounds=args.rounds,
+        on_round=lambda done: _progress(err, PREFILL_CHUNK, done, args.rounds),
+    )
+    del loaded  # the decode kernel's pools need the memory, not the weights
+    return result
+
+
+def _progress(err: TextIO, what: str, done: int, rounds: int) -> None:
+    print(f"mlxcel tune: {what}: round {done}/{rounds}", file=err, flush=True)
+
+
+def _check_writable(store: TuningStore) -> None:
+    """Refuse, before any timing, an autotune folder the result could not be stored in.
+
+    Raises:
+        RunError: the folder cannot be created or written.
+    """
+    try:
+        store.check_writable()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise RunError(f"cannot write the autotune folder {store.directory}: {reason}") from error
 
 
 def _check_alone(args: argparse.Namespace) -> None:
@@ -168,6 +238,9 @@ def _record(store: TuningStore, result: SearchResult, out: TextIO) -> None:
 def _show(store: TuningStore, out: TextIO) -> int:
     entries = sorted(store.read().values(), key=lambda entry: (entry.tactic, entry.bucket))
     if not entries:
+        ignored = store.ignored_reason()
+        if ignored is not None:
+            print(f"ignored {store.path}: it {ignored}", file=out)
         print(f"nothing tuned for {store.scope.device}, MLX {store.scope.mlx_version}", file=out)
         return 0
     print(f"tuned for {store.scope.device}, MLX {store.scope.mlx_version} ({store.path})", file=out)

@@ -3,7 +3,7 @@ CUDA paged decode kernel's split count on random pools of the model's attention 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -17,7 +17,7 @@ from mlxcel_core.autotune import (
 )
 from mlxcel_core.autotune.buckets import next_power_of_two
 from mlxcel_core.autotune.paged_decode import DecodeKernelProblem, partition_candidates
-from mlxcel_core.autotune.prefill import EnginePrefill, prefill_chunk_candidates
+from mlxcel_core.autotune.prefill import EnginePrefill
 from mlxcel_core.engine import InsufficientMemoryError
 from mlxcel_core.kernels.paged_attention import uses_decode_kernel
 from mlxcel_models.compute import ComputeOptions
@@ -29,23 +29,38 @@ BLOCK_SIZE = 16
 
 
 def search_prefill_chunk(
-    loaded: LoadedModel, bucket: str, *, prompt_tokens: int, default: int, rounds: int
+    loaded: LoadedModel,
+    bucket: str,
+    *,
+    prompt_tokens: int,
+    candidates: Sequence[int],
+    default: int,
+    rounds: int,
+    on_round: Callable[[int], object],
 ) -> SearchResult:
     """Time the engine's prefill of a random prompt of `prompt_tokens` tokens with each
-    candidate chunk (`prefill_chunk_candidates`) against `default`.
+    of `candidates` (chunk sizes, `default` among them), calling `on_round` after each
+    round; the engines are shut down on return, error or Ctrl-C.
 
     Raises:
         RunError: the engine cannot start (the prompt's KV cache does not fit).
     """
     key = mx.random.key(0)
     prompt = mx.random.randint(0, loaded.config.vocab_size, (prompt_tokens,), key=key).tolist()
-    candidates = prefill_chunk_candidates(prompt_tokens, default)
     try:
         prefill = EnginePrefill(loaded.model, prompt, candidates, block_size=BLOCK_SIZE)
     except InsufficientMemoryError as error:
         raise RunError(str(error)) from error
     with prefill:
-        return search(PREFILL_CHUNK, bucket, candidates, prefill, default=default, rounds=rounds)
+        return search(
+            PREFILL_CHUNK,
+            bucket,
+            candidates,
+            prefill,
+            default=default,
+            rounds=rounds,
+            on_round=on_round,
+        )
 
 
 def decode_kernel_skip_reason(inventory: ModelInventory) -> str | None:
@@ -71,11 +86,13 @@ def search_paged_decode_partitions(
     rows: Sequence[int],
     contexts: Sequence[int],
     rounds: int,
+    on_round: Callable[[str, int], object],
 ) -> Iterator[SearchResult]:
     """Time the kernel's split counts (`partition_candidates`) against `num_partitions_for`'s
     for the model's attention shape at every (rows, context) pair, both rounded up to a power
     of two (the context to at least one block): the top of their bucket. The kernel must take
-    the model's layers here (`decode_kernel_skip_reason` is None)."""
+    the model's layers here (`decode_kernel_skip_reason` is None). `on_round` is called
+    with the bucket and the rounds done after each round."""
     arch = inventory.architecture
     dtype = activation_dtype(inventory, ComputeOptions.for_device(mx.default_device()))
     for row_count in rows:
@@ -107,5 +124,6 @@ def search_paged_decode_partitions(
                 problem,
                 default=default,
                 rounds=rounds,
+                on_round=lambda done, bucket=bucket: on_round(bucket, done),
             )
             del problem  # free this shape's pools before the next shape's are made

@@ -52,6 +52,7 @@ def measure_interleaved(
     *,
     rounds: int,
     timer: Callable[[], float] = time.perf_counter,
+    on_round: Callable[[int], object] = lambda done: None,
 ) -> list[Measurement]:
     """Time `run(candidate)` for every candidate, `rounds` times each, interleaved.
 
@@ -64,6 +65,7 @@ def measure_interleaved(
         run: does the work of one candidate; its return value is ignored.
         rounds: timed calls per candidate (>= 2, so that each has a spread).
         timer: seconds from an arbitrary origin; `time.perf_counter` unless a test fakes it.
+        on_round: called with the number of rounds done after each round (1 to `rounds`).
 
     Returns:
         One `Measurement` per candidate, in the order of `candidates`.
@@ -85,6 +87,7 @@ def measure_interleaved(
             start = timer()
             run(candidate)
             samples[candidate].append(timer() - start)
+        on_round(round_index + 1)
     return [Measurement(candidate, tuple(samples[candidate])) for candidate in candidates]
 
 

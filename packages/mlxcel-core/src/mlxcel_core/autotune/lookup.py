@@ -47,9 +47,15 @@ class Tunings:
 
     def value(self, tactic: str, bucket: str, default: int) -> int:
         """The tuned value of `tactic` for `bucket`, else `default`."""
+        tuned = self.tuned(tactic, bucket)
+        return default if tuned is None else tuned
+
+    def tuned(self, tactic: str, bucket: str) -> int | None:
+        """The tuned value of `tactic` for `bucket`; None when none is stored or tuning is
+        off."""
         if self._values is None:
-            return default
-        return self._values.get((tactic, bucket), default)
+            return None
+        return self._values.get((tactic, bucket))
 
 
 _installed = Tunings(None)

@@ -101,8 +101,24 @@ class EnginePrefill:
             raise EngineError(f"the prefill with chunk {chunk} failed: {output.error}")
 
     def close(self) -> None:
+        """Shut every engine down and wait for its thread, even through Ctrl-C, which is
+        raised again once they have all ended: an engine thread still alive at exit
+        aborts the process.
+
+        Raises:
+            KeyboardInterrupt: one arrived while waiting.
+        """
+        interrupt: KeyboardInterrupt | None = None
         for engine in self._engines.values():
-            engine.shutdown()
+            while True:
+                try:
+                    engine.shutdown()
+                    break
+                except KeyboardInterrupt as error:
+                    interrupt = error
+        self._engines.clear()
+        if interrupt is not None:
+            raise interrupt
 
     def __enter__(self) -> EnginePrefill:
         return self

@@ -49,13 +49,17 @@ def search(
     default: int,
     rounds: int,
     timer: Callable[[], float] = time.perf_counter,
+    on_round: Callable[[int], object] = lambda done: None,
 ) -> SearchResult:
-    """Time `run` over `candidates` (`measure_interleaved`) and `choose` against `default`.
+    """Time `run` over `candidates` (`measure_interleaved`, `on_round` called after each
+    round) and `choose` against `default`.
 
     Raises:
         ValueError: as `measure_interleaved` does, or `default` is not a candidate.
     """
     if default not in candidates:
         raise ValueError(f"default {default} must be among the candidates {list(candidates)}")
-    measurements = measure_interleaved(candidates, run, rounds=rounds, timer=timer)
+    measurements = measure_interleaved(
+        candidates, run, rounds=rounds, timer=timer, on_round=on_round
+    )
     return SearchResult(tactic, bucket, tuple(measurements), choose(measurements, default))

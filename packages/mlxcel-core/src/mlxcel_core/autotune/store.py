@@ -102,11 +102,8 @@ class TuningStore:
     def read(self) -> dict[tuple[str, str], TunedEntry]:
         """The stored entries by (tactic, bucket); empty when the file is missing, corrupt,
         of another format version or of another scope. Malformed entries are skipped."""
-        try:
-            document = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return {}
-        if not self._is_current(document):
+        document, reason = self._load()
+        if reason is not None:
             return {}
         entries = {}
         for fields in document["entries"]:
@@ -114,6 +111,24 @@ class TuningStore:
             if entry is not None:
                 entries[(entry.tactic, entry.bucket)] = entry
         return entries
+
+    def ignored_reason(self) -> str | None:
+        """Why the file, which exists, is read as empty (one line), or None when it is
+        missing or current."""
+        if not self.path.exists():
+            return None
+        return self._load()[1]
+
+    def check_writable(self) -> None:
+        """Create the folder if needed and write and delete a scratch file in it, so that a
+        search learns before its timing that it could not store its result.
+
+        Raises:
+            OSError: the folder cannot be created or written.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".tmp-"):
+            pass
 
     def record(self, entry: TunedEntry) -> Path:
         """Add or replace `entry`, keeping the scope's other entries; the file is replaced
@@ -149,14 +164,22 @@ class TuningStore:
             return False
         return True
 
-    def _is_current(self, document: Any) -> bool:
-        return (
-            isinstance(document, dict)
-            and document.get("format") == FORMAT_VERSION
-            and document.get("device") == self.scope.device
-            and document.get("mlx_version") == self.scope.mlx_version
-            and isinstance(document.get("entries"), list)
-        )
+    def _load(self) -> tuple[Any, str | None]:
+        """The file's document, and why it is not current (None when it is)."""
+        try:
+            document = json.loads(self.path.read_text(encoding="utf-8"))
+        except OSError as error:
+            return None, f"cannot be read: {error.strerror or error}"
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None, "is not valid JSON"
+        if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
+            return document, "is not a tuning file"
+        if document.get("format") != FORMAT_VERSION:
+            return document, f"has format {document.get('format')!r}, not {FORMAT_VERSION}"
+        scope = (document.get("device"), document.get("mlx_version"))
+        if scope != (self.scope.device, self.scope.mlx_version):
+            return document, f"was tuned for {scope[0]!r}, MLX {scope[1]!r}"
+        return document, None
 
 
 def _entry_from(fields: Any) -> TunedEntry | None:
