@@ -1,13 +1,15 @@
 """Rank 0's fault handling under `--disaggregate`, in-process on the tiny model with a fake
 prefill rank: a prompt's KV held to `--stage-timeout` per prefill chunk, a failed link,
 and rank 1's exit each degrade the server naming rank 1, ending the request whose KV is in
-flight; KV that arrives in time is used as usual."""
+flight, and those queued behind it, with that error; KV that arrives in time is used as
+usual."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import threading
+import time
 
 import mlx.core as mx
 import pytest
@@ -17,6 +19,7 @@ from mlxcel.stage_faults import guard_prefill
 from mlxcel_core.engine import (
     Engine,
     EngineConfig,
+    EngineOutput,
     EngineRequest,
     EngineUnavailableError,
     OutputQueue,
@@ -127,8 +130,10 @@ AMPLE = pytest.mark.parametrize("front", [WAIT_SECONDS], indirect=True)
 SHORT = pytest.mark.parametrize("front", [0.1], indirect=True)
 
 
-def _submit(state: ServerState, max_tokens: int = 4) -> OutputQueue:
-    sink = OutputQueue()
+def _submit(
+    state: ServerState, max_tokens: int = 4, sink: OutputQueue | None = None
+) -> OutputQueue:
+    sink = OutputQueue() if sink is None else sink
     request = EngineRequest(
         prompt_ids=PROMPT,
         sampling=SamplingParams(temperature=0.0),
@@ -206,3 +211,26 @@ def test_rank_1_exiting_with_kv_in_flight_ends_the_request_with_its_exit_code(fr
     assert "rank 1 exited with code -9" in str(output.error)
     status, body = _health(state)
     assert (status, body["rank"], body["reason"]) == (503, 1, "exited with code -9")
+
+
+class _YieldingSink(OutputQueue):
+    """An output queue whose `put` lets other threads run, as the server's does (it wakes
+    the event loop through a pipe), so the engine thread can end concurrently with it."""
+
+    def put(self, output: EngineOutput) -> None:
+        time.sleep(0.01)
+        super().put(output)
+
+
+@AMPLE
+def test_requests_queued_behind_kv_in_flight_end_with_the_error_naming_rank_1(front):
+    state, pair, rank1, _ = front
+    sinks = [_YieldingSink() for _ in range(4)]
+    for sink in sinks:
+        _submit(state, sink=sink)
+    assert rank1.receiving.wait(WAIT_SECONDS)
+    pair.health.report(StageFault(1, "exited with code -9"))
+    for sink in sinks:
+        output = sink.get(timeout=WAIT_SECONDS)
+        assert isinstance(output.error, EngineUnavailableError)
+        assert "rank 1 exited with code -9" in str(output.error)

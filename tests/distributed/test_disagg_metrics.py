@@ -2,8 +2,8 @@
 and prefill client, wired as `mlxcel serve` wires them, and the real prefill rank's loop
 (`serve_prefills`) on a thread, the two joined by a loopback in place of `mx.distributed`'s
 send and receive, which carries the real messages. After N remote prefills the counters
-say N and the KV bytes are the blocks' real size; once the link to rank 1 is lost, rank
-1's gauge reads 0."""
+say N and the KV bytes are the blocks' real size; a job's bytes count once it is sent,
+whether or not its KV arrives; once the link to rank 1 is lost, rank 1's gauge reads 0."""
 
 from __future__ import annotations
 
@@ -62,11 +62,13 @@ class LoopbackGroup:
 class Loopback:
     """`mx.distributed.send` and `recv` between two threads, a queue per direction; a
     receive gets the array sent, which must have the shape and dtype it asks for. Once
-    `cut`, sends and receives raise as the ring backend's do for a lost peer."""
+    `cut`, sends and receives raise as the ring backend's do for a lost peer; after
+    `cut_before_reply`, rank 0's next receive cuts the link."""
 
     def __init__(self) -> None:
         self._queues = {(0, 1): queue.Queue(), (1, 0): queue.Queue()}
         self._cut = False
+        self._cut_before_reply = False
 
     def send(self, array: mx.array, dst: int, *, group: LoopbackGroup) -> mx.array:
         if self._cut:
@@ -76,6 +78,8 @@ class Loopback:
         return array
 
     def recv(self, shape, dtype, src: int, *, group: LoopbackGroup) -> mx.array:
+        if self._cut_before_reply and group.rank() == 0:
+            self.cut()
         array = self._queues[(src, group.rank())].get(timeout=WAIT_SECONDS)
         if array is None:
             raise RuntimeError(LOST)
@@ -86,6 +90,9 @@ class Loopback:
         self._cut = True
         for waiting in self._queues.values():
             waiting.put(None)
+
+    def cut_before_reply(self) -> None:
+        self._cut_before_reply = True
 
 
 def make_config() -> EngineConfig:
@@ -159,6 +166,12 @@ def _scrape(state: ServerState) -> dict[str, float]:
     return metric_samples(asyncio.run(call()))
 
 
+def _job_bytes(prompt: tuple[int, ...]) -> int:
+    """The bytes of a prompt's job: a header of 6 int32 and its token ids but the last,
+    int32 each."""
+    return 4 * (6 + len(prompt) - 1)
+
+
 def _kv_bytes(prompt: tuple[int, ...]) -> int:
     """The bytes of a prompt's KV blocks on the tiny float32 model, from its shape."""
     model = TinyConfig()
@@ -179,8 +192,7 @@ def test_metrics_count_each_remote_prefill_and_its_kv_bytes(pair):
     assert samples["mlxcel:distributed_degraded"] == 0
     assert samples["mlxcel:remote_prefills_total"] == len(PROMPTS)
     assert samples["mlxcel:kv_transfer_bytes_total"] == sum(_kv_bytes(p) for p in PROMPTS)
-    # A job is a header of 6 int32 and the prompt's token ids but its last, int32 each.
-    job_bytes = sum(4 * (6 + len(p) - 1) for p in PROMPTS)
+    job_bytes = sum(_job_bytes(p) for p in PROMPTS)
     assert samples["mlxcel:remote_prefill_job_bytes_total"] == job_bytes
     for name in ("mlxcel:remote_prefill_seconds", "mlxcel:remote_prefill_compute_seconds"):
         assert samples[f"{name}_count"] == len(PROMPTS)
@@ -201,3 +213,17 @@ def test_the_prefill_rank_reads_0_once_its_link_is_lost(pair):
     assert samples["mlxcel:distributed_degraded"] == 1
     assert samples["mlxcel:remote_prefills_total"] == 1
     assert samples["mlxcel:kv_transfer_bytes_total"] == _kv_bytes(PROMPTS[0])
+    # The job the lost link refused to send counts no bytes.
+    assert samples["mlxcel:remote_prefill_job_bytes_total"] == _job_bytes(PROMPTS[0])
+
+
+def test_a_job_sent_whose_kv_never_arrives_counts_its_bytes(pair):
+    state, link = pair
+    assert _generate(state, PROMPTS[0]) is None
+    link.cut_before_reply()
+    assert "rank 1 cannot be reached" in str(_generate(state, PROMPTS[2]))
+    samples = _scrape(state)
+    assert samples["mlxcel:remote_prefills_total"] == 1
+    assert samples["mlxcel:kv_transfer_bytes_total"] == _kv_bytes(PROMPTS[0])
+    sent = _job_bytes(PROMPTS[0]) + _job_bytes(PROMPTS[2])
+    assert samples["mlxcel:remote_prefill_job_bytes_total"] == sent

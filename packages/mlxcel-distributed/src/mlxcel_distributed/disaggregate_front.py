@@ -136,7 +136,7 @@ class PrefillClient(RemotePrefill):
     def _prefill(self, job: PrefillJob) -> PrefilledKV:
         """Send `job`, receive its KV and record both."""
         start = time.perf_counter()
-        job_bytes = send_job(job, PREFILL_RANK, self._group)
+        self._metrics.record_job(send_job(job, PREFILL_RANK, self._group))
         size = self._layout.num_elements(job.num_blocks)
         flat = mx.distributed.recv((size,), self._layout.dtype, PREFILL_RANK, group=self._group)
         # The receive waits alone: MLX throttles the tasks in flight over all streams
@@ -146,9 +146,7 @@ class PrefillClient(RemotePrefill):
         compute_seconds = receive_compute_seconds(PREFILL_RANK, self._group)
         contents = unpack_blocks(flat, self._layout, job.num_blocks)
         mx.eval(contents)
-        self._metrics.record_prefill(
-            time.perf_counter() - start, compute_seconds, job_bytes, flat.nbytes
-        )
+        self._metrics.record_prefill(time.perf_counter() - start, compute_seconds, flat.nbytes)
         return PrefilledKV(job.seq_id, job.attempt, tuple(contents))
 
 

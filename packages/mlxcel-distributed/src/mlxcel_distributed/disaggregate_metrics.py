@@ -28,7 +28,8 @@ class PrefillMetricsSnapshot:
             rank's work, not the job's wait in the front's queue of jobs.
         compute_seconds: per prompt, the prefill rank's own time computing its KV and
             reading its blocks, as it reports it with the KV.
-        job_bytes: bytes the front sent to the prefill rank (jobs' headers and token ids).
+        job_bytes: bytes the front sent to the prefill rank (jobs' headers and token ids),
+            counted as each job is sent, so a job whose KV never arrived counts too.
         kv_bytes: bytes of prompt KV the front received.
     """
 
@@ -52,16 +53,19 @@ class PrefillMetrics:
         self._kv_bytes = 0
         self._down = False
 
-    def record_prefill(
-        self, remote_seconds: float, compute_seconds: float, job_bytes: int, kv_bytes: int
-    ) -> None:
+    def record_job(self, job_bytes: int) -> None:
+        """Add one job sent to the prefill rank, of `job_bytes` bytes, whether or not its
+        KV ever arrives."""
+        with self._lock:
+            self._job_bytes += job_bytes
+
+    def record_prefill(self, remote_seconds: float, compute_seconds: float, kv_bytes: int) -> None:
         """Add one prompt whose KV arrived: the front's and the prefill rank's times
-        (seconds), the bytes of its job and of its KV."""
+        (seconds), and the bytes of its KV."""
         with self._lock:
             self._remote.observe(remote_seconds)
             self._compute.observe(compute_seconds)
             self._num_prefills += 1
-            self._job_bytes += job_bytes
             self._kv_bytes += kv_bytes
 
     def record_down(self) -> None:

@@ -189,6 +189,9 @@ class Engine:
         self._num_held_waiting = 0
         self._closing = False
         self._failure: BaseException | None = None
+        # The error `abandon` ended the requests with, which the engine thread ends any it
+        # still holds with too.
+        self._abandoned_with: EngineError | None = None
         self._seq_ids = itertools.count()
         self._handle_ids = itertools.count()
         self._stats = EngineStats()
@@ -289,12 +292,14 @@ class Engine:
         peer hangs or died: MLX cannot interrupt it). `shutdown` must not be called after
         this; the thread is a daemon and is left behind. Should the thread resume, its later
         outputs follow each request's terminal error, and sinks ignore them; an idle thread
-        ends at once.
+        ends at once, ending the requests it still holds with `error` as well (it may reach
+        one before this call does).
         """
         with self._condition:
             self._closing = True
             self._condition.notify_all()
             self._failure = error
+            self._abandoned_with = error
             arrivals = list(self._inbox)
             scheduler = self._scheduler
             sequences = [*scheduler.waiting, *scheduler.running]
@@ -324,7 +329,9 @@ class Engine:
                 self._close_all(EngineClosedError("the engine stopped on an internal error"))
                 self._on_fatal(error)
             finally:
-                self._close_all(EngineClosedError("the server is shutting down"))
+                with self._condition:
+                    abandoned_with = self._abandoned_with
+                self._close_all(abandoned_with or EngineClosedError("the server is shutting down"))
                 if self._remote_prefill is not None:
                     self._remote_prefill.close()
 
@@ -635,7 +642,7 @@ class Engine:
                 self._closing = True
                 self._failure = error
 
-    def _close_all(self, error: EngineClosedError) -> None:
+    def _close_all(self, error: EngineError) -> None:
         with self._condition:
             self._closing = True
             arrivals, self._inbox = self._inbox, []
