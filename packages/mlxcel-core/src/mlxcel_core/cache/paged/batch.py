@@ -224,33 +224,43 @@ class PagedLayerCache:
     def _attend_from_pools(self, queries: mx.array, scale: float) -> mx.array | None:
         """Decode attention by a kernel reading this layer's pools, or None where no kernel
         serves the pools' types on the default device."""
+        key_codec, value_codec = self._storage.codecs(self._layer)
+        if key_codec is None and value_codec is None:
+            return self._attend_from_float_pools(queries, scale)
+        if isinstance(key_codec, TurboQuantCodec) and isinstance(value_codec, TurboQuantCodec):
+            return self._attend_from_turbo_pools(queries, scale, key_codec, value_codec)
+        return None
+
+    def _attend_from_float_pools(self, queries: mx.array, scale: float) -> mx.array | None:
         storage, batch = self._storage, self._batch
         _, H_q, _, D = queries.shape
-        device = mx.default_device()
-        key_codec, value_codec = storage.codecs(self._layer)
-        if key_codec is None and value_codec is None:
-            key_pool, value_pool = storage.keys[self._layer][0], storage.values[self._layer][0]
-            if key_pool.dtype != queries.dtype or not uses_decode_kernel(
-                device, key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
-            ):
-                return None
-            return paged_decode_attention(
-                queries,
-                key_pool,
-                value_pool,
-                batch.block_tables,
-                batch.context_lengths,
-                block_size=storage.block_size,
-                scale=scale,
-            )
-        if not isinstance(key_codec, TurboQuantCodec) or not isinstance(
-            value_codec, TurboQuantCodec
+        key_pool, value_pool = storage.keys[self._layer][0], storage.values[self._layer][0]
+        if key_pool.dtype != queries.dtype or not uses_decode_kernel(
+            mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
         ):
             return None
+        return paged_decode_attention(
+            queries,
+            key_pool,
+            value_pool,
+            batch.block_tables,
+            batch.context_lengths,
+            block_size=storage.block_size,
+            scale=scale,
+        )
+
+    def _attend_from_turbo_pools(
+        self,
+        queries: mx.array,
+        scale: float,
+        key_codec: TurboQuantCodec,
+        value_codec: TurboQuantCodec,
+    ) -> mx.array | None:
+        storage, batch = self._storage, self._batch
         geometry = storage.layers[self._layer]
         if not uses_turbo_decode_kernel(
-            device,
-            H_q,
+            mx.default_device(),
+            queries.shape[1],
             geometry.num_kv_heads,
             geometry.key_dim,
             geometry.value_dim,

@@ -86,13 +86,12 @@ class TurboQuantCodec:
         head_dim: features per head (D), a power of two >= 8.
         bits: bits per coordinate, 1 to 8.
 
-    Attributes (what a kernel reading the codes needs):
+    Attributes (what a kernel reading or writing the codes needs):
         rotation: (D, D) float32 R, `rotation.hadamard_rotation`.
-        signs: (D,) float32 random signs of R, `rotation.rotation_signs`.
-        levels: (2**bits,) float32 reconstruction levels of a rotated coordinate.
-        outliers: outlier features per head-vector.
-        codebook: all of the above that encoding needs, for `turbo_encode_cuda`, which
-            `encode` runs on a CUDA GPU.
+        codebook: R's random signs (`rotation.rotation_signs`), the scaled Lloyd-Max
+            boundaries and levels of a rotated coordinate, the bits, the outlier count and
+            the positions' dtype; `signs`, `levels` and `outliers` read it. `encode` hands
+            it to `turbo_encode_cuda` on a CUDA GPU.
 
     Raises:
         ValueError: `head_dim` is not a power of two >= 8, or `bits` is outside [1, 8].
@@ -104,35 +103,44 @@ class TurboQuantCodec:
                 f"cache type turbo{bits} needs a head dim that is a power of two "
                 f">= {MIN_HEAD_DIM}, got head_dim={head_dim}"
             )
-        codebook = gaussian_codebook(bits)
+        lloyd_max = gaussian_codebook(bits)
         scale = 1.0 / math.sqrt(head_dim)
-        self.bits = bits
-        self.centered = True
-        self.outliers = outlier_count(head_dim)
+        outliers = outlier_count(head_dim)
         position_dtype = mx.uint8 if head_dim <= _UINT8_POSITIONS else mx.uint16
+        self.bits = bits
+        self.head_dim = head_dim
+        self.centered = True
         self.components = (
             Component(packed_width(bits, head_dim), mx.uint8),
             Component(1, mx.float16),
-            Component(self.outliers, position_dtype),
-            Component(self.outliers, mx.float16),
+            Component(outliers, position_dtype),
+            Component(outliers, mx.float16),
         )
-        self.head_dim = head_dim
         self.rotation = mx.array(hadamard_rotation(head_dim))
-        self.signs = mx.array(rotation_signs(head_dim))
-        self.levels = mx.array(codebook.levels, dtype=mx.float32) * scale
-        self._boundaries = mx.array(codebook.boundaries, dtype=mx.float32) * scale
+        self.codebook = TurboCodebook(
+            signs=mx.array(rotation_signs(head_dim)),
+            boundaries=mx.array(lloyd_max.boundaries, dtype=mx.float32) * scale,
+            levels=mx.array(lloyd_max.levels, dtype=mx.float32) * scale,
+            bits=bits,
+            outliers=outliers,
+            position_dtype=position_dtype,
+        )
         # Compiled, the ~30 small operations of each run as a few fused kernels: a decode
         # step encodes one position per row and layer, where launches cost the most.
         self._encode = mx.compile(self._encode_float32)
         self._decode = mx.compile(self._decode_float32)
-        self.codebook = TurboCodebook(
-            signs=self.signs,
-            boundaries=self._boundaries,
-            levels=self.levels,
-            bits=bits,
-            outliers=self.outliers,
-            position_dtype=position_dtype,
-        )
+
+    @property
+    def outliers(self) -> int:
+        return self.codebook.outliers
+
+    @property
+    def levels(self) -> mx.array:
+        return self.codebook.levels
+
+    @property
+    def signs(self) -> mx.array:
+        return self.codebook.signs
 
     def encode(self, x: mx.array) -> tuple[mx.array, ...]:
         if uses_turbo_encode_kernel(mx.default_device(), self.head_dim):
@@ -151,7 +159,7 @@ class TurboQuantCodec:
         unit = rest / mx.where(norm > 0, norm, 1.0)
         # A dense (D, D) product: one operation, where the butterfly would take log2(D) stages.
         rotated = unit @ self.rotation
-        codes = mx.sum(rotated[..., None] > self._boundaries, axis=-1).astype(mx.uint8)
+        codes = mx.sum(rotated[..., None] > self.codebook.boundaries, axis=-1).astype(mx.uint8)
         quantized = self.levels[codes]
         quantized_norm = mx.sqrt(mx.sum(quantized * quantized, axis=-1, keepdims=True))
         scale = norm / mx.where(quantized_norm > 0, quantized_norm, 1.0)
