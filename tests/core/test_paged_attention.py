@@ -122,6 +122,57 @@ def test_layer_cache_writes_new_positions_to_their_slots_and_gathers_each_row():
     assert storage.keys[0][0][mx.array(untouched), 0, 0].tolist() == untouched
 
 
+def attend_through_cache(
+    storage: PagedKVStorage, rows: Sequence[BatchRow], seed: int
+) -> tuple[tuple[int, ...], mx.array]:
+    """One pass of random queries, keys and values through layer 0's cache: the shape
+    `update_and_fetch` returned the keys in, and the attention output."""
+    batch = PagedBatch(rows, BLOCK_SIZE)
+    cache = PagedLayerCache(storage, 0, batch)
+    geometry = storage.layers[0]
+    B, H, L = batch.num_rows, geometry.num_kv_heads, batch.num_queries
+    queries, keys, values = (
+        mx.random.normal((B, H, L, geometry.key_dim), key=mx.random.key(seed + i)) for i in range(3)
+    )
+    keys, values = cache.update_and_fetch(keys, values)
+    mask = cache.make_mask(L)
+    return tuple(keys.shape), cache.attention(queries, keys, values, scale=0.5, mask=mask)
+
+
+@pytest.mark.parametrize("cache_type", ["auto", "turbo4"])
+def test_decode_passes_leave_the_context_to_attention_once_it_comes_through_the_cache(
+    cache_type,
+):
+    prefill = [BatchRow([1, 2], 0, 6), BatchRow([3], 0, 3)]
+    decode = [BatchRow([1, 2], 6, 1), BatchRow([3], 3, 1)]
+    storages = [
+        PagedKVStorage(
+            [LayerGeometry(2, 8, 8, mx.float32)],
+            BLOCK_SIZE,
+            max_blocks=8,
+            cache_type_k=cache_type,
+            cache_type_v=cache_type,
+        )
+        for _ in range(2)
+    ]
+    for storage in storages:
+        storage.ensure_capacity(5)
+        shape, _ = attend_through_cache(storage, prefill, seed=0)
+        # A layer not seen attending through its cache gets its whole context.
+        assert shape == (2, 2, 6, 8)
+    assert storages[0].layers_attending_in_cache == {0}
+    # The second storage stands for a model whose attention never reaches the cache.
+    storages[1].layers_attending_in_cache.clear()
+    fetched_shape, fetched = attend_through_cache(storages[1], decode, seed=10)
+    deferred_shape, deferred = attend_through_cache(storages[0], decode, seed=10)
+    assert fetched_shape == (2, 2, 7, 8)
+    assert deferred_shape == (2, 2, 1, 8)
+    assert mx.allclose(deferred, fetched, **FLOAT32_TOLERANCE)
+    # Passes of several queries per row always fetch the context.
+    shape, _ = attend_through_cache(storages[0], [BatchRow([1, 2, 4], 7, 2)], seed=20)
+    assert shape == (1, 2, 9, 8)
+
+
 def test_layer_cache_masks_take_the_fast_path_only_for_one_unwindowed_row():
     storage = PagedKVStorage([LayerGeometry(1, 1, 1, mx.float32)], BLOCK_SIZE, max_blocks=4)
     one = PagedBatch([BatchRow([1, 2], offset=3, num_new_tokens=2)], BLOCK_SIZE)

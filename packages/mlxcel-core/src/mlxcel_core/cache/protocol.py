@@ -47,7 +47,13 @@ class KVCache(Protocol):
 @runtime_checkable
 class AttentionCache(Protocol):
     """A cache that computes attention over what it stores, in place of the model's
-    `scaled_dot_product_attention`, so it can read its storage directly."""
+    `scaled_dot_product_attention`, so it can read its storage directly.
+
+    Once its attention has come through `attention`, such a cache may return from
+    `update_and_fetch` only the new positions, which the model hands on to `attention`
+    unchanged; a model that uses the keys and values otherwise (attention sinks, for
+    one) must not route its attention to the cache.
+    """
 
     def attention(
         self,

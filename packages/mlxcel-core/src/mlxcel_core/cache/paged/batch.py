@@ -140,14 +140,19 @@ class PagedLayerCache:
     `AttentionCache` protocols).
 
     `offset` is a (B,) int32 array, which RoPE applies per row; `update_and_fetch` stores the
-    new keys and values in their slots, then gathers each row's whole context (lazily: a
-    decode pass whose `attention` reads the pools never evaluates that gather).
+    new keys and values in their slots, then returns each row's whole context. In a decode
+    pass of a layer in the storage's `layers_attending_in_cache` it returns only the new
+    positions instead, and `attention` gathers the context if no kernel reads the pools:
+    gathering a quantized context builds a graph of some thirty operations per layer,
+    host time that a decode kernel reading the codes would otherwise pay every step for
+    nothing.
     """
 
     def __init__(self, storage: PagedKVStorage, layer: int, batch: PagedBatch) -> None:
         self._storage = storage
         self._layer = layer
         self._batch = batch
+        self._context_fetched = True
 
     @property
     def offset(self) -> mx.array:
@@ -162,6 +167,12 @@ class PagedLayerCache:
             values.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
             self._batch.anchors,
         )
+        if self._batch.num_queries == 1 and self._layer in self._storage.layers_attending_in_cache:
+            self._context_fetched = False
+            return keys, values
+        return self._fetch_context()
+
+    def _fetch_context(self) -> tuple[mx.array, mx.array]:
         return self._storage.gather(self._layer, self._batch.read_slots, self._batch.anchors)
 
     def make_mask(
@@ -187,8 +198,7 @@ class PagedLayerCache:
         scale: float,
         mask: AttentionMask,
     ) -> mx.array:
-        """Attention of this pass's queries over the keys and values `update_and_fetch`
-        returned.
+        """Attention of this pass's queries over the layer's context.
 
         A decode pass (one query per row) under the batch's own unwindowed mask reads the
         pools through the block tables when a kernel serves the device and the pools'
@@ -198,18 +208,22 @@ class PagedLayerCache:
 
         Args:
             queries: (B, H_q, L, D_k), H_q a multiple of H_kv.
-            keys: (B, H_kv, S, D_k), as `update_and_fetch` returned them.
-            values: (B, H_kv, S, D_v).
+            keys: (B, H_kv, S, D_k), as `update_and_fetch` returned them (the new
+                positions alone when it left the context unfetched).
+            values: (B, H_kv, S, D_v), likewise.
             scale: multiplier of the query-key dot products.
             mask: the mask `make_mask` gave the model.
 
         Returns:
             (B, H_q, L, D_v) in the queries' dtype.
         """
+        self._storage.layers_attending_in_cache.add(self._layer)
         if self._decodes_from_pools(mask):
             attended = self._attend_from_pools(queries, scale)
             if attended is not None:
                 return attended
+        if not self._context_fetched:
+            keys, values = self._fetch_context()
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
     def _decodes_from_pools(self, mask: AttentionMask) -> bool:

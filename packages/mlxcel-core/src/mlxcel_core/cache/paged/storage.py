@@ -81,6 +81,10 @@ class PagedKVStorage:
 
     Attributes:
         bytes_per_block: key and value bytes of one block over all layers, as stored.
+        layers_attending_in_cache: the layers whose attention has come through
+            `PagedLayerCache.attention` (the model routes it to the cache and uses no
+            attention sinks); their decode passes fetch the context only if attention
+            needs it.
 
     Raises:
         ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, or a cache type
@@ -111,6 +115,7 @@ class PagedKVStorage:
         self.cache_type_k = cache_type_k
         self.cache_type_v = cache_type_v
         self.decode_kernel = decode_kernel
+        self.layers_attending_in_cache: set[int] = set()
         self.capacity_blocks = 0
         self._key_codecs = [make_kv_codec(cache_type_k, g.key_dim) for g in layers]
         self._value_codecs = [make_kv_codec(cache_type_v, g.value_dim) for g in layers]
