@@ -29,7 +29,7 @@ THREADS = 1024
 HEADER = """
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
   #pragma unroll
-  for (int round = 0; round < 10; ++round) {
+  for (int r = 0; r < 10; ++r) {
     const unsigned int hi0 = __umulhi(0xD2511F53u, c.x);
     const unsigned int lo0 = 0xD2511F53u * c.x;
     const unsigned int hi1 = __umulhi(0xCD9E8D57u, c.z);

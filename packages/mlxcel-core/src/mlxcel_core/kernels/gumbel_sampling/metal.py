@@ -17,7 +17,7 @@ from mlxcel_core.kernels.gumbel_sampling.cuda import launch_gumbel_max
 
 HEADER = """
 inline uint4 philox4x32_10(uint4 c, uint2 k) {
-  for (int round = 0; round < 10; ++round) {
+  for (int r = 0; r < 10; ++r) {
     const uint hi0 = mulhi(0xD2511F53u, c.x);
     const uint lo0 = 0xD2511F53u * c.x;
     const uint hi1 = mulhi(0xCD9E8D57u, c.z);
