@@ -7,6 +7,7 @@ from collections.abc import Hashable, Sequence
 
 import mlx.core as mx
 
+from mlxcel_core.kernels.gumbel_sampling import gumbel_max_sample_cuda, uses_gumbel_kernel
 from mlxcel_core.sampling.params import SamplerStage, SamplingParams
 from mlxcel_core.sampling.penalties import apply_dry, apply_logit_bias, apply_penalties
 from mlxcel_core.sampling.stages import (
@@ -72,6 +73,18 @@ def _batch_group(params: SamplingParams, active: tuple[SamplerStage, ...]) -> Ha
     return dataclasses.replace(params, seed=0)
 
 
+def _split_final_temperature(
+    stages: tuple[SamplerStage, ...], temperature: float
+) -> tuple[tuple[SamplerStage, ...], float]:
+    """The stages the chain runs before the fused Gumbel-max draw, and the temperature that
+    draw divides by: a chain ending in the temperature stage hands its division (T > 0) to
+    the kernel; any other chain runs whole, its temperature (if any) already applied, and
+    the draw takes T = 1."""
+    if stages and stages[-1] is SamplerStage.TEMPERATURE:
+        return stages[:-1], temperature
+    return stages, 1.0
+
+
 def _as_vector(logits: mx.array) -> mx.array:
     if logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits[0]
@@ -94,6 +107,12 @@ class Sampler:
     draw and the final draw, used or not), so a seeded request draws the same tokens whatever
     else runs beside it. `sample_batch` advances a sampled row's stream the same way; greedy
     rows never draw from theirs.
+
+    On a CUDA GPU the final draw is the fused Gumbel-max kernel
+    (`mlxcel_core.kernels.gumbel_sampling`) keyed by the same split of the stream, and a
+    chain that ends in the temperature stage leaves its division to that kernel; elsewhere
+    it is `mx.random.categorical`. Both draw from the same distribution, but not the same
+    tokens: a seed reproduces its tokens on one kind of device.
 
     Attributes:
         params: The request's settings.
@@ -225,6 +244,13 @@ class Sampler:
             processed = self._run_stages(logits, history, self._greedy_stages)
             self.next_key()
             return mx.argmax(processed).astype(mx.int32)
+        if uses_gumbel_kernel(mx.default_device()):
+            stages, temperature = _split_final_temperature(
+                self.params.samplers, self.params.temperature
+            )
+            processed = self._run_stages(logits, history, stages)
+            temperatures = mx.array([temperature], dtype=mx.float32)
+            return gumbel_max_sample_cuda(processed[None], temperatures, self.next_key()[None])[0]
         processed = self.apply_chain(logits, history)
         return mx.random.categorical(processed, key=self.next_key()).astype(mx.int32)
 
@@ -288,10 +314,17 @@ def sample_batch(samplers: Sequence[Sampler], logits: mx.array) -> mx.array:
     if groups == {_GREEDY_GROUP}:
         return mx.argmax(logits, axis=-1).astype(mx.int32)
     first = samplers[0]
-    for stage in first._active_stages:
+    fused = uses_gumbel_kernel(mx.default_device())
+    stages, temperature = first._active_stages, 1.0
+    if fused:
+        stages, temperature = _split_final_temperature(stages, first.params.temperature)
+    for stage in stages:
         logits = first._apply_stage(stage, logits, mx.array([], dtype=mx.int32), 0.0)
     advanced = _advance_rows(_stream_states(samplers))
     states = advanced[:, 0]
     for row, sampler in enumerate(samplers):
         sampler._batch_keys = (states, row)
+    if fused:
+        temperatures = mx.full((len(samplers),), temperature, dtype=mx.float32)
+        return gumbel_max_sample_cuda(logits, temperatures, advanced[:, 1])
     return _categorical_rows(logits, advanced[:, 1]).astype(mx.int32)
