@@ -1,11 +1,12 @@
-"""The TurboQuant Metal kernels, on any machine: their launches, recorded through a fake
+"""The Metal kernels, on any machine: their launches, recorded through a fake
 `mx.fast.metal_kernel`, and their sources, read as far as text can be against what MLX
-hands a Metal kernel. On an Apple GPU, the kernels against decode-then-attend and the
-plain encoder.
+hands a Metal kernel (test_metal_sources_on_cpu.py runs them). On an Apple GPU, the
+TurboQuant kernels against decode-then-attend and the plain encoder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 import struct
@@ -64,8 +65,19 @@ class RecordedKernel:
         return outputs
 
 
+@contextlib.contextmanager
+def kernels_built_by(monkeypatch, metal_kernel):
+    """The Metal modules' kernels built anew through `metal_kernel` inside the block."""
+    monkeypatch.setattr(mx.fast, "metal_kernel", metal_kernel)
+    for module in (metal, turbo_metal, encode_module):
+        module._kernels.cache_clear()
+    yield
+    for module in (metal, turbo_metal, encode_module):
+        module._kernels.cache_clear()
+
+
 @pytest.fixture
-def built(monkeypatch) -> dict[str, RecordedKernel]:
+def built(monkeypatch):
     """The Metal kernels built while a test runs, by name."""
     kernels: dict[str, RecordedKernel] = {}
     fill = np.random.default_rng(0)
@@ -74,12 +86,8 @@ def built(monkeypatch) -> dict[str, RecordedKernel]:
         kernels[definition["name"]] = RecordedKernel(fill, **definition)
         return kernels[definition["name"]]
 
-    monkeypatch.setattr(mx.fast, "metal_kernel", metal_kernel)
-    for module in (metal, turbo_metal, encode_module):
-        module._kernels.cache_clear()
-    yield kernels
-    for module in (metal, turbo_metal, encode_module):
-        module._kernels.cache_clear()
+    with kernels_built_by(monkeypatch, metal_kernel):
+        yield kernels
 
 
 def pools(storage, layer_pools: str, codec) -> TurboPool:
@@ -249,7 +257,8 @@ def all_kernels(built) -> dict[str, RecordedKernel]:
 
 
 def identifiers(text: str) -> set[str]:
-    return set(re.findall(r"[A-Za-z_]\w*", text))
+    """The names a kernel's code spells, its comments left out."""
+    return set(re.findall(r"[A-Za-z_]\w*", re.sub(r"//.*", "", text)))
 
 
 KERNELS = [
@@ -285,7 +294,7 @@ def test_source_names_only_what_mlx_passes_and_metal_knows(built, name):
 
 
 @pytest.mark.parametrize("name", KERNELS)
-def test_every_template_value_a_launch_passes_is_one_the_source_uses(built, name):
+def test_template_values_passed_are_those_the_source_uses(built, name):
     kernels = all_kernels(built)
     storage, batch = turbo_problem([40, 9], block_size=16)
     key_codec, value_codec = storage.codecs(0)
@@ -318,9 +327,16 @@ def test_every_template_value_a_launch_passes_is_one_the_source_uses(built, name
         turbo_encode_metal(vectors, codebook, centering)
     kernel = kernels[name]
     launch = kernel.calls[0]
-    used = identifiers(kernel.definition["source"] + kernel.definition.get("header", ""))
+    text = kernel.definition["source"] + kernel.definition.get("header", "")
+    passed = {key for key, _ in launch["template"]}
     # T types inputs and outputs in MLX's generated signature, so the body need not name it.
-    assert {key for key, _ in launch["template"]} - {"T"} <= used
+    assert passed - {"T"} <= identifiers(text)
+    # Constants are spelled in capitals: each is passed, or declared in the kernel.
+    constants = {name for name in identifiers(text) if re.fullmatch(r"[A-Z][A-Z0-9_]*", name)}
+    declared = set(re.findall(r"constexpr int (\w+)", text))
+    for params in re.findall(r"template <([^>]*)>", text):
+        declared |= set(re.findall(r"(?:int|typename) (\w+)", params))
+    assert constants - declared - {"INFINITY"} <= passed
 
 
 def test_metal_takes_fewer_group_sizes_than_cuda_within_its_threadgroup_memory():
@@ -333,7 +349,6 @@ def test_metal_takes_fewer_group_sizes_than_cuda_within_its_threadgroup_memory()
 
 
 on_metal = pytest.mark.skipif(not mx.metal.is_available(), reason="needs an Apple GPU")
-LENGTHS = [700, 1, 33, 257, 16]
 
 
 @on_metal
@@ -348,7 +363,7 @@ def test_metal_kernel_matches_decoding_then_attending(
     key_type, value_type, dtype, num_partitions, num_q_heads, num_kv_heads, head_dim, block_size
 ):
     storage, tables = written_storage(
-        LENGTHS,
+        [700, 1, 33, 257, 16],
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         block_size=block_size,
@@ -357,9 +372,9 @@ def test_metal_kernel_matches_decoding_then_attending(
         dtype=dtype,
         seed=head_dim + block_size,
     )
-    batch = decode_batch(tables, LENGTHS, block_size)
+    batch = decode_batch(tables, [700, 1, 33, 257, 16], block_size)
     queries = mx.array(
-        np.random.default_rng(7).standard_normal((len(LENGTHS), num_q_heads, 1, head_dim)),
+        np.random.default_rng(7).standard_normal((5, num_q_heads, 1, head_dim)),
         mx.float32,
     ).astype(dtype)
     scale = head_dim**-0.5
