@@ -21,6 +21,7 @@ decodes with the same error bound.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -158,8 +159,8 @@ _SOURCE = """
   }
 """
 
-_CODEC_INPUTS = ["vectors", "signs", "boundaries", "levels"]
-_CENTERING_INPUTS = [
+CODEC_INPUTS = ["vectors", "signs", "boundaries", "levels"]
+CENTERING_INPUTS = [
     "pool_codes",
     "pool_scales",
     "pool_positions",
@@ -168,7 +169,7 @@ _CENTERING_INPUTS = [
     "write_rows",
     "write_centered",
 ]
-_OUTPUTS = ["packed", "scales", "outlier_positions", "outlier_values"]
+OUTPUTS = ["packed", "scales", "outlier_positions", "outlier_values"]
 
 
 # Head dims whose vectors one warp encodes with D floats of shared memory per array.
@@ -186,8 +187,8 @@ def _kernels() -> dict[bool, object]:
     return {
         centered: mx.fast.cuda_kernel(
             name="mlxcel_turbo_encode_centered" if centered else "mlxcel_turbo_encode",
-            input_names=_CODEC_INPUTS + (_CENTERING_INPUTS if centered else []),
-            output_names=_OUTPUTS,
+            input_names=CODEC_INPUTS + (CENTERING_INPUTS if centered else []),
+            output_names=OUTPUTS,
             source=_SOURCE.replace("CENTERING", _CENTERING if centered else ""),
             header=_HEADER,
         )
@@ -253,6 +254,21 @@ def turbo_encode_cuda(
         (N, H, outliers) outlier positions in `codebook.position_dtype` and
         (N, H, outliers) float16 outlier values: `TurboQuantCodec.encode`'s components.
     """
+    return launch_turbo_encode(_kernels(), vectors, codebook, centering)
+
+
+def launch_turbo_encode(
+    kernels: Mapping[bool, object],
+    vectors: mx.array,
+    codebook: TurboCodebook,
+    centering: FirstBlockCentering | None,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Launch the encoder of `kernels`, keyed by whether it centers (the CUDA ones or the
+    Metal ones, which take the same inputs, template and grid): one 32-thread block per
+    head-vector.
+
+    Arguments and result as `turbo_encode_cuda`.
+    """
     N, H, D = vectors.shape
     inputs = [vectors, codebook.signs, codebook.boundaries, codebook.levels]
     if centering is not None:
@@ -264,7 +280,7 @@ def turbo_encode_cuda(
         ]
     outliers = codebook.outliers
     return tuple(
-        _kernels()[centering is not None](
+        kernels[centering is not None](
             inputs=inputs,
             template=[
                 ("D", D),

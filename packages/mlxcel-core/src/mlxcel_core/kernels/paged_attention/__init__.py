@@ -3,7 +3,8 @@
 `paged_decode_attention` runs the CUDA kernels on a CUDA device for layers they support,
 and the plain-MLX reference everywhere else (docs/adr/0015-paged-decode-kernel.md).
 `turbo_decode_attention_cuda` reads TurboQuant pools as stored, where
-`uses_turbo_decode_kernel` says it serves the layer.
+`uses_turbo_decode_kernel` says it serves the layer. The `_metal` kernels are their
+Metal ports, untested on hardware, to which nothing dispatches.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mlxcel_core.kernels.paged_attention.turbo_cuda import (
     supports_turbo,
     turbo_decode_attention_cuda,
 )
+from mlxcel_core.kernels.paged_attention.turbo_metal import turbo_decode_attention_metal
 
 
 def uses_decode_kernel(
@@ -106,6 +108,7 @@ __all__ = [
     "paged_decode_attention_metal",
     "paged_decode_attention_reference",
     "turbo_decode_attention_cuda",
+    "turbo_decode_attention_metal",
     "uses_decode_kernel",
     "uses_turbo_decode_kernel",
 ]

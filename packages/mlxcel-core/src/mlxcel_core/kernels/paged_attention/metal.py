@@ -9,6 +9,7 @@ line by line against `cuda.py` and the reference, and nothing dispatches to it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import mlx.core as mx
 
@@ -18,13 +19,14 @@ from mlxcel_core.kernels.paged_attention.cuda import (
     launch_paged_decode,
 )
 
-_ATTENTION_SOURCE = """
+# The start of an attention threadgroup: its (row, KV head, partition), its lanes, the
+# positions it reads, and the threadgroup memory of its softmax states.
+BLOCK_SOURCE = """
   constexpr int WARPS = THREADS / 32;
   constexpr int VEC = LANE_ELEMENTS;
   constexpr int LANES_PER_TOKEN = D / VEC;
   constexpr int TOKENS_PER_WARP = 32 / LANES_PER_TOKEN;
   constexpr int STATES = WARPS * TOKENS_PER_WARP;
-  constexpr int UNROLL = 4;
 
   threadgroup float shared_max[STATES * G];
   threadgroup float shared_sum[STATES * G];
@@ -36,9 +38,9 @@ _ATTENTION_SOURCE = """
   const int num_kv_heads = threadgroups_per_grid.x;
   const int num_partitions = threadgroups_per_grid.z;
   const int num_q_heads = num_kv_heads * G;
-  const int thread = thread_position_in_threadgroup.x;
-  const int warp = thread / 32;
-  const int lane = thread % 32;
+  const int tid = thread_position_in_threadgroup.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
   const int token_lane = lane / LANES_PER_TOKEN;
   const int sub = lane % LANES_PER_TOKEN;
   const int state = warp * TOKENS_PER_WARP + token_lane;
@@ -49,6 +51,45 @@ _ATTENTION_SOURCE = """
   const int begin = partition * partition_size;
   const int end = min(length, begin + partition_size);
 
+"""
+
+# The end of an attention threadgroup: merge the online-softmax states of its position lanes,
+# kept in threadgroup memory as (state, group head) maxes and sums and (state, group head, D)
+# accumulators, then STORE each (query head, feature) result.
+STATE_MERGE_SOURCE = """
+  for (int g = 0; g < G; ++g) {
+    if (sub == 0) {
+      shared_max[state * G + g] = running_max[g];
+      shared_sum[state * G + g] = running_sum[g];
+    }
+    for (int i = 0; i < VEC; ++i) shared_acc[(state * G + g) * D + sub * VEC + i] = acc[g][i];
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  for (int idx = tid; idx < G * D; idx += THREADS) {
+    const int g = idx / D;
+    const int d = idx % D;
+    float m = -INFINITY;
+    for (int s = 0; s < STATES; ++s) m = metal::max(m, shared_max[s * G + g]);
+    float total = 0.0f;
+    float out = 0.0f;
+    if (m != -INFINITY) {
+      for (int s = 0; s < STATES; ++s) {
+        const float w = metal::exp2(shared_max[s * G + g] - m);
+        total += shared_sum[s * G + g] * w;
+        out += shared_acc[(s * G + g) * D + d] * w;
+      }
+    }
+    const float normalized = total > 0.0f ? out / total : 0.0f;
+    const size_t head = (size_t)row * num_q_heads + kv_head * G + g;
+    STORE
+  }
+"""
+
+_ATTENTION_SOURCE = (
+    BLOCK_SOURCE
+    + """
+  constexpr int UNROLL = 4;
   const float q_scale = as_type<float>(SCALE_BITS) * 1.4426950408889634f;
   float q[G][VEC];
   for (int g = 0; g < G; ++g) {
@@ -111,36 +152,11 @@ _ATTENTION_SOURCE = """
     }
   }
 
-  for (int g = 0; g < G; ++g) {
-    if (sub == 0) {
-      shared_max[state * G + g] = running_max[g];
-      shared_sum[state * G + g] = running_sum[g];
-    }
-    for (int i = 0; i < VEC; ++i) shared_acc[(state * G + g) * D + sub * VEC + i] = acc[g][i];
-  }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-
-  for (int idx = thread; idx < G * D; idx += THREADS) {
-    const int g = idx / D;
-    const int d = idx % D;
-    float m = -INFINITY;
-    for (int s = 0; s < STATES; ++s) m = metal::max(m, shared_max[s * G + g]);
-    float total = 0.0f;
-    float out = 0.0f;
-    if (m != -INFINITY) {
-      for (int s = 0; s < STATES; ++s) {
-        const float w = metal::exp2(shared_max[s * G + g] - m);
-        total += shared_sum[s * G + g] * w;
-        out += shared_acc[(s * G + g) * D + d] * w;
-      }
-    }
-    const float normalized = total > 0.0f ? out / total : 0.0f;
-    const size_t head = (size_t)row * num_q_heads + kv_head * G + g;
-    STORE
-  }
 """
+    + STATE_MERGE_SOURCE
+)
 
-_MERGE_SOURCE = """
+MERGE_SOURCE = """
   const size_t index = thread_position_in_grid.x;
   const int num_partitions = partial_max_shape[2];
   const int d = index % D;
@@ -164,28 +180,40 @@ _MERGE_SOURCE = """
 _INPUTS = ["queries", "key_pool", "value_pool", "block_tables", "context_lengths"]
 
 
-@functools.cache
-def _kernels() -> dict[str, object]:
+def attention_kernels(
+    name: str, input_names: Sequence[str], source: str, header: str, one_pass_store: str
+) -> dict[str, object]:
+    """The `one_pass`, `split` and `merge` Metal kernels of an attention threadgroup's
+    `source`, whose STORE the one-pass kernel fills with `one_pass_store` and the split one
+    with `SPLIT_STORE` (as `cuda.attention_kernels`)."""
     return {
         "one_pass": mx.fast.metal_kernel(
-            name="mlxcel_paged_decode",
-            input_names=_INPUTS,
+            name=name,
+            input_names=list(input_names),
             output_names=["output"],
-            source=_ATTENTION_SOURCE.replace("STORE", ONE_PASS_STORE),
+            source=source.replace("STORE", one_pass_store),
+            header=header,
         ),
         "split": mx.fast.metal_kernel(
-            name="mlxcel_paged_decode_split",
-            input_names=_INPUTS,
+            name=f"{name}_split",
+            input_names=list(input_names),
             output_names=["partial_out", "partial_max", "partial_sum"],
-            source=_ATTENTION_SOURCE.replace("STORE", SPLIT_STORE),
+            source=source.replace("STORE", SPLIT_STORE),
+            header=header,
         ),
         "merge": mx.fast.metal_kernel(
-            name="mlxcel_paged_decode_merge",
+            name=f"{name}_merge",
             input_names=["partial_out", "partial_max", "partial_sum"],
             output_names=["output"],
-            source=_MERGE_SOURCE,
+            source=MERGE_SOURCE,
+            header=header,
         ),
     }
+
+
+@functools.cache
+def _kernels() -> dict[str, object]:
+    return attention_kernels("mlxcel_paged_decode", _INPUTS, _ATTENTION_SOURCE, "", ONE_PASS_STORE)
 
 
 def paged_decode_attention_metal(

@@ -25,6 +25,7 @@ variant with the same merge kernel.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -290,16 +291,23 @@ def turbo_shared_bytes(group_size: int, head_dim: int, key_bits: int, value_bits
 
 
 def supports_turbo(
-    group_size: int, key_dim: int, value_dim: int, key_bits: int, value_bits: int
+    group_size: int,
+    key_dim: int,
+    value_dim: int,
+    key_bits: int,
+    value_bits: int,
+    *,
+    max_shared_bytes: int = MAX_SHARED_BYTES,
 ) -> bool:
     """Whether the kernels take this layer: keys and values of one head dim that 8-code
-    runs tile within a warp (8 to 256), and shared memory to spare."""
+    runs tile within a warp (8 to 256), and shared memory to spare: at most
+    `max_shared_bytes` (the CUDA kernels' static limit by default)."""
     return (
         key_dim == value_dim
         and key_dim in (8, 16, 32, 64, 128, 256)
         and 1 <= key_bits <= 8
         and 1 <= value_bits <= 8
-        and turbo_shared_bytes(group_size, key_dim, key_bits, value_bits) <= MAX_SHARED_BYTES
+        and turbo_shared_bytes(group_size, key_dim, key_bits, value_bits) <= max_shared_bytes
     )
 
 
@@ -340,6 +348,42 @@ def turbo_decode_attention_cuda(
 
     Raises:
         ValueError: `num_partitions` is < 1 or `scale` is not > 0.
+    """
+    return launch_turbo_decode(
+        _kernels,
+        queries,
+        keys,
+        values,
+        rotation,
+        signs,
+        block_tables,
+        context_lengths,
+        block_size=block_size,
+        scale=scale,
+        num_partitions=num_partitions,
+    )
+
+
+def launch_turbo_decode(
+    kernels: Callable[[], Mapping[str, object]],
+    queries: mx.array,
+    keys: TurboPool,
+    values: TurboPool,
+    rotation: mx.array,
+    signs: mx.array,
+    block_tables: mx.array,
+    context_lengths: mx.array,
+    *,
+    block_size: int,
+    scale: float,
+    num_partitions: int | None,
+) -> mx.array:
+    """Check the arguments, launch the `one_pass`, or `split` then `merge`, kernels that
+    `kernels` builds (the CUDA ones or the Metal ones, which take the same inputs, template
+    and grid), and rotate their output back.
+
+    Raises:
+        ValueError: as `turbo_decode_attention_cuda`.
     """
     B, H_q, _, D = queries.shape
     H_kv = keys.codes.shape[1]
@@ -382,7 +426,7 @@ def turbo_decode_attention_cuda(
         ("SCALE_BITS", float_bits(scale)),
     ]
     rotated = launch_partitioned(
-        _kernels(),
+        kernels(),
         inputs,
         template,
         shape=(B, H_q, H_kv, D),
