@@ -1,6 +1,8 @@
 """The engine boundary on fake models: ordering, cancellation, overload and shutdown."""
 
+import signal
 import threading
+import time
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -181,6 +183,27 @@ def test_shutdown_ends_running_and_waiting_requests_and_joins_the_thread():
     assert not any(t.name == "mlxcel-engine" for t in threading.enumerate())
     with pytest.raises(EngineClosedError):
         engine.submit([make_request()], OutputQueue())
+
+
+def test_ctrl_c_while_the_engine_starts_joins_its_thread():
+    model = CountingModel()
+    model.gate = threading.Semaphore(0)
+    main = threading.main_thread().ident
+
+    def interrupt_the_start_then_let_it_finish():
+        # The engine thread's start-up forward pass waits on the gate meanwhile.
+        while not any(t.name == "mlxcel-engine" for t in threading.enumerate()):
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+        time.sleep(0.2)
+        model.gate.release(100)
+
+    helper = threading.Thread(target=interrupt_the_start_then_let_it_finish)
+    helper.start()
+    with pytest.raises(KeyboardInterrupt):
+        Engine(model)
+    helper.join(TIMEOUT)
+    assert not any(t.name == "mlxcel-engine" for t in threading.enumerate())
 
 
 def test_a_failing_request_reports_its_error_and_the_engine_goes_on(engine):

@@ -199,7 +199,13 @@ class Engine:
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
         self._thread.start()
-        self._started.wait()
+        try:
+            self._started.wait()
+        except KeyboardInterrupt:
+            # The caller never gets this engine to shut down, and an engine thread still
+            # inside MLX when the interpreter exits aborts the process.
+            self._shut_down_through_interrupts()
+            raise
         if self._start_error is not None:
             self._thread.join()
             raise self._start_error
@@ -283,6 +289,15 @@ class Engine:
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+
+    def _shut_down_through_interrupts(self) -> None:
+        """`shutdown`, waiting for the thread again after each Ctrl-C that interrupts it."""
+        while True:
+            try:
+                self.shutdown()
+                return
+            except KeyboardInterrupt:
+                continue
 
     def abandon(self, error: EngineError) -> None:
         """End every unfinished request with `error` now, from the calling thread, and
