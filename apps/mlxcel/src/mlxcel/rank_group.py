@@ -2,7 +2,8 @@
 
 Launched by `mlx.launch` (`MLX_RANK` or `MLX_HOSTFILE` set), a process joins the launcher's
 group; otherwise it becomes rank 0 and starts the other ranks on this machine over loopback,
-each running the same command line.
+each running the same command line, with the machine's cores shared among them
+(`blas_threads`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from mlxcel.blas_threads import limit_own_blas_threads, rank_blas_environment
 from mlxcel.flags import RunError
 
 if TYPE_CHECKING:
@@ -49,12 +51,15 @@ def form_group(
     """
     local_ranks = None
     if not any(name in environ for name in _LAUNCHER_VARIABLES):
+        blas = rank_blas_environment(environ, size)
+        if blas:
+            limit_own_blas_threads(int(blas["OPENBLAS_NUM_THREADS"]))
         try:
             local_ranks = distributed.LocalRanks(
                 [sys.executable, "-m", "mlxcel", *argv],
                 size,
                 # The other ranks' loading bars would interleave with rank 0's.
-                environ={**environ, "TQDM_DISABLE": "1"},
+                environ={**environ, **blas, "TQDM_DISABLE": "1"},
                 on_exit=on_exit,
             )
         except OSError as error:
