@@ -198,11 +198,11 @@ def test_ctrl_c_while_the_engine_starts_joins_its_thread():
         time.sleep(0.2)
         model.gate.release(100)
 
-    helper = threading.Thread(target=interrupt_the_start_then_let_it_finish)
-    helper.start()
+    interrupter = threading.Thread(target=interrupt_the_start_then_let_it_finish)
+    interrupter.start()
     with pytest.raises(KeyboardInterrupt):
         Engine(model)
-    helper.join(TIMEOUT)
+    interrupter.join(TIMEOUT)
     assert not any(t.name == "mlxcel-engine" for t in threading.enumerate())
 
 
