@@ -57,7 +57,7 @@ SOURCE = """
   threadgroup int shared_token[WARPS];
 
   const int row = threadgroup_position_in_grid.x;
-  const int thread = thread_position_in_threadgroup.x;
+  const int tid = thread_position_in_threadgroup.x;
   const int vocab_size = logits_shape[1];
   const size_t row_offset = (size_t)row * vocab_size;
   const float temperature = temperatures[row];
@@ -66,7 +66,7 @@ SOURCE = """
   // A row of all -inf keeps (-inf, 0): token 0, as the reference's argmax gives.
   float best = -INFINITY;
   int best_token = 0;
-  for (int group = thread; group * 4 < vocab_size; group += THREADS) {
+  for (int group = tid; group * 4 < vocab_size; group += THREADS) {
     const int first = group * 4;
     float x[4];
     bool any_finite = false;
@@ -83,8 +83,8 @@ SOURCE = """
     }
   }
 
-  const int warp = thread / 32;
-  const int lane = thread % 32;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
   simd_best(best, best_token);
   if (lane == 0) {
     shared_best[warp] = best;
