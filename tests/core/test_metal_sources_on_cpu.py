@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from metal_emulation import COMPILER, MetalEmulator
 from test_paged_decode_kernel import make_problem, run
-from test_turbo_kernels import decode_batch, gather_then_attend, written_storage
-from test_turbo_metal_kernels import encoder_problem, kernels_built_by, pools
+from test_turbo_metal_kernels import encoder_problem, kernels_built_by
+from turbo_factories import attend_from_storage, decode_batch, gather_then_attend, written_storage
 
 from mlxcel_core.cache.paged.centering import first_block_means
 from mlxcel_core.kernels.paged_attention import (
@@ -56,17 +56,12 @@ def test_turbo_decode_source_on_cpu_threads_matches_decoding_then_attending(
     )
     batch = decode_batch(tables, LENGTHS, 16)
     queries = mx.array(np.random.default_rng(7).standard_normal((5, 8, 1, 64)), mx.float32)
-    key_codec, value_codec = storage.codecs(0)
     with mx.stream(mx.cpu):
-        out = turbo_decode_attention_metal(
+        out = attend_from_storage(
+            turbo_decode_attention_metal,
+            storage,
+            batch,
             queries,
-            pools(storage, "keys", key_codec),
-            pools(storage, "values", value_codec),
-            key_codec.rotation,
-            key_codec.signs,
-            batch.block_tables,
-            batch.context_lengths,
-            block_size=16,
             scale=0.125,
             num_partitions=num_partitions,
         )

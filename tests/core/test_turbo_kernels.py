@@ -11,12 +11,16 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from turbo_factories import (
+    attend_from_storage,
+    decode_batch,
+    gather_then_attend,
+    written_storage,
+)
 
-from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
 from mlxcel_core.cache.paged import batch as batch_module
 from mlxcel_core.cache.paged.batch import PagedLayerCache
 from mlxcel_core.kernels.paged_attention import (
-    TurboPool,
     turbo_cuda,
     turbo_decode_attention_cuda,
     uses_turbo_decode_kernel,
@@ -25,72 +29,6 @@ from mlxcel_core.kernels.paged_attention.turbo_cuda import supports_turbo
 from mlxcel_core.kernels.turbo_encode_cuda import uses_turbo_encode_kernel
 
 LENGTHS = [700, 1, 33, 257, 16]
-
-
-def written_storage(
-    lengths: list[int],
-    *,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    key_type: str,
-    value_type: str,
-    dtype: mx.Dtype,
-    seed: int,
-    device: mx.Device | None = None,
-) -> tuple[PagedKVStorage, list[list[int]]]:
-    """A storage holding rows of `lengths` positions written in one prefill pass on
-    `device` (the default one if None); keys share a large mean per head and carry one
-    large feature, as real keys do. Returns it and each row's block table."""
-    rng = np.random.default_rng(seed)
-    blocks_per_row = [-(-n // block_size) for n in lengths]
-    ids = rng.permutation(np.arange(1, 1 + sum(blocks_per_row))).tolist()
-    tables, start = [], 0
-    for count in blocks_per_row:
-        tables.append(ids[start : start + count])
-        start += count
-    geometry = LayerGeometry(num_kv_heads, head_dim, head_dim, dtype)
-    storage = PagedKVStorage(
-        [geometry],
-        block_size,
-        max_blocks=1 + len(ids),
-        cache_type_k=key_type,
-        cache_type_v=value_type,
-    )
-    storage.ensure_capacity(1 + len(ids))
-    prefill = PagedBatch(
-        [BatchRow(table, 0, n) for table, n in zip(tables, lengths, strict=True)], block_size
-    )
-    shape = (len(lengths), prefill.num_queries, num_kv_heads, head_dim)
-    mean = 3.0 * rng.standard_normal((1, 1, num_kv_heads, head_dim))
-    keys = mean + rng.standard_normal(shape)
-    keys[..., 5] += 8.0
-    values = rng.standard_normal(shape)
-    flat = (-1, num_kv_heads, head_dim)
-    with mx.stream(device or mx.default_device()):
-        storage.write(
-            0,
-            prefill.write_slots,
-            mx.array(keys.reshape(flat).astype(np.float32)).astype(dtype),
-            mx.array(values.reshape(flat).astype(np.float32)).astype(dtype),
-            prefill.anchors,
-        )
-        mx.eval(storage.arrays())
-    return storage, tables
-
-
-def decode_batch(tables: list[list[int]], lengths: list[int], block_size: int) -> PagedBatch:
-    rows = [BatchRow(table, n - 1, 1) for table, n in zip(tables, lengths, strict=True)]
-    return PagedBatch(rows, block_size)
-
-
-def gather_then_attend(
-    storage: PagedKVStorage, batch: PagedBatch, queries: mx.array, scale: float
-) -> mx.array:
-    keys, values = storage.gather(0, batch.read_slots, batch.anchors)
-    return mx.fast.scaled_dot_product_attention(
-        queries, keys, values, scale=scale, mask=batch.mask()
-    )
 
 
 def test_dispatch_takes_no_kernel_on_the_cpu():
@@ -146,20 +84,16 @@ def test_launch_rotates_the_kernels_output_back(monkeypatch, num_partitions, lau
         device=mx.Device(mx.cpu),
     )
     batch = decode_batch(tables, [40, 9], 16)
-    key_codec, value_codec = storage.codecs(0)
+    key_codec, _ = storage.codecs(0)
     rotated = mx.array(np.random.default_rng(4).standard_normal((2, 8, 1, 64)).astype(np.float32))
     fake = FakeKernels(rotated)
     monkeypatch.setattr(turbo_cuda, "_kernels", fake.kernels)
     with mx.stream(mx.cpu):
-        out = turbo_decode_attention_cuda(
+        out = attend_from_storage(
+            turbo_decode_attention_cuda,
+            storage,
+            batch,
             mx.zeros((2, 8, 1, 64), mx.bfloat16),
-            TurboPool(*storage.keys[0], key_codec.levels, key_codec.bits),
-            TurboPool(*storage.values[0], value_codec.levels, value_codec.bits),
-            key_codec.rotation,
-            key_codec.signs,
-            batch.block_tables,
-            batch.context_lengths,
-            block_size=16,
             scale=0.125,
             num_partitions=num_partitions,
         )
@@ -205,16 +139,11 @@ def test_kernel_matches_decoding_then_attending(
         rng.standard_normal((len(LENGTHS), num_q_heads, 1, head_dim)).astype(np.float32)
     ).astype(dtype)
     scale = head_dim**-0.5
-    key_codec, value_codec = storage.codecs(0)
-    out = turbo_decode_attention_cuda(
+    out = attend_from_storage(
+        turbo_decode_attention_cuda,
+        storage,
+        batch,
         queries,
-        TurboPool(*storage.keys[0], key_codec.levels, key_codec.bits),
-        TurboPool(*storage.values[0], value_codec.levels, value_codec.bits),
-        key_codec.rotation,
-        key_codec.signs,
-        batch.block_tables,
-        batch.context_lengths,
-        block_size=block_size,
         scale=scale,
         num_partitions=num_partitions,
     )

@@ -14,12 +14,11 @@ import struct
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_turbo_kernels import decode_batch, gather_then_attend, written_storage
+from turbo_factories import attend_from_storage, decode_batch, gather_then_attend, written_storage
 
 from mlxcel_core.cache.paged import BatchRow, PagedBatch
 from mlxcel_core.cache.paged.centering import first_block_means
 from mlxcel_core.kernels.paged_attention import (
-    TurboPool,
     metal,
     turbo_decode_attention_metal,
     turbo_metal,
@@ -90,10 +89,6 @@ def built(monkeypatch):
         yield kernels
 
 
-def pools(storage, layer_pools: str, codec) -> TurboPool:
-    return TurboPool(*getattr(storage, layer_pools)[0], codec.levels, codec.bits)
-
-
 def turbo_problem(lengths: list[int], *, block_size: int):
     storage, tables = written_storage(
         lengths,
@@ -112,18 +107,14 @@ def turbo_problem(lengths: list[int], *, block_size: int):
 @pytest.mark.parametrize("num_partitions", [1, 4])
 def test_decode_launch_matches_what_the_source_reads(built, num_partitions):
     storage, batch = turbo_problem([40, 9], block_size=16)
-    key_codec, value_codec = storage.codecs(0)
+    key_codec, _ = storage.codecs(0)
     queries = mx.array(np.random.default_rng(1).standard_normal((2, 8, 1, 64))).astype(mx.bfloat16)
     with mx.stream(mx.cpu):
-        out = turbo_decode_attention_metal(
+        out = attend_from_storage(
+            turbo_decode_attention_metal,
+            storage,
+            batch,
             queries,
-            pools(storage, "keys", key_codec),
-            pools(storage, "values", value_codec),
-            key_codec.rotation,
-            key_codec.signs,
-            batch.block_tables,
-            batch.context_lengths,
-            block_size=16,
             scale=0.125,
             num_partitions=num_partitions,
         )
@@ -297,19 +288,14 @@ def test_source_names_only_what_mlx_passes_and_metal_knows(built, name):
 def test_template_values_passed_are_those_the_source_uses(built, name):
     kernels = all_kernels(built)
     storage, batch = turbo_problem([40, 9], block_size=16)
-    key_codec, value_codec = storage.codecs(0)
     vectors, codebook, centering, _ = encoder_problem(True)
     with mx.stream(mx.cpu):
         for num_partitions in (1, 2):
-            turbo_decode_attention_metal(
+            attend_from_storage(
+                turbo_decode_attention_metal,
+                storage,
+                batch,
                 mx.zeros((2, 8, 1, 64), mx.bfloat16),
-                pools(storage, "keys", key_codec),
-                pools(storage, "values", value_codec),
-                key_codec.rotation,
-                key_codec.signs,
-                batch.block_tables,
-                batch.context_lengths,
-                block_size=16,
                 scale=0.125,
                 num_partitions=num_partitions,
             )
@@ -378,16 +364,11 @@ def test_metal_kernel_matches_decoding_then_attending(
         mx.float32,
     ).astype(dtype)
     scale = head_dim**-0.5
-    key_codec, value_codec = storage.codecs(0)
-    out = turbo_decode_attention_metal(
+    out = attend_from_storage(
+        turbo_decode_attention_metal,
+        storage,
+        batch,
         queries,
-        pools(storage, "keys", key_codec),
-        pools(storage, "values", value_codec),
-        key_codec.rotation,
-        key_codec.signs,
-        batch.block_tables,
-        batch.context_lengths,
-        block_size=block_size,
         scale=scale,
         num_partitions=num_partitions,
     )
