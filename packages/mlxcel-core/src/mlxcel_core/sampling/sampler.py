@@ -77,9 +77,9 @@ def _split_final_temperature(
     stages: tuple[SamplerStage, ...], temperature: float
 ) -> tuple[tuple[SamplerStage, ...], float]:
     """The stages the chain runs before the fused Gumbel-max draw, and the temperature that
-    draw divides by: a chain ending in the temperature stage hands its division (T > 0) to
-    the kernel; any other chain runs whole, its temperature (if any) already applied, and
-    the draw takes T = 1."""
+    draw divides by: a chain of active stages ending in the temperature stage hands its
+    division (T > 0) to the kernel; any other chain runs whole, its temperature (if any)
+    already applied, and the draw takes T = 1."""
     if stages and stages[-1] is SamplerStage.TEMPERATURE:
         return stages[:-1], temperature
     return stages, 1.0
@@ -246,7 +246,7 @@ class Sampler:
             return mx.argmax(processed).astype(mx.int32)
         if uses_gumbel_kernel(mx.default_device()):
             stages, temperature = _split_final_temperature(
-                self.params.samplers, self.params.temperature
+                self._active_stages, self.params.temperature
             )
             processed = self._run_stages(logits, history, stages)
             temperatures = mx.array([temperature], dtype=mx.float32)
