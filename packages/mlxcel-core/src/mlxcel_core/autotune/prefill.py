@@ -108,17 +108,12 @@ class EnginePrefill:
         Raises:
             KeyboardInterrupt: one arrived while waiting.
         """
-        interrupt: KeyboardInterrupt | None = None
+        interrupted = False
         for engine in self._engines.values():
-            while True:
-                try:
-                    engine.shutdown()
-                    break
-                except KeyboardInterrupt as error:
-                    interrupt = error
+            interrupted |= engine.shutdown_through_interrupts()
         self._engines.clear()
-        if interrupt is not None:
-            raise interrupt
+        if interrupted:
+            raise KeyboardInterrupt
 
     def __enter__(self) -> EnginePrefill:
         return self

@@ -202,9 +202,8 @@ class Engine:
         try:
             self._started.wait()
         except KeyboardInterrupt:
-            # The caller never gets this engine to shut down, and an engine thread still
-            # inside MLX when the interpreter exits aborts the process.
-            self._shut_down_through_interrupts()
+            # The caller never gets this engine to shut it down.
+            self.shutdown_through_interrupts()
             raise
         if self._start_error is not None:
             self._thread.join()
@@ -290,14 +289,20 @@ class Engine:
         if self._thread.is_alive():
             raise TimeoutError(f"the engine thread did not stop within {timeout} s")
 
-    def _shut_down_through_interrupts(self) -> None:
-        """`shutdown`, waiting for the thread again after each Ctrl-C that interrupts it."""
+    def shutdown_through_interrupts(self) -> bool:
+        """`shutdown`, waiting for the thread again after each Ctrl-C that interrupts it:
+        an engine thread still inside MLX when the interpreter exits aborts the process.
+
+        Returns:
+            Whether a Ctrl-C came while waiting; the caller raises it again when done.
+        """
+        interrupted = False
         while True:
             try:
                 self.shutdown()
-                return
+                return interrupted
             except KeyboardInterrupt:
-                continue
+                interrupted = True
 
     def abandon(self, error: EngineError) -> None:
         """End every unfinished request with `error` now, from the calling thread, and
