@@ -28,7 +28,7 @@ def test_a_threads_setting_of_the_user_is_kept(monkeypatch):
 class FakeLocalRanks:
     started_with: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, command, size, *, environ, on_exit):
+    def __init__(self, command, size, *, environ, on_exit, backend, devices):
         FakeLocalRanks.started_with = dict(environ)
         self.environment: dict[str, str] = {}
 
@@ -42,6 +42,8 @@ def fake_distributed() -> types.SimpleNamespace:
         READY_FD_VARIABLE="MLXCEL_READY_FD",
         GroupError=RuntimeError,
         join_group=lambda size, backend: "group",
+        visible_cuda_devices=lambda environ: [],
+        local_backend=lambda size, devices: "ring",
     )
 
 

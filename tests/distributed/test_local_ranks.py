@@ -1,4 +1,4 @@
-"""Ranks 1..N-1 started on this machine: the ring host file, exits reported, stopping."""
+"""Ranks 1..N-1 started on this machine: each backend's variables, GPUs, exits, stopping."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
-from mlxcel_distributed import LocalRanks
+import pytest
+
+from mlxcel_distributed import LocalRanks, local_backend, local_ranks, visible_cuda_devices
 
 EXIT_WITH_RANK = "import os, sys; sys.exit(3 + int(os.environ['MLX_RANK']))"
 
@@ -76,3 +78,101 @@ def test_children_that_exit_before_joining_are_reported_before_the_wait_ends():
     assert not ranks.wait_until_ready()
     assert exits == {1: 4, 2: 5}
     ranks.stop(timeout=5)
+
+
+DUMP_GROUP_VARIABLES = (
+    "import json, os, pathlib, sys; "
+    "names = ('MLX_RANK', 'MLX_WORLD_SIZE', 'MLX_HOSTFILE', 'NCCL_HOST_IP', 'NCCL_PORT', "
+    "'NCCL_SOCKET_IFNAME', 'CUDA_VISIBLE_DEVICES'); "
+    "pathlib.Path(sys.argv[1], os.environ['MLX_RANK'] + '.json').write_text("
+    "json.dumps({name: os.environ.get(name) for name in names}))"
+)
+
+
+def started_variables(tmp_path: Path, size: int, **options) -> tuple[dict, dict[int, dict]]:
+    """Rank 0's group variables, and each child's, as `LocalRanks(**options)` sets them."""
+    ended = threading.Semaphore(0)
+    ranks = LocalRanks(
+        [sys.executable, "-c", DUMP_GROUP_VARIABLES, str(tmp_path)],
+        size,
+        environ=dict(os.environ),
+        on_exit=lambda rank, code: ended.release(),
+        **options,
+    )
+    for _ in range(size - 1):
+        assert ended.acquire(timeout=30)
+    assert set(ranks.stop(timeout=5).values()) == {0}
+    children = {
+        rank: json.loads((tmp_path / f"{rank}.json").read_text(encoding="utf-8"))
+        for rank in range(1, size)
+    }
+    return ranks.environment, children
+
+
+def test_an_nccl_group_gives_each_child_its_rank_the_rendezvous_and_a_gpu(tmp_path):
+    own, children = started_variables(
+        tmp_path, 3, backend="nccl", devices=["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+    )
+    assert own["MLX_RANK"] == "0" and own["MLX_WORLD_SIZE"] == "3"
+    assert own["NCCL_HOST_IP"] == "127.0.0.1" and int(own["NCCL_PORT"]) > 0
+    assert "CUDA_VISIBLE_DEVICES" not in own  # rank 0 keeps its own first GPU
+    for rank, variables in children.items():
+        assert variables == {
+            "MLX_RANK": str(rank),
+            "MLX_WORLD_SIZE": "3",
+            "MLX_HOSTFILE": None,
+            "NCCL_HOST_IP": "127.0.0.1",
+            "NCCL_PORT": own["NCCL_PORT"],
+            "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
+            "CUDA_VISIBLE_DEVICES": ["GPU-a", "GPU-b", "GPU-c"][rank],
+        }
+
+
+def test_a_ring_group_shares_fewer_gpus_than_ranks_in_turn(tmp_path):
+    own, children = started_variables(tmp_path, 3, backend="ring", devices=["4", "7"])
+    assert {rank: variables["CUDA_VISIBLE_DEVICES"] for rank, variables in children.items()} == {
+        1: "7",
+        2: "4",
+    }
+    assert all(variables["MLX_HOSTFILE"] == own["MLX_HOSTFILE"] for variables in children.values())
+    assert all(variables["NCCL_PORT"] is None for variables in children.values())
+
+
+def test_without_devices_the_children_keep_the_gpus_they_inherit(tmp_path):
+    _, children = started_variables(tmp_path, 2)
+    assert children[1]["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"backend": "nccl", "devices": ["0"]}, "nccl needs a GPU per rank: 2 ranks, 1 GPUs"),
+        ({"backend": "mpi"}, "backend must be one of ring, nccl, got 'mpi'"),
+    ],
+)
+def test_a_group_this_machine_cannot_form_is_refused_before_any_child_starts(options, message):
+    with pytest.raises(ValueError, match=message):
+        LocalRanks([sys.executable, "-c", "pass"], 2, environ={}, on_exit=print, **options)
+
+
+@pytest.mark.parametrize(
+    ("size", "devices", "backend"),
+    [
+        (2, ["0", "1"], "nccl"),
+        (2, ["0", "1", "2"], "nccl"),
+        (3, ["0", "1"], "ring"),
+        (2, [], "ring"),
+    ],
+)
+def test_nccl_only_when_every_rank_has_a_gpu(size, devices, backend):
+    assert local_backend(size, devices) == backend
+
+
+def test_visible_gpus_follow_cuda_visible_devices_up_to_mlx_count(monkeypatch):
+    monkeypatch.setattr(local_ranks.mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(local_ranks.mx, "device_count", lambda kind: 2)
+    assert visible_cuda_devices({}) == ["0", "1"]
+    assert visible_cuda_devices({"CUDA_VISIBLE_DEVICES": "3, 5,6"}) == ["3", "5"]
+    assert visible_cuda_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
+    monkeypatch.setattr(local_ranks.mx.cuda, "is_available", lambda: False)
+    assert visible_cuda_devices({"CUDA_VISIBLE_DEVICES": "0,1"}) == []

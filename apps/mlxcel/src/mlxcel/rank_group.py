@@ -3,7 +3,8 @@
 Launched by `mlx.launch` (`MLX_RANK` or `MLX_HOSTFILE` set), a process joins the launcher's
 group; otherwise it becomes rank 0 and starts the other ranks on this machine over loopback,
 each running the same command line, with the machine's cores shared among them
-(`blas_threads`).
+(`blas_threads`) and its CUDA GPUs too: with a GPU for every rank they form an NCCL group,
+one GPU each, otherwise a ring group.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ if TYPE_CHECKING:
     from mlxcel_distributed import LocalRanks
 
 _LAUNCHER_VARIABLES = ("MLX_RANK", "MLX_HOSTFILE")
+
+
+def launched_backend(environ: Mapping[str, str]) -> str:
+    """The backend whose variables `environ` holds: "ring" for a host file, "nccl" for
+    NCCL's rendezvous address (what `mlx.launch --backend nccl` sets), else "any" (MPI's
+    launchers set only their own variables)."""
+    if "MLX_HOSTFILE" in environ:
+        return "ring"
+    if "NCCL_HOST_IP" in environ:
+        return "nccl"
+    return "any"
 
 
 def form_group(
@@ -55,12 +67,15 @@ def form_group(
         if blas:
             limit_own_blas_threads(int(blas["OPENBLAS_NUM_THREADS"]))
         try:
+            devices = distributed.visible_cuda_devices(environ)
             local_ranks = distributed.LocalRanks(
                 [sys.executable, "-m", "mlxcel", *argv],
                 size,
                 # The other ranks' loading bars would interleave with rank 0's.
                 environ={**environ, **blas, "TQDM_DISABLE": "1"},
                 on_exit=on_exit,
+                backend=distributed.local_backend(size, devices),
+                devices=devices,
             )
         except OSError as error:
             raise RunError(f"cannot start the other {flag} ranks: {error}") from error
@@ -69,9 +84,8 @@ def form_group(
         os.environ.update(local_ranks.environment)
     elif distributed.READY_FD_VARIABLE in environ:
         distributed.signal_ready(int(environ[distributed.READY_FD_VARIABLE]))
-    backend = "ring" if "MLX_HOSTFILE" in os.environ else "any"
     try:
-        group = distributed.join_group(size, backend=backend)
+        group = distributed.join_group(size, backend=launched_backend(os.environ))
     except distributed.GroupError as error:
         if local_ranks is not None:
             local_ranks.stop(0.0)

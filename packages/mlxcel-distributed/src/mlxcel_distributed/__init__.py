@@ -21,7 +21,13 @@ from mlxcel_distributed.disaggregate_metrics import PrefillMetrics, PrefillMetri
 from mlxcel_distributed.disaggregate_prefill import PrefillWorker, serve_prefills
 from mlxcel_distributed.group import GroupError, join_group
 from mlxcel_distributed.kv_transfer import BlockLayout, block_layout, pack_blocks, unpack_blocks
-from mlxcel_distributed.local_ranks import READY_FD_VARIABLE, LocalRanks, signal_ready
+from mlxcel_distributed.local_ranks import (
+    READY_FD_VARIABLE,
+    LocalRanks,
+    local_backend,
+    signal_ready,
+    visible_cuda_devices,
+)
 from mlxcel_distributed.lockstep import (
     LockstepError,
     LockstepRunner,
@@ -87,6 +93,7 @@ __all__ = [
     "encode_message",
     "follow_steps",
     "join_group",
+    "local_backend",
     "make_lockstep_runner_factory",
     "make_pipeline_stage",
     "make_prefill_client_factory",
@@ -96,4 +103,5 @@ __all__ = [
     "signal_ready",
     "unpack_blocks",
     "valid_tp_sizes",
+    "visible_cuda_devices",
 ]

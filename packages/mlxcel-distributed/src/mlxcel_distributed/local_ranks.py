@@ -1,12 +1,19 @@
-"""A ring group on this machine: ranks 1..N-1 as child processes, this process rank 0.
+"""A group on this machine: ranks 1..N-1 as child processes, this process rank 0.
 
-Each rank gets a free loopback port; the ring backend's host file (`MLX_HOSTFILE`) lists
-one `["127.0.0.1:PORT"]` per rank in rank order, the format `mlx.launch --backend ring`
-writes. Children run the same command with `MLX_RANK` set, so they join the group as the
-other ranks. On Linux a child is killed when its parent dies (`PR_SET_PDEATHSIG`); a child
-that exits before `stop` is reported through `on_exit`.
+Two backends, configured as `mlx.launch` configures them:
 
-Joining a ring group blocks inside MLX without releasing Python's lock, so nothing in rank
+- ring: each rank gets a free loopback port; the host file (`MLX_HOSTFILE`) lists one
+  `["127.0.0.1:PORT"]` per rank in rank order.
+- nccl (CUDA, one GPU per rank): `MLX_WORLD_SIZE`, and `NCCL_HOST_IP`/`NCCL_PORT` naming
+  the loopback port where rank 0 hands out NCCL's unique id.
+
+Children run the same command with `MLX_RANK` set, so they join the group as the other
+ranks. Given the machine's GPUs, child rank r sees only GPU r (modulo their number) through
+`CUDA_VISIBLE_DEVICES`, so ranks spread over the GPUs; rank 0 keeps its own first GPU. On
+Linux a child is killed when its parent dies (`PR_SET_PDEATHSIG`); a child that exits
+before `stop` is reported through `on_exit`.
+
+Joining a group blocks inside MLX without releasing Python's lock, so nothing in rank
 0 could report a child that dies while rank 0 waits there. Each child therefore says it is
 about to join by writing one byte to the file descriptor named in `READY_FD_VARIABLE`, and
 rank 0 joins only once every child has (`wait_until_ready`).
@@ -28,8 +35,11 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+import mlx.core as mx
+
 LOOPBACK = "127.0.0.1"
 READY_FD_VARIABLE = "MLXCEL_RANK_READY_FD"
+BACKENDS = ("ring", "nccl")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -49,6 +59,43 @@ def write_ring_hostfile(ports: Sequence[int], directory: Path) -> Path:
     return path
 
 
+def ring_environments(size: int, directory: Path) -> list[dict[str, str]]:
+    """Per rank, the variables that make it rank r of a ring group of `size` on loopback;
+    the host file is written to `directory`."""
+    hostfile = write_ring_hostfile(free_loopback_ports(size), directory)
+    return [{"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)} for rank in range(size)]
+
+
+def nccl_environments(size: int, environ: Mapping[str, str]) -> list[dict[str, str]]:
+    """Per rank, the variables that make it rank r of an NCCL group of `size` on this
+    machine. NCCL's own traffic stays on loopback unless `environ` names an interface."""
+    (port,) = free_loopback_ports(1)
+    shared = {
+        "MLX_WORLD_SIZE": str(size),
+        "NCCL_HOST_IP": LOOPBACK,
+        "NCCL_PORT": str(port),
+        "NCCL_SOCKET_IFNAME": environ.get("NCCL_SOCKET_IFNAME", "lo"),
+    }
+    return [{**shared, "MLX_RANK": str(rank)} for rank in range(size)]
+
+
+def visible_cuda_devices(environ: Mapping[str, str]) -> list[str]:
+    """The CUDA GPUs this process may use, as `CUDA_VISIBLE_DEVICES` entries (indices or
+    UUIDs), in MLX's device order; empty without MLX's CUDA backend."""
+    if not mx.cuda.is_available():
+        return []
+    count = mx.device_count(mx.gpu)
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(index) for index in range(count)]
+    return [entry.strip() for entry in listed.split(",") if entry.strip()][:count]
+
+
+def local_backend(size: int, devices: Sequence[str]) -> str:
+    """NCCL when every one of `size` ranks can have a GPU of its own, else ring."""
+    return "nccl" if len(devices) >= size else "ring"
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec. The signal follows the parent *thread* that
     # forked, so ranks must be started from a thread that lives as long as the command.
@@ -64,12 +111,16 @@ class LocalRanks:
         environ: the children's environment, before the group's variables are added.
         on_exit: called on a watcher thread with (rank, exit code) when a child ends before
             `stop`.
+        backend: "ring" or "nccl" (see the module).
+        devices: the GPUs to spread the ranks over, as `CUDA_VISIBLE_DEVICES` entries
+            (`visible_cuda_devices`); empty leaves the children's devices alone.
 
     Attributes:
-        environment: `MLX_RANK` and `MLX_HOSTFILE` for this process, rank 0, to join with.
+        environment: the group's variables for this process, rank 0, to join with.
 
     Raises:
-        ValueError: `size` < 2.
+        ValueError: `size` < 2, an unknown backend, or "nccl" with fewer devices than
+            ranks (NCCL needs a GPU per rank).
         OSError: a child cannot be started.
     """
 
@@ -80,23 +131,34 @@ class LocalRanks:
         *,
         environ: Mapping[str, str],
         on_exit: Callable[[int, int], None],
+        backend: str = "ring",
+        devices: Sequence[str] = (),
     ) -> None:
         if size < 2:
             raise ValueError(f"size must be >= 2, got {size}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if backend == "nccl" and len(devices) < size:
+            raise ValueError(f"nccl needs a GPU per rank: {size} ranks, {len(devices)} GPUs")
         self._directory = tempfile.TemporaryDirectory(prefix="mlxcel-ranks-")
-        hostfile = write_ring_hostfile(free_loopback_ports(size), Path(self._directory.name))
-        self.environment = {"MLX_RANK": "0", "MLX_HOSTFILE": str(hostfile)}
+        if backend == "ring":
+            ranks = ring_environments(size, Path(self._directory.name))
+        else:
+            ranks = nccl_environments(size, environ)
+        if devices:
+            for rank, variables in enumerate(ranks[1:], start=1):
+                variables["CUDA_VISIBLE_DEVICES"] = devices[rank % len(devices)]
+        self.environment = ranks[0]
         self._on_exit = on_exit
         self._stopping = threading.Event()
         self._processes: list[subprocess.Popen] = []
         self._ready, ready_writer = os.pipe()
-        group = {"MLX_HOSTFILE": str(hostfile), READY_FD_VARIABLE: str(ready_writer)}
         try:
-            for rank in range(1, size):
+            for variables in ranks[1:]:
                 self._processes.append(
                     subprocess.Popen(
                         list(command),
-                        env={**environ, **group, "MLX_RANK": str(rank)},
+                        env={**environ, **variables, READY_FD_VARIABLE: str(ready_writer)},
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         pass_fds=(ready_writer,),
