@@ -8,12 +8,17 @@ import pytest
 
 from mlxcel import rank_group
 
+NCCL_RENDEZVOUS = {"MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "10.0.0.1", "NCCL_PORT": "29500"}
+
 
 @pytest.mark.parametrize(
     ("environ", "backend"),
     [
         ({"MLX_RANK": "1", "MLX_HOSTFILE": "hosts.json"}, "ring"),
-        ({"MLX_RANK": "1", "MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "10.0.0.1"}, "nccl"),
+        ({"MLX_RANK": "1", **NCCL_RENDEZVOUS}, "nccl"),
+        ({"MLX_RANK": "1", "MLX_HOSTFILE": "hosts.json", **NCCL_RENDEZVOUS}, "ring"),
+        # A stray NCCL_HOST_IP in a cluster's shell is not mlx.launch's NCCL group.
+        ({"MLX_RANK": "1", "NCCL_HOST_IP": "10.0.0.1"}, "any"),
         ({"MLX_RANK": "1"}, "any"),
     ],
 )
@@ -31,7 +36,7 @@ class RecordingRanks:
         if backend == "ring":
             self.environment = {"MLX_RANK": "0", "MLX_HOSTFILE": "/tmp/hostfile.json"}
         else:
-            self.environment = {"MLX_RANK": "0", "NCCL_HOST_IP": "127.0.0.1", "NCCL_PORT": "1"}
+            self.environment = {"MLX_RANK": "0", **NCCL_RENDEZVOUS}
 
     def wait_until_ready(self) -> bool:
         return True

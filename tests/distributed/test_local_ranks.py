@@ -89,13 +89,28 @@ DUMP_GROUP_VARIABLES = (
 )
 
 
-def started_variables(tmp_path: Path, size: int, **options) -> tuple[dict, dict[int, dict]]:
-    """Rank 0's group variables, and each child's, as `LocalRanks(**options)` sets them."""
+GROUP_VARIABLES = (
+    "MLX_RANK",
+    "MLX_WORLD_SIZE",
+    "MLX_HOSTFILE",
+    "NCCL_HOST_IP",
+    "NCCL_PORT",
+    "NCCL_SOCKET_IFNAME",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def started_variables(
+    tmp_path: Path, size: int, inherited: dict[str, str] | None = None, **options
+) -> tuple[dict, dict[int, dict]]:
+    """Rank 0's group variables, and each child's, as `LocalRanks(**options)` sets them
+    for children started with `inherited` beside this process's other variables."""
+    environ = {k: v for k, v in os.environ.items() if k not in GROUP_VARIABLES}
     ended = threading.Semaphore(0)
     ranks = LocalRanks(
         [sys.executable, "-c", DUMP_GROUP_VARIABLES, str(tmp_path)],
         size,
-        environ=dict(os.environ),
+        environ={**environ, **(inherited or {})},
         on_exit=lambda rank, code: ended.release(),
         **options,
     )
@@ -123,9 +138,28 @@ def test_an_nccl_group_gives_each_child_its_rank_the_rendezvous_and_a_gpu(tmp_pa
             "MLX_HOSTFILE": None,
             "NCCL_HOST_IP": "127.0.0.1",
             "NCCL_PORT": own["NCCL_PORT"],
-            "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
+            "NCCL_SOCKET_IFNAME": "lo",
             "CUDA_VISIBLE_DEVICES": ["GPU-a", "GPU-b", "GPU-c"][rank],
         }
+
+
+def test_an_nccl_group_keeps_the_users_network_interface(tmp_path):
+    own, children = started_variables(
+        tmp_path, 2, {"NCCL_SOCKET_IFNAME": "eth9"}, backend="nccl", devices=["0", "1"]
+    )
+    assert own["NCCL_SOCKET_IFNAME"] == children[1]["NCCL_SOCKET_IFNAME"] == "eth9"
+
+
+def test_the_nccl_port_is_free_on_every_interface_where_rank_0_binds_it(monkeypatch):
+    asked: list[str] = []
+
+    def free_ports(count: int, *, address: str = "127.0.0.1") -> list[int]:
+        asked.append(address)
+        return [29500] * count
+
+    monkeypatch.setattr(local_ranks, "free_loopback_ports", free_ports)
+    assert local_ranks.nccl_environments(2, {})[1]["NCCL_PORT"] == "29500"
+    assert asked == ["0.0.0.0"]
 
 
 def test_a_ring_group_shares_fewer_gpus_than_ranks_in_turn(tmp_path):
@@ -139,8 +173,8 @@ def test_a_ring_group_shares_fewer_gpus_than_ranks_in_turn(tmp_path):
 
 
 def test_without_devices_the_children_keep_the_gpus_they_inherit(tmp_path):
-    _, children = started_variables(tmp_path, 2)
-    assert children[1]["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
+    _, children = started_variables(tmp_path, 2, {"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert children[1]["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
 @pytest.mark.parametrize(

@@ -26,13 +26,16 @@ if TYPE_CHECKING:
 _LAUNCHER_VARIABLES = ("MLX_RANK", "MLX_HOSTFILE")
 
 
+_NCCL_VARIABLES = ("NCCL_HOST_IP", "NCCL_PORT", "MLX_WORLD_SIZE")
+
+
 def launched_backend(environ: Mapping[str, str]) -> str:
     """The backend whose variables `environ` holds: "ring" for a host file, "nccl" for
-    NCCL's rendezvous address (what `mlx.launch --backend nccl` sets), else "any" (MPI's
-    launchers set only their own variables)."""
+    NCCL's rendezvous address and the group's size (all that `mlx.launch --backend nccl`
+    sets), else "any" (MPI's launchers set only their own variables)."""
     if "MLX_HOSTFILE" in environ:
         return "ring"
-    if "NCCL_HOST_IP" in environ:
+    if all(name in environ for name in _NCCL_VARIABLES):
         return "nccl"
     return "any"
 
@@ -68,13 +71,18 @@ def form_group(
             limit_own_blas_threads(int(blas["OPENBLAS_NUM_THREADS"]))
         try:
             devices = distributed.visible_cuda_devices(environ)
+            backend = distributed.local_backend(size, devices)
+            if backend == "nccl":
+                # The other ranks wait only about 15 s for rank 0 to hand out NCCL's id once
+                # they join; starting CUDA here, while they start, keeps that out of the wait.
+                mx.eval(mx.zeros(1))
             local_ranks = distributed.LocalRanks(
                 [sys.executable, "-m", "mlxcel", *argv],
                 size,
                 # The other ranks' loading bars would interleave with rank 0's.
                 environ={**environ, **blas, "TQDM_DISABLE": "1"},
                 on_exit=on_exit,
-                backend=distributed.local_backend(size, devices),
+                backend=backend,
                 devices=devices,
             )
         except OSError as error:

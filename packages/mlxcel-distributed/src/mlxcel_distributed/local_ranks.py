@@ -5,11 +5,13 @@ Two backends, configured as `mlx.launch` configures them:
 - ring: each rank gets a free loopback port; the host file (`MLX_HOSTFILE`) lists one
   `["127.0.0.1:PORT"]` per rank in rank order.
 - nccl (CUDA, one GPU per rank): `MLX_WORLD_SIZE`, and `NCCL_HOST_IP`/`NCCL_PORT` naming
-  the loopback port where rank 0 hands out NCCL's unique id.
+  where rank 0 hands out NCCL's unique id (MLX binds the port on every interface, so it is
+  chosen free on all of them).
 
 Children run the same command with `MLX_RANK` set, so they join the group as the other
 ranks. Given the machine's GPUs, child rank r sees only GPU r (modulo their number) through
-`CUDA_VISIBLE_DEVICES`, so ranks spread over the GPUs; rank 0 keeps its own first GPU. On
+`CUDA_VISIBLE_DEVICES`, so ranks spread over the GPUs; rank 0 keeps the GPUs it sees and
+runs on the first. On
 Linux a child is killed when its parent dies (`PR_SET_PDEATHSIG`); a child that exits
 before `stop` is reported through `on_exit`.
 
@@ -39,16 +41,18 @@ import mlx.core as mx
 
 LOOPBACK = "127.0.0.1"
 READY_FD_VARIABLE = "MLXCEL_RANK_READY_FD"
+ANY_ADDRESS = "0.0.0.0"
 BACKENDS = ("ring", "nccl")
 _PR_SET_PDEATHSIG = 1
 
 
-def free_loopback_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports nothing listens on now on 127.0.0.1."""
+def free_loopback_ports(count: int, *, address: str = LOOPBACK) -> list[int]:
+    """`count` distinct TCP ports nothing listens on now on `address` (127.0.0.1; "0.0.0.0"
+    for ports free on every interface)."""
     with ExitStack() as stack:
         sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
         for sock in sockets:
-            sock.bind((LOOPBACK, 0))
+            sock.bind((address, 0))
         return [sock.getsockname()[1] for sock in sockets]
 
 
@@ -69,7 +73,7 @@ def ring_environments(size: int, directory: Path) -> list[dict[str, str]]:
 def nccl_environments(size: int, environ: Mapping[str, str]) -> list[dict[str, str]]:
     """Per rank, the variables that make it rank r of an NCCL group of `size` on this
     machine. NCCL's own traffic stays on loopback unless `environ` names an interface."""
-    (port,) = free_loopback_ports(1)
+    (port,) = free_loopback_ports(1, address=ANY_ADDRESS)
     shared = {
         "MLX_WORLD_SIZE": str(size),
         "NCCL_HOST_IP": LOOPBACK,
