@@ -137,12 +137,10 @@ class PagedBatch:
             writes_first_blocks=bool((is_real_query & (query_positions < block_size)).any()),
             writes_past_first_blocks=bool(write_centered.any()),
         )
-        self._block_size = block_size
         self._query_positions = query_positions
         self._lengths = lengths
         self._masks: dict[int | None, mx.array] = {}
         self._length_groups: tuple[list[LengthGroup], mx.array] | None = None
-        self._length_groups_found = False
 
     def mask(self, window_size: int | None = None) -> mx.array:
         """(B, 1, L, S) boolean mask; True where a query may attend to a key.
@@ -160,55 +158,48 @@ class PagedBatch:
         return self._masks[window_size]
 
     def length_groups(self) -> tuple[list[LengthGroup], mx.array] | None:
-        """A decode pass's rows in groups by context length, and the (B,) int32 order that
-        puts the groups' rows, concatenated, back in batch order; None when one group would
-        hold them all (or the pass is not a decode pass). Found once per pass.
+        """A decode pass's rows in groups that pad no row to more than twice its length,
+        and the (B,) int32 order that puts the groups' rows, concatenated, back in batch
+        order; None when one group would hold them all (or the pass is not a decode pass).
 
         Rows are taken longest first; a row starts a new group when it is no longer than
-        half the current group's longest and at least `MIN_SKIPPED_KEYS` shorter. So a
+        half the current group's longest and at least `MIN_SKIPPED_KEYS` shorter, so a
         short row beside a long one does not read, and attend over, the long one's
-        padding: a row is padded to about twice its length at most, or to fewer than
-        `MIN_SKIPPED_KEYS` keys past it, whichever is more. No group is made to skip only
-        a few keys, since each group repeats the gather's operations in every layer.
+        padding, and no group is made to skip only a few keys (each group costs a few
+        more MLX operations per layer).
         """
-        if not self._length_groups_found:
-            self._length_groups_found = True
-            self._length_groups = self._find_length_groups()
-        return self._length_groups
-
-    def _find_length_groups(self) -> tuple[list[LengthGroup], mx.array] | None:
         if self.num_queries != 1 or self.num_rows == 1:
             return None
-        order = np.argsort(-self._lengths, kind="stable")
-        starts = [0]
-        for i in range(1, len(order)):
-            length, longest = self._lengths[order[i]], self._lengths[order[starts[-1]]]
-            if 2 * length <= longest and longest - length >= MIN_SKIPPED_KEYS:
-                starts.append(i)
-        if len(starts) == 1:
-            return None
-        groups = [
-            self._length_group(order[start:end])
-            for start, end in zip(starts, [*starts[1:], len(order)], strict=True)
-        ]
-        return groups, mx.array(np.argsort(order).astype(np.int32))
+        if self._length_groups is None:
+            order = np.argsort(-self._lengths, kind="stable")
+            starts = [0]
+            for i in range(1, len(order)):
+                length, longest = self._lengths[order[i]], self._lengths[order[starts[-1]]]
+                if 2 * length <= longest and longest - length >= MIN_SKIPPED_KEYS:
+                    starts.append(i)
+            if len(starts) == 1:
+                return None
+            groups = [
+                self._length_group(order[start:end])
+                for start, end in zip(starts, [*starts[1:], len(order)], strict=True)
+            ]
+            self._length_groups = (groups, mx.array(np.argsort(order).astype(np.int32)))
+        return self._length_groups
 
     def _length_group(self, rows: np.ndarray) -> LengthGroup:
         num_keys = int(self._lengths[rows[0]])
         selected = mx.array(rows.astype(np.int32))
-        # One new position per row: the group's written positions are its rows'.
-        written = self._query_positions[rows, 0]
-        centered = written >= self._block_size
+        anchors = self.anchors
         return LengthGroup(
             rows=selected,
             read_slots=self.read_slots[selected, :num_keys],
             anchors=RowAnchors(
-                anchor_slots=self.anchors.anchor_slots[selected],
-                write_rows=mx.arange(len(rows), dtype=mx.int32),
-                write_centered=mx.array(centered),
-                read_centered=self.anchors.read_centered[selected, :num_keys],
-                writes_first_blocks=bool((~centered).any()),
-                writes_past_first_blocks=bool(centered.any()),
+                anchor_slots=anchors.anchor_slots[selected],
+                write_rows=anchors.write_rows[selected],
+                write_centered=anchors.write_centered[selected],
+                read_centered=anchors.read_centered[selected, :num_keys],
+                writes_first_blocks=anchors.writes_first_blocks,
+                writes_past_first_blocks=anchors.writes_past_first_blocks,
             ),
             mask=self.mask()[selected, :, :, :num_keys],
         )
@@ -311,11 +302,7 @@ class PagedLayerCache:
     def _groups_by_length(self, mask: AttentionMask) -> bool:
         """Attend by length groups: on the CPU, where they were measured to pay (a GPU
         pays a launch per operation that a group adds), under the batch's own mask."""
-        return (
-            mask is not None
-            and mx.default_device().type == mx.DeviceType.cpu
-            and mask is self._batch.mask()
-        )
+        return mx.default_device().type == mx.DeviceType.cpu and mask is self._batch.mask()
 
     def _attend_by_length(
         self, queries: mx.array, scale: float, groups: Sequence[LengthGroup], order: mx.array
