@@ -173,68 +173,6 @@ def test_decode_passes_leave_the_context_to_attention_once_it_comes_through_the_
     assert shape == (1, 2, 9, 8)
 
 
-def decode_rows(lengths: Sequence[int]) -> list[BatchRow]:
-    """One decode row per context length (the new position included), each with blocks of
-    its own after block 0."""
-    rows, next_block = [], 1
-    for length in lengths:
-        num_blocks = -(-length // BLOCK_SIZE)
-        rows.append(BatchRow(list(range(next_block, next_block + num_blocks)), length - 1, 1))
-        next_block += num_blocks
-    return rows
-
-
-def test_decode_rows_group_so_that_none_is_padded_past_twice_its_length():
-    lengths = [170, 400, 30, 90, 210]
-    groups, order = PagedBatch(decode_rows(lengths), BLOCK_SIZE).length_groups()
-    assert [group.rows.tolist() for group in groups] == [[1, 4], [0, 3], [2]]
-    assert [group.read_slots.shape for group in groups] == [(2, 400), (2, 170), (1, 30)]
-    assert [group.mask.shape for group in groups] == [
-        (2, 1, 1, 400),
-        (2, 1, 1, 170),
-        (1, 1, 1, 30),
-    ]
-    # Row 3 (length 90) sees its own 90 keys of its group's 170.
-    assert groups[1].mask[1, 0, 0].astype(mx.int32).tolist() == [1] * 90 + [0] * 80
-    concatenated = [row for group in groups for row in group.rows.tolist()]
-    assert [concatenated[i] for i in order.tolist()] == [0, 1, 2, 3, 4]
-    # Rows within twice of each other, or fewer than MIN_SKIPPED_KEYS (64) apart, one row,
-    # and passes of several queries: no groups.
-    assert PagedBatch(decode_rows([170, 90, 120]), BLOCK_SIZE).length_groups() is None
-    assert PagedBatch(decode_rows([17, 40, 3]), BLOCK_SIZE).length_groups() is None
-    groups, _ = PagedBatch(decode_rows([17, 100, 3]), BLOCK_SIZE).length_groups()
-    assert [group.rows.tolist() for group in groups] == [[1], [0, 2]]
-    assert PagedBatch(decode_rows([40]), BLOCK_SIZE).length_groups() is None
-    assert PagedBatch(three_rows(), BLOCK_SIZE).length_groups() is None
-
-
-@pytest.mark.parametrize("cache_type", ["auto", "q8_0", "turbo4"])
-def test_decode_attention_by_length_groups_equals_attention_over_the_padded_batch(cache_type):
-    lengths = [170, 400, 30, 90, 210]
-    storages = [
-        PagedKVStorage(
-            [LayerGeometry(2, 32, 32, mx.float32)],  # q8_0 groups of 32
-            BLOCK_SIZE,
-            max_blocks=256,
-            cache_type_k=cache_type,
-            cache_type_v=cache_type,
-        )
-        for _ in range(2)
-    ]
-    for storage in storages:
-        storage.ensure_capacity(1 + sum(-(-length // BLOCK_SIZE) for length in lengths))
-        prefill = [BatchRow(row.block_table, 0, row.offset) for row in decode_rows(lengths)]
-        attend_through_cache(storage, prefill, seed=0)
-    # The second stands for a model whose attention never reaches the cache: it attends
-    # over the whole padded batch.
-    storages[1].layers_attending_in_cache.clear()
-    _, padded = attend_through_cache(storages[1], decode_rows(lengths), seed=10)
-    shape, grouped = attend_through_cache(storages[0], decode_rows(lengths), seed=10)
-    assert shape == (5, 2, 1, 32)  # the context was left to `attention`, which grouped it
-    assert grouped.shape == padded.shape == (5, 2, 1, 32)
-    assert mx.allclose(grouped, padded, **FLOAT32_TOLERANCE)
-
-
 def test_layer_cache_masks_take_the_fast_path_only_for_one_unwindowed_row():
     storage = PagedKVStorage([LayerGeometry(1, 1, 1, mx.float32)], BLOCK_SIZE, max_blocks=4)
     one = PagedBatch([BatchRow([1, 2], offset=3, num_new_tokens=2)], BLOCK_SIZE)
