@@ -157,7 +157,7 @@ def test_the_nccl_port_is_free_on_every_interface_where_rank_0_binds_it(monkeypa
         asked.append(address)
         return [29500] * count
 
-    monkeypatch.setattr(local_ranks, "free_loopback_ports", free_ports)
+    monkeypatch.setattr(local_ranks, "free_ports", free_ports)
     assert local_ranks.nccl_environments(2, {})[1]["NCCL_PORT"] == "29500"
     assert asked == ["0.0.0.0"]
 

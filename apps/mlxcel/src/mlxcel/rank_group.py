@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from mlxcel_distributed import LocalRanks
 
 _LAUNCHER_VARIABLES = ("MLX_RANK", "MLX_HOSTFILE")
-
-
 _NCCL_VARIABLES = ("NCCL_HOST_IP", "NCCL_PORT", "MLX_WORLD_SIZE")
 
 

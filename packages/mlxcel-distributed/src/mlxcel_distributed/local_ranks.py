@@ -11,9 +11,8 @@ Two backends, configured as `mlx.launch` configures them:
 Children run the same command with `MLX_RANK` set, so they join the group as the other
 ranks. Given the machine's GPUs, child rank r sees only GPU r (modulo their number) through
 `CUDA_VISIBLE_DEVICES`, so ranks spread over the GPUs; rank 0 keeps the GPUs it sees and
-runs on the first. On
-Linux a child is killed when its parent dies (`PR_SET_PDEATHSIG`); a child that exits
-before `stop` is reported through `on_exit`.
+runs on the first. On Linux a child is killed when its parent dies (`PR_SET_PDEATHSIG`); a
+child that exits before `stop` is reported through `on_exit`.
 
 Joining a group blocks inside MLX without releasing Python's lock, so nothing in rank
 0 could report a child that dies while rank 0 waits there. Each child therefore says it is
@@ -46,9 +45,9 @@ BACKENDS = ("ring", "nccl")
 _PR_SET_PDEATHSIG = 1
 
 
-def free_loopback_ports(count: int, *, address: str = LOOPBACK) -> list[int]:
-    """`count` distinct TCP ports nothing listens on now on `address` (127.0.0.1; "0.0.0.0"
-    for ports free on every interface)."""
+def free_ports(count: int, *, address: str = LOOPBACK) -> list[int]:
+    """`count` distinct TCP ports nothing listens on now on `address` (loopback by default;
+    `ANY_ADDRESS` for ports free on every interface)."""
     with ExitStack() as stack:
         sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
         for sock in sockets:
@@ -66,14 +65,14 @@ def write_ring_hostfile(ports: Sequence[int], directory: Path) -> Path:
 def ring_environments(size: int, directory: Path) -> list[dict[str, str]]:
     """Per rank, the variables that make it rank r of a ring group of `size` on loopback;
     the host file is written to `directory`."""
-    hostfile = write_ring_hostfile(free_loopback_ports(size), directory)
+    hostfile = write_ring_hostfile(free_ports(size), directory)
     return [{"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)} for rank in range(size)]
 
 
 def nccl_environments(size: int, environ: Mapping[str, str]) -> list[dict[str, str]]:
     """Per rank, the variables that make it rank r of an NCCL group of `size` on this
     machine. NCCL's own traffic stays on loopback unless `environ` names an interface."""
-    (port,) = free_loopback_ports(1, address=ANY_ADDRESS)
+    (port,) = free_ports(1, address=ANY_ADDRESS)
     shared = {
         "MLX_WORLD_SIZE": str(size),
         "NCCL_HOST_IP": LOOPBACK,
