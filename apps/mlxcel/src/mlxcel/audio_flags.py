@@ -2,38 +2,21 @@
 
 `--stt-model` (a Whisper folder) and `--tts-model` (a Piper voice's `.onnx` file) default to
 the models of the `audio` extra when it is installed; `none` leaves one out and `--no-audio`
-leaves both out.
+leaves both out. Without the extra (mlxcel-audio and its models) the server serves no
+speech models, and naming one is a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from types import ModuleType
 
 from mlxcel.flags import Flag, InputError, UsageError
-from mlxcel_audio.decoding import decode_audio
-from mlxcel_audio.default_models import (
-    DEFAULT_STT_MODEL_NAME,
-    default_stt_model,
-    default_tts_voice,
-)
-from mlxcel_audio.encoding import AUDIO_FORMATS, UnsupportedAudioFormatError, encode_audio
-from mlxcel_audio.piper import PiperVoice, load_voice
-from mlxcel_audio.whisper import (
-    TranscribeOptions,
-    Transcription,
-    WhisperModel,
-    load_whisper,
-    transcribe,
-)
-from mlxcel_audio.whisper.languages import LANGUAGES
 from mlxcel_server import ServerSettings
-from mlxcel_server.audio_models import ServingAudio, TranscriptionRequest
+from mlxcel_server.audio_models import ServingAudio
 from mlxcel_server.audio_worker import AudioWorker
 
 NONE = "none"
@@ -79,7 +62,8 @@ def speech_model_paths(args: argparse.Namespace) -> SpeechModelPaths:
     """The speech models resolved flags ask for.
 
     Raises:
-        UsageError: `--no-audio` is given with a model path.
+        UsageError: `--no-audio` is given with a model path, or a model is named (or the
+            extra's model found) but the audio extra cannot be imported.
         InputError: a given path does not exist.
     """
     if args.no_audio:
@@ -89,92 +73,37 @@ def speech_model_paths(args: argparse.Namespace) -> SpeechModelPaths:
         if named:
             raise UsageError(f"--no-audio serves no speech models, but {named[0]} names one")
         return SpeechModelPaths(None, None)
-    return SpeechModelPaths(
-        stt=_path(args.stt_model, default_stt_model(), "--stt-model"),
-        tts=_path(args.tts_model, default_tts_voice(), "--tts-model"),
+    default_stt, default_tts = _default_paths()
+    paths = SpeechModelPaths(
+        stt=_path(args.stt_model, default_stt, "--stt-model"),
+        tts=_path(args.tts_model, default_tts, "--tts-model"),
     )
+    if paths.stt is not None or paths.tts is not None:
+        _speech_models()
+    return paths
 
 
-@dataclass(frozen=True)
-class WhisperSpeechToText:
-    """A Whisper model as the server's `SpeechToText`."""
-
-    name: str
-    model: WhisperModel
-
-    def transcribe(self, upload: bytes, request: TranscriptionRequest) -> Transcription:
-        """Decode `upload` (any container, by content) and transcribe it; the language is
-        reported by name ("english"), as OpenAI does.
-
-        Raises:
-            AudioInputError: the upload is not usable audio, a field is invalid, or the
-                model cannot do the task.
-        """
-        fields = {"temperature": request.temperature} if request.temperature is not None else {}
-        options = TranscribeOptions(
-            task=request.task, language=request.language, prompt=request.prompt,
-            word_timestamps=request.word_timestamps, **fields,
-        )  # fmt: skip
-        transcription = transcribe(self.model, decode_audio(upload), options)
-        language = LANGUAGES.get(transcription.language, transcription.language)
-        return replace(transcription, language=language)
+def _default_paths() -> tuple[Path | None, Path | None]:
+    try:
+        from mlxcel_audio.default_models import default_stt_model, default_tts_voice
+    except ImportError:
+        return None, None
+    return default_stt_model(), default_tts_voice()
 
 
-@dataclass(frozen=True)
-class PiperTextToSpeech:
-    """A Piper voice as the server's `TextToSpeech`; `audio_formats` are those the installed
-    encoders can write."""
-
-    name: str
-    voice: PiperVoice
-    audio_formats: tuple[str, ...]
-
-    @property
-    def sample_rate(self) -> int:
-        return self.voice.sample_rate
-
-    @property
-    def speakers(self) -> tuple[str, ...]:
-        return self.voice.speakers
-
-    def synthesize(self, text: str, *, speaker: str | None, speed: float) -> Iterator[np.ndarray]:
-        return self.voice.synthesize(text, speaker=speaker, speed=speed)
-
-    def encode(self, samples: np.ndarray, audio_format: str) -> bytes:
-        return encode_audio(samples, self.voice.sample_rate, audio_format)
-
-
-def load_speech_models(
-    paths: SpeechModelPaths,
-) -> tuple[WhisperSpeechToText | None, PiperTextToSpeech | None]:
-    """Load the speech models at `paths`, named as the API will name them: the default
-    Whisper model "whisper-tiny.en", another its folder's name; a voice its file's stem.
+def _speech_models() -> ModuleType:
+    """`mlxcel.speech_models`, which needs the audio extra.
 
     Raises:
-        ModelLoadError: a model cannot be loaded.
+        UsageError: the extra is not installed.
     """
-    stt = tts = None
-    if paths.stt is not None:
-        is_default = paths.stt == default_stt_model()
-        name = DEFAULT_STT_MODEL_NAME if is_default else paths.stt.name
-        stt = WhisperSpeechToText(name, load_whisper(paths.stt))
-    if paths.tts is not None:
-        voice = load_voice(paths.tts)
-        tts = PiperTextToSpeech(paths.tts.stem, voice, _writable_formats(voice.sample_rate))
-    return stt, tts
-
-
-def _writable_formats(sample_rate: int) -> tuple[str, ...]:
-    # libsndfile builds differ (MP3 and Opus need 1.1+), so each format is tried once.
-    silence = np.zeros(sample_rate // 100, dtype=np.float32)
-    writable = []
-    for audio_format in AUDIO_FORMATS:
-        try:
-            encode_audio(silence, sample_rate, audio_format)
-        except UnsupportedAudioFormatError:
-            continue
-        writable.append(audio_format)
-    return tuple(writable)
+    try:
+        from mlxcel import speech_models
+    except ImportError as error:
+        raise UsageError(
+            f"speech models need the audio extra: pip install 'mlxcel[audio]' ({error})"
+        ) from error
+    return speech_models
 
 
 def serving_audio(paths: SpeechModelPaths, settings: ServerSettings) -> ServingAudio | None:
@@ -186,7 +115,7 @@ def serving_audio(paths: SpeechModelPaths, settings: ServerSettings) -> ServingA
     """
     if paths.stt is None and paths.tts is None:
         return None
-    stt, tts = load_speech_models(paths)
+    stt, tts = _speech_models().load_speech_models(paths)
     worker = AudioWorker(
         max_waiting=settings.engine.max_waiting,
         retry_after_seconds=settings.engine.retry_after_seconds,

@@ -2,7 +2,9 @@
 
 `--allowed-local-media-path` is vLLM's name (llama-server's is the same); fetching `http(s)`
 image URLs is off unless `--media-fetch` turns it on, bounded by `--media-max-bytes` and
-`--media-fetch-timeout`.
+`--media-fetch-timeout`. Images need the vision extra (mlxcel-vision): without it the server
+reads no images (a request with one gets the 400 of a model without vision support) and
+`generate --image` is a usage error; the limits' defaults are mlxcel-vision's.
 """
 
 from __future__ import annotations
@@ -10,17 +12,21 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
-
-from PIL import Image
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from mlxcel.flags import Flag, InputError, UsageError, flag_error
 from mlxcel_server.image_prompts import ImageDecoder
-from mlxcel_vision.inputs import ImageInputError, MediaPolicy, decode_image, read_image_file
-from mlxcel_vision.inputs.policy import DEFAULT_FETCH_TIMEOUT_SECONDS, DEFAULT_MAX_BYTES
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from mlxcel_vision.inputs import MediaPolicy
 
 MAX_BYTES_FLAG = Flag(
-    ("--media-max-bytes",), "media_max_bytes", int, DEFAULT_MAX_BYTES,
-    "largest image (bytes) from a data URL, a file or a fetch; larger ones are refused",
+    ("--media-max-bytes",), "media_max_bytes", int, None,
+    "largest image (bytes) from a data URL, a file or a fetch; larger ones are refused "
+    "(default: 20 MiB)",
     env="MLXCEL_MEDIA_MAX_BYTES",
 )  # fmt: skip
 MEDIA_FLAGS = (
@@ -31,9 +37,9 @@ MEDIA_FLAGS = (
          "fetch http(s) image URLs in requests (off by default)", env="MLXCEL_MEDIA_FETCH",
          is_switch=True),
     MAX_BYTES_FLAG,
-    Flag(("--media-fetch-timeout",), "media_fetch_timeout", float,
-         DEFAULT_FETCH_TIMEOUT_SECONDS,
-         "seconds allowed for connecting to an image URL, for each read and for the whole body",
+    Flag(("--media-fetch-timeout",), "media_fetch_timeout", float, None,
+         "seconds allowed for connecting to an image URL, for each read and for the whole body "
+         "(default: 10)",
          env="MLXCEL_MEDIA_FETCH_TIMEOUT"),
 )  # fmt: skip
 IMAGE_FLAGS = (
@@ -46,15 +52,31 @@ IMAGE_FLAGS = (
 _FIELD_FLAGS = {"max_bytes": "--media-max-bytes", "fetch_timeout_seconds": "--media-fetch-timeout"}
 
 
-def _policy(allowed: Path | None, args: argparse.Namespace, **fields: object) -> MediaPolicy:
+def _vision_inputs() -> ModuleType | None:
+    """`mlxcel_vision.inputs`, or None without the vision extra."""
     try:
-        return MediaPolicy(allowed_local_path=allowed, max_bytes=args.media_max_bytes, **fields)
+        import mlxcel_vision.inputs as inputs
+    except ImportError:
+        return None
+    return inputs
+
+
+def _policy(
+    inputs: ModuleType, allowed: Path | None, args: argparse.Namespace, **fields: object
+) -> MediaPolicy:
+    """A `MediaPolicy` of the flags given; those not given keep mlxcel-vision's defaults."""
+    given = {"max_bytes": args.media_max_bytes, **fields}
+    try:
+        return inputs.MediaPolicy(
+            allowed_local_path=allowed, **{k: v for k, v in given.items() if v is not None}
+        )
     except ValueError as error:
         raise flag_error(str(error), _FIELD_FLAGS) from error
 
 
-def image_decoder_from(args: argparse.Namespace) -> ImageDecoder:
-    """The server's image decoding under the policy the resolved flags set.
+def image_decoder_from(args: argparse.Namespace) -> ImageDecoder | None:
+    """The server's image decoding under the policy the resolved flags set; None without
+    the vision extra.
 
     Raises:
         UsageError: a limit is out of range.
@@ -67,13 +89,17 @@ def image_decoder_from(args: argparse.Namespace) -> ImageDecoder:
             raise InputError(
                 f"--allowed-local-media-path: not a directory: {args.allowed_local_media_path}"
             )
+    inputs = _vision_inputs()
+    if inputs is None:
+        return None
     policy = _policy(
+        inputs,
         allowed,
         args,
         fetch_enabled=args.media_fetch,
         fetch_timeout_seconds=args.media_fetch_timeout,
     )
-    return functools.partial(decode_image, policy=policy)
+    return functools.partial(inputs.decode_image, policy=policy)
 
 
 def read_images(args: argparse.Namespace) -> list[Image.Image]:
@@ -81,15 +107,21 @@ def read_images(args: argparse.Namespace) -> list[Image.Image]:
     `--allowed-local-media-path`.
 
     Raises:
-        UsageError: `--media-max-bytes` is out of range.
+        UsageError: `--media-max-bytes` is out of range, or images are given without the
+            vision extra.
         InputError: a file cannot be read or is not a usable image (naming it).
     """
-    policy = _policy(None, args)
+    if not args.images:
+        return []
+    inputs = _vision_inputs()
+    if inputs is None:
+        raise UsageError("--image needs the vision extra: pip install 'mlxcel[vision]'")
+    policy = _policy(inputs, None, args)
     images = []
-    for number, path in enumerate(args.images or (), 1):
+    for number, path in enumerate(args.images, 1):
         try:
-            images.append(read_image_file(Path(path).expanduser(), policy, number=number))
-        except ImageInputError as error:
+            images.append(inputs.read_image_file(Path(path).expanduser(), policy, number=number))
+        except inputs.ImageInputError as error:
             raise InputError(f"--image {path}: {error.reason}") from error
     return images
 
