@@ -93,6 +93,8 @@ class LevelStats:
     itl_p95: float
     stream_tps_p50: float
     prompt_tokens: int | None
+    errors: tuple[str, ...] = ()
+    """The distinct reasons the failed requests failed, in order of first occurrence."""
 
 
 def messages_for(index: int) -> list[dict[str, str]]:
@@ -157,6 +159,7 @@ def summarize_level(concurrency: int, timings: Sequence[StreamTiming]) -> LevelS
         itl_p95=_percentile_or_nan(gaps, 95),
         stream_tps_p50=statistics.median(t.decode_tps for t in done) if done else math.nan,
         prompt_tokens=done[0].prompt_tokens if done else None,
+        errors=tuple(dict.fromkeys(t.error for t in timings if t.error is not None)),
     )
 
 

@@ -37,10 +37,16 @@ SHAPES = {
     },
 }  # fmt: skip
 EOS = "<|end_of_text|>"
+# Served models need a chat template; this one marks each turn with its role.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def write_tokenizer(folder: Path, vocab_size: int) -> None:
-    """A byte-level BPE vocabulary padded to `vocab_size` with unmergeable filler tokens."""
+    """A byte-level BPE vocabulary padded to `vocab_size` with unmergeable filler tokens, and
+    a chat template."""
     byte_tokens = pre_tokenizers.ByteLevel.alphabet()
     vocab = {token: index for index, token in enumerate(sorted(byte_tokens))}
     for index in range(len(vocab), vocab_size - 1):
@@ -50,7 +56,11 @@ def write_tokenizer(folder: Path, vocab_size: int) -> None:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([EOS])
     tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"eos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"}
+    config = {
+        "eos_token": EOS,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 

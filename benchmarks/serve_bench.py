@@ -146,8 +146,7 @@ def server_command(
     """
     environ = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     if name == "mlxcel":
-        mlxcel = Path(sys.executable).parent / "mlxcel"
-        return [str(mlxcel), "serve", "-m", str(folder), "--port", str(port),
+        return [sys.executable, "-m", "mlxcel", "serve", "-m", str(folder), "--port", str(port),
                 "-np", str(max_concurrency)], environ  # fmt: skip
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder),
                "--port", str(port), "--log-level", "WARNING",
@@ -239,7 +238,10 @@ def bench_server(name: str, folder: Path, args: argparse.Namespace, log: Path) -
         wait_until_ready(url, process, args.startup_timeout)
         warmup = level(max_concurrency, max_concurrency, min(args.max_tokens, WARMUP_TOKENS))
         if warmup.num_failed:
-            raise RuntimeError(f"{warmup.num_failed} warm-up requests failed")
+            failures = f"{warmup.num_failed} of {warmup.num_requests} warm-up requests failed"
+            if warmup.num_failed == warmup.num_requests:
+                raise RuntimeError(f"{failures}: {'; '.join(warmup.errors)}")
+            print(f"{name}: {failures} ({'; '.join(warmup.errors)})", file=sys.stderr)
         warm_memory = resident_memory(process.pid)
         results = []
         for concurrency in args.concurrency:
@@ -247,7 +249,8 @@ def bench_server(name: str, folder: Path, args: argparse.Namespace, log: Path) -
             stats = level(concurrency, num_requests, args.max_tokens)
             results.append((stats, resident_memory(process.pid)))
             print(
-                f"{name}: concurrency {concurrency} done, {stats.output_tps:.1f} tok/s",
+                f"{name}: concurrency {concurrency} done, {stats.output_tps:.1f} tok/s"
+                + (f", failures: {'; '.join(stats.errors)}" if stats.errors else ""),
                 file=sys.stderr, flush=True,
             )  # fmt: skip
     return ServerRun(name, warm_memory, tuple(results))

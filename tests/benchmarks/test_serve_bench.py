@@ -64,6 +64,7 @@ def test_summarize_level_pools_gaps_and_counts_failures_in_wall_time_only() -> N
     stats = load_gen.summarize_level(3, timings)
 
     assert (stats.num_requests, stats.num_failed) == (3, 1)
+    assert stats.errors == ("ReadTimeout: timed out",)
     assert stats.wall == 3.0
     assert stats.completion_tokens == 7
     assert stats.output_tps == pytest.approx(7 / 3)
@@ -73,9 +74,11 @@ def test_summarize_level_pools_gaps_and_counts_failures_in_wall_time_only() -> N
 
 
 def test_summarize_level_of_only_failures_has_no_latencies() -> None:
-    stats = load_gen.summarize_level(1, [make_timing(0.0, [], tokens=0, error="refused")])
+    failures = [make_timing(0.0, [], tokens=0, error=e) for e in ("refused", "reset", "refused")]
+    stats = load_gen.summarize_level(3, failures)
 
-    assert stats.num_failed == 1
+    assert stats.num_failed == 3
+    assert stats.errors == ("refused", "reset")
     assert stats.output_tps == 0.0
     assert stats.ttft_p95 != stats.ttft_p95  # NaN
 

@@ -8,7 +8,6 @@ validation the handlers run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.metadata import version
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -28,6 +27,7 @@ from mlxcel_server.schemas import (
     LoraScales,
     TokenizeRequest,
 )
+from mlxcel_server.version import server_version
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -241,7 +241,7 @@ def make_openapi_document() -> dict[str, Any]:
             paths.setdefault(path, {})[operation.method] = entry
     return {
         "openapi": "3.1.0",
-        "info": {"title": "mlxcel server", "version": version("mlxcel-server")},
+        "info": {"title": "mlxcel server", "version": server_version()},
         "paths": paths,
         "components": {
             "schemas": definitions.get("$defs", {}),

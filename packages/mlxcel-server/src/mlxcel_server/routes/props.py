@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from importlib.metadata import version
-
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_server.errors import ApiError
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState, ServingModel
+from mlxcel_server.version import server_version
 
 
 def default_params(settings: ServerSettings) -> dict:
@@ -82,7 +81,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 "endpoint_slots": settings.endpoint_slots,
                 "endpoint_props": settings.endpoint_props,
                 "endpoint_metrics": settings.endpoint_metrics,
-                "build_info": f"mlxcel-server {version('mlxcel-server')}",
+                "build_info": f"mlxcel-server {server_version()}",
             }
         )
 
