@@ -123,10 +123,11 @@ def test_layer_cache_writes_new_positions_to_their_slots_and_gathers_each_row():
 
 
 def attend_through_cache(
-    storage: PagedKVStorage, rows: Sequence[BatchRow], seed: int
+    storage: PagedKVStorage, rows: Sequence[BatchRow], seed: int, window_size: int | None = None
 ) -> tuple[tuple[int, ...], mx.array]:
-    """One pass of random queries, keys and values through layer 0's cache: the shape
-    `update_and_fetch` returned the keys in, and the attention output."""
+    """One pass of random queries, keys and values through layer 0's cache, under the
+    batch's mask (`window_size`: its sliding-window mask): the shape `update_and_fetch`
+    returned the keys in, and the attention output."""
     batch = PagedBatch(rows, BLOCK_SIZE)
     cache = PagedLayerCache(storage, 0, batch)
     geometry = storage.layers[0]
@@ -135,8 +136,23 @@ def attend_through_cache(
         mx.random.normal((B, H, L, geometry.key_dim), key=mx.random.key(seed + i)) for i in range(3)
     )
     keys, values = cache.update_and_fetch(keys, values)
-    mask = cache.make_mask(L)
+    mask = cache.make_mask(L, window_size=window_size)
     return tuple(keys.shape), cache.attention(queries, keys, values, scale=0.5, mask=mask)
+
+
+def twin_storages(cache_type: str, geometry: LayerGeometry, max_blocks: int) -> list:
+    """Two storages of one layer, alike: the first to attend by the path under test, the
+    second by the one it must equal."""
+    return [
+        PagedKVStorage(
+            [geometry],
+            BLOCK_SIZE,
+            max_blocks=max_blocks,
+            cache_type_k=cache_type,
+            cache_type_v=cache_type,
+        )
+        for _ in range(2)
+    ]
 
 
 @pytest.mark.parametrize("cache_type", ["auto", "turbo4"])
@@ -145,16 +161,7 @@ def test_decode_passes_leave_the_context_to_attention_once_it_comes_through_the_
 ):
     prefill = [BatchRow([1, 2], 0, 6), BatchRow([3], 0, 3)]
     decode = [BatchRow([1, 2], 6, 1), BatchRow([3], 3, 1)]
-    storages = [
-        PagedKVStorage(
-            [LayerGeometry(2, 8, 8, mx.float32)],
-            BLOCK_SIZE,
-            max_blocks=8,
-            cache_type_k=cache_type,
-            cache_type_v=cache_type,
-        )
-        for _ in range(2)
-    ]
+    storages = twin_storages(cache_type, LayerGeometry(2, 8, 8, mx.float32), max_blocks=8)
     for storage in storages:
         storage.ensure_capacity(5)
         shape, _ = attend_through_cache(storage, prefill, seed=0)
@@ -171,6 +178,103 @@ def test_decode_passes_leave_the_context_to_attention_once_it_comes_through_the_
     # Passes of several queries per row always fetch the context.
     shape, _ = attend_through_cache(storages[0], [BatchRow([1, 2, 4], 7, 2)], seed=20)
     assert shape == (1, 2, 9, 8)
+
+
+def decode_rows(lengths: Sequence[int]) -> list[BatchRow]:
+    """One decode row per context length (the new position included), each with blocks of
+    its own after block 0."""
+    rows, next_block = [], 1
+    for length in lengths:
+        num_blocks = -(-length // BLOCK_SIZE)
+        rows.append(BatchRow(list(range(next_block, next_block + num_blocks)), length - 1, 1))
+        next_block += num_blocks
+    return rows
+
+
+def test_decode_rows_group_so_that_short_rows_skip_long_rows_padding():
+    lengths = [170, 400, 30, 90, 210]
+    groups, order = PagedBatch(decode_rows(lengths), BLOCK_SIZE).length_groups()
+    assert [group.rows.tolist() for group in groups] == [[1, 4], [0, 3], [2]]
+    assert [group.read_slots.shape for group in groups] == [(2, 400), (2, 170), (1, 30)]
+    assert [group.mask.shape for group in groups] == [
+        (2, 1, 1, 400),
+        (2, 1, 1, 170),
+        (1, 1, 1, 30),
+    ]
+    # Row 3 (length 90) sees its own 90 keys of its group's 170.
+    assert groups[1].mask[1, 0, 0].astype(mx.int32).tolist() == [1] * 90 + [0] * 80
+    concatenated = [row for group in groups for row in group.rows.tolist()]
+    assert [concatenated[i] for i in order.tolist()] == [0, 1, 2, 3, 4]
+    # Each group's anchors are its own rows': their first blocks, and the one written
+    # position of each (all past the first block here).
+    assert groups[1].anchors.write_rows.tolist() == [0, 1]
+    assert groups[1].anchors.writes_past_first_blocks
+    assert not groups[1].anchors.writes_first_blocks
+    # Rows within twice of each other, or fewer than MIN_SKIPPED_KEYS (64) apart, one row,
+    # and passes of several queries: no groups.
+    assert PagedBatch(decode_rows([170, 90, 120]), BLOCK_SIZE).length_groups() is None
+    assert PagedBatch(decode_rows([17, 40, 3]), BLOCK_SIZE).length_groups() is None
+    groups, _ = PagedBatch(decode_rows([17, 100, 3]), BLOCK_SIZE).length_groups()
+    assert [group.rows.tolist() for group in groups] == [[1], [0, 2]]
+    assert PagedBatch(decode_rows([40]), BLOCK_SIZE).length_groups() is None
+    assert PagedBatch(three_rows(), BLOCK_SIZE).length_groups() is None
+
+
+def grouped_and_padded(
+    cache_type: str, lengths: Sequence[int], window_size: int | None = None
+) -> tuple[mx.array, mx.array]:
+    """A decode pass's attention output through a cache that attends by length groups when
+    it may, and the same through a cache that attends over the padded batch."""
+    storages = twin_storages(cache_type, LayerGeometry(2, 32, 32, mx.float32), max_blocks=256)
+    for storage in storages:
+        storage.ensure_capacity(1 + sum(-(-length // BLOCK_SIZE) for length in lengths))
+        prefill = [BatchRow(row.block_table, 0, row.offset) for row in decode_rows(lengths)]
+        attend_through_cache(storage, prefill, seed=0)
+    # The second stands for a model whose attention never reaches the cache: it attends
+    # over the whole padded batch.
+    storages[1].layers_attending_in_cache.clear()
+    _, padded = attend_through_cache(storages[1], decode_rows(lengths), 10, window_size)
+    shape, attended = attend_through_cache(storages[0], decode_rows(lengths), 10, window_size)
+    assert shape == (len(lengths), 2, 1, 32)  # the context was left to `attention`
+    return attended, padded
+
+
+def count_group_passes(monkeypatch) -> list[int]:
+    """Each call of attention by length groups, as the number of groups it attended by."""
+    calls: list[int] = []
+    attend = PagedLayerCache._attend_by_length
+
+    def counted(self, queries, scale, groups, order):
+        calls.append(len(groups))
+        return attend(self, queries, scale, groups, order)
+
+    monkeypatch.setattr(PagedLayerCache, "_attend_by_length", counted)
+    return calls
+
+
+ON_THE_CPU = pytest.mark.skipif(
+    mx.default_device() != mx.cpu, reason="length groups serve the CPU's decode passes"
+)
+
+
+@ON_THE_CPU
+@pytest.mark.parametrize("cache_type", ["auto", "q8_0", "turbo4"])
+def test_decode_attention_by_length_groups_equals_attention_over_the_padded_batch(
+    cache_type, monkeypatch
+):
+    calls = count_group_passes(monkeypatch)
+    grouped, padded = grouped_and_padded(cache_type, [170, 400, 30, 90, 210])
+    assert calls == [3]
+    assert grouped.shape == padded.shape == (5, 2, 1, 32)
+    assert mx.allclose(grouped, padded, **FLOAT32_TOLERANCE)
+
+
+@ON_THE_CPU
+def test_a_sliding_window_decode_attends_over_the_padded_batch(monkeypatch):
+    calls = count_group_passes(monkeypatch)
+    windowed, padded = grouped_and_padded("auto", [170, 400, 30, 90, 210], window_size=50)
+    assert calls == []
+    assert mx.allclose(windowed, padded, **FLOAT32_TOLERANCE)
 
 
 def test_layer_cache_masks_take_the_fast_path_only_for_one_unwindowed_row():
@@ -298,6 +402,26 @@ def test_chunked_prefill_and_batched_decode_at_different_offsets_match_dense(
     assert [harness.num_computed[s] for s in range(3)] == [9, 13, 18]
     assert len(set(harness.kv.block_table(2)) & set(harness.kv.block_table(1))) == 0
     check_against_dense(harness, paged, tolerance)
+
+
+@ON_THE_CPU
+def test_decode_rows_far_apart_in_length_attend_by_groups_and_match_dense(
+    tiny_safetensors, monkeypatch
+):
+    model = load_model(tiny_safetensors).model
+    harness = PagedHarness(model)
+    calls = count_group_passes(monkeypatch)
+    # Prompts of 150 and 8 tokens, then 4 decode tokens each (teacher-forced).
+    sequences = random_tokens(2, [150 + 4, 8 + 4])
+    for seq_id, tokens in enumerate(sequences):
+        assert harness.admit(seq_id, tokens) == 0
+    paged: dict[int, list[mx.array]] = {0: [], 1: []}
+    for work in [{0: 150}, {1: 8}, *[{0: 1, 1: 1}] * 4]:
+        for seq_id, logits in harness.step(work).items():
+            paged[seq_id].append(logits)
+    # Every layer of every two-row decode pass took the groups, one row in each.
+    assert calls == [2] * (4 * len(harness.storage.layers))
+    check_against_dense(harness, paged, FLOAT32_TOLERANCE)
 
 
 def test_copy_on_write_after_fork_keeps_each_sequence_reading_its_own_kv(tiny_safetensors):

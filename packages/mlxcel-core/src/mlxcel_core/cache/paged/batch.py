@@ -38,6 +38,28 @@ class BatchRow:
     num_new_tokens: int
 
 
+@dataclass(frozen=True)
+class LengthGroup:
+    """Rows of a decode pass that attend together, padded to the longest of them only.
+
+    Attributes:
+        rows: (G,) int32 rows of the batch, longest first.
+        read_slots: (G, S_g) int32 slots of their keys, S_g the longest row's length.
+        anchors: their first blocks, for reading centered pools.
+        mask: (G, 1, 1, S_g) bool, True where a row has a key.
+    """
+
+    rows: mx.array
+    read_slots: mx.array
+    anchors: RowAnchors
+    mask: mx.array
+
+
+# Below this, the keys a row would skip in a group of its own cost less to read on the CPU
+# than the group's extra operations in every layer (docs/paged-attention.md).
+MIN_SKIPPED_KEYS = 64
+
+
 def _pad_block_tables(tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """(rows, longest table) int32 block ids, each row padded with -1; (rows,) table lengths."""
     counts = np.fromiter((len(table) for table in tables), np.int64, len(tables))
@@ -115,9 +137,12 @@ class PagedBatch:
             writes_first_blocks=bool((is_real_query & (query_positions < block_size)).any()),
             writes_past_first_blocks=bool(write_centered.any()),
         )
+        self._block_size = block_size
         self._query_positions = query_positions
         self._lengths = lengths
         self._masks: dict[int | None, mx.array] = {}
+        self._length_groups: tuple[list[LengthGroup], mx.array] | None = None
+        self._length_groups_found = False
 
     def mask(self, window_size: int | None = None) -> mx.array:
         """(B, 1, L, S) boolean mask; True where a query may attend to a key.
@@ -133,6 +158,60 @@ class PagedBatch:
                 allowed &= keys > queries - window_size
             self._masks[window_size] = mx.array(allowed[:, None])
         return self._masks[window_size]
+
+    def length_groups(self) -> tuple[list[LengthGroup], mx.array] | None:
+        """A decode pass's rows in groups by context length, and the (B,) int32 order that
+        puts the groups' rows, concatenated, back in batch order; None when one group would
+        hold them all (or the pass is not a decode pass). Found once per pass.
+
+        Rows are taken longest first; a row starts a new group when it is no longer than
+        half the current group's longest and at least `MIN_SKIPPED_KEYS` shorter. So a
+        short row beside a long one does not read, and attend over, the long one's
+        padding: a row is padded to about twice its length at most, or to fewer than
+        `MIN_SKIPPED_KEYS` keys past it, whichever is more. No group is made to skip only
+        a few keys, since each group repeats the gather's operations in every layer.
+        """
+        if not self._length_groups_found:
+            self._length_groups_found = True
+            self._length_groups = self._find_length_groups()
+        return self._length_groups
+
+    def _find_length_groups(self) -> tuple[list[LengthGroup], mx.array] | None:
+        if self.num_queries != 1 or self.num_rows == 1:
+            return None
+        order = np.argsort(-self._lengths, kind="stable")
+        starts = [0]
+        for i in range(1, len(order)):
+            length, longest = self._lengths[order[i]], self._lengths[order[starts[-1]]]
+            if 2 * length <= longest and longest - length >= MIN_SKIPPED_KEYS:
+                starts.append(i)
+        if len(starts) == 1:
+            return None
+        groups = [
+            self._length_group(order[start:end])
+            for start, end in zip(starts, [*starts[1:], len(order)], strict=True)
+        ]
+        return groups, mx.array(np.argsort(order).astype(np.int32))
+
+    def _length_group(self, rows: np.ndarray) -> LengthGroup:
+        num_keys = int(self._lengths[rows[0]])
+        selected = mx.array(rows.astype(np.int32))
+        # One new position per row: the group's written positions are its rows'.
+        written = self._query_positions[rows, 0]
+        centered = written >= self._block_size
+        return LengthGroup(
+            rows=selected,
+            read_slots=self.read_slots[selected, :num_keys],
+            anchors=RowAnchors(
+                anchor_slots=self.anchors.anchor_slots[selected],
+                write_rows=mx.arange(len(rows), dtype=mx.int32),
+                write_centered=mx.array(centered),
+                read_centered=self.anchors.read_centered[selected, :num_keys],
+                writes_first_blocks=bool((~centered).any()),
+                writes_past_first_blocks=bool(centered.any()),
+            ),
+            mask=self.mask()[selected, :, :, :num_keys],
+        )
 
 
 class PagedLayerCache:
@@ -223,8 +302,35 @@ class PagedLayerCache:
             if attended is not None:
                 return attended
         if not self._context_fetched:
+            groups = self._batch.length_groups() if self._groups_by_length(mask) else None
+            if groups is not None:
+                return self._attend_by_length(queries, scale, *groups)
             keys, values = self._fetch_context()
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    def _groups_by_length(self, mask: AttentionMask) -> bool:
+        """Attend by length groups: on the CPU, where they were measured to pay (a GPU
+        pays a launch per operation that a group adds), under the batch's own mask."""
+        return (
+            mask is not None
+            and mx.default_device().type == mx.DeviceType.cpu
+            and mask is self._batch.mask()
+        )
+
+    def _attend_by_length(
+        self, queries: mx.array, scale: float, groups: Sequence[LengthGroup], order: mx.array
+    ) -> mx.array:
+        """Decode attention group by group (`PagedBatch.length_groups`), each group's
+        context gathered to its own longest row."""
+        outputs = []
+        for group in groups:
+            keys, values = self._storage.gather(self._layer, group.read_slots, group.anchors)
+            outputs.append(
+                mx.fast.scaled_dot_product_attention(
+                    queries[group.rows], keys, values, scale=scale, mask=group.mask
+                )
+            )
+        return mx.concatenate(outputs)[order]
 
     def _decodes_from_pools(self, mask: AttentionMask) -> bool:
         """A decode pass under the batch's own unwindowed mask, with kernels allowed."""
