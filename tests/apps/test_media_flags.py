@@ -10,7 +10,9 @@ from red_images import encode, red_data_url, red_image
 
 from mlxcel.cli import main, make_parser
 from mlxcel.flags import InputError, UsageError, resolve_defaults
+from mlxcel.media_flags import MAX_BYTES_FLAG, MEDIA_FLAGS
 from mlxcel.serve_command import FLAGS, settings_from
+from mlxcel_vision.inputs.policy import DEFAULT_FETCH_TIMEOUT_SECONDS, DEFAULT_MAX_BYTES
 
 CLOSED_PORT_URL = "http://127.0.0.1:9/red.png"
 
@@ -113,3 +115,9 @@ def test_generate_refuses_images_where_no_chat_message_holds_them(
     prompt = [] if "--prompts-file" in extra else ["-p", "x"]
     code, err = run_cli("generate", "-m", str(tiny_gguf), *prompt, *extra, "--image", str(red_png))
     assert_one_line_error(code, err, 2, message)
+
+
+def test_the_help_states_the_limits_mlxcel_vision_applies_by_default():
+    (timeout_flag,) = [flag for flag in MEDIA_FLAGS if flag.dest == "media_fetch_timeout"]
+    assert f"(default: {DEFAULT_MAX_BYTES / 2**20:g} MiB)" in MAX_BYTES_FLAG.help
+    assert f"(default: {DEFAULT_FETCH_TIMEOUT_SECONDS:g})" in timeout_flag.help
