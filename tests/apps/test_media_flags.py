@@ -102,6 +102,11 @@ def test_generate_names_an_unusable_image_file(tiny_gguf, tmp_path, red_png):
         assert_one_line_error(code, err, 1, f"--image {path}: {message}")
 
 
+def test_generate_checks_the_byte_limit_without_an_image(tiny_gguf):
+    code, err = run_cli("generate", "-m", str(tiny_gguf), "-p", "x", "--media-max-bytes", "0")
+    assert_one_line_error(code, err, 2, "--media-max-bytes must be >= 1, got 0")
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [(["-no-cnv"], "drop -no-cnv"), (["--prompts-file", "PROMPTS"], "not --prompts-file")],

@@ -1,4 +1,5 @@
-"""`mlxcel generate` and `mlxcel serve` work without the audio and vision extras.
+"""`mlxcel generate` and `mlxcel serve` work without the audio and vision extras, and a flag or
+command that needs a missing extra names it.
 
 Each case runs in a fresh interpreter where the extras' packages (and the libraries only they
 bring) cannot be imported, as after `pip install mlxcel` without `[audio]` or `[vision]`.
@@ -34,21 +35,23 @@ def test_generate_runs_and_image_flags_ask_for_the_vision_extra(tiny_gguf, tmp_p
                     environ={}, out=out, err=err)
         assert code == 0, err.getvalue()
         assert out.getvalue(), "no text generated"
-        err = io.StringIO()
-        code = main(["generate", "-m", model, "-n", "4", "-p", "Hi", "--image", image],
-                    environ={}, out=io.StringIO(), err=err)
-        print(code, err.getvalue(), end="")
+        for flags in (["--image", image], ["--media-max-bytes", "100"]):
+            err = io.StringIO()
+            code = main(["generate", "-m", model, "-n", "4", "-p", "Hi", *flags],
+                        environ={}, out=io.StringIO(), err=err)
+            print(code, err.getvalue(), end="")
         """,
         str(tiny_gguf),
         str(image),
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == (
-        "2 mlxcel: error: --image needs the vision extra: pip install 'mlxcel[vision]'\n"
-    )
+    assert done.stdout.splitlines() == [
+        "2 mlxcel: error: --image needs the vision extra: pip install 'mlxcel[vision]'",
+        "2 mlxcel: error: --media-max-bytes needs the vision extra: pip install 'mlxcel[vision]'",
+    ]
 
 
-def test_serve_reads_no_images_and_serves_no_speech_but_refuses_a_named_speech_model(tmp_path):
+def test_serve_reads_no_images_and_serves_no_speech_but_refuses_their_flags(tmp_path):
     done = run_without_extras(
         """
         from mlxcel.audio_flags import SpeechModelPaths, speech_model_paths
@@ -61,14 +64,36 @@ def test_serve_reads_no_images_and_serves_no_speech_but_refuses_a_named_speech_m
             resolve_defaults(args, FLAGS, {})
             return args
 
-        assert settings_from(parsed("--media-fetch")).image_decoder is None
+        assert settings_from(parsed()).image_decoder is None
         assert speech_model_paths(parsed()) == SpeechModelPaths(None, None)
-        try:
-            speech_model_paths(parsed("--stt-model", sys.argv[1]))
-        except UsageError as error:
-            print(error)
+        for refused in (lambda: settings_from(parsed("--media-fetch")),
+                        lambda: speech_model_paths(parsed("--stt-model", sys.argv[1]))):
+            try:
+                refused()
+            except UsageError as error:
+                print(error)
         """,
         str(tmp_path),
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("speech models need the audio extra: pip install 'mlxcel[audio]'")
+    refusals = done.stdout.splitlines()
+    assert refusals[0] == "--media-fetch needs the vision extra: pip install 'mlxcel[vision]'"
+    assert refusals[1].startswith("speech models need the audio extra: pip install 'mlxcel[audio]'")
+
+
+def test_the_speech_commands_name_the_audio_extra():
+    done = run_without_extras(
+        """
+        import io
+        from mlxcel.cli import main
+        for command in ("speak", "transcribe"):
+            err = io.StringIO()
+            code = main([command, "--help"], environ={}, out=io.StringIO(), err=err)
+            print(code, err.getvalue(), end="")
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"2 mlxcel: error: mlxcel {command} needs the audio extra: pip install 'mlxcel[audio]'"
+        for command in ("speak", "transcribe")
+    ]

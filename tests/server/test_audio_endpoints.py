@@ -315,6 +315,7 @@ def test_unserved_endpoints_answer_501_naming_the_flag(apps):
     reply = client.post("/v1/audio/transcriptions", **upload(wav_bytes()))
     assert reply.status == 501
     assert "--stt-model" in reply.json()["error"]["message"]
+    assert "audio extra" in reply.json()["error"]["message"]
     client, _ = apps.make(stt=FakeSpeechToText())
     reply = _speech(client)
     assert reply.status == 501

@@ -1,4 +1,4 @@
-"""`mlxcel serve`'s speech flags and the speech models they load, adapted to the server.
+"""`mlxcel serve`'s speech flags: which speech models the server loads (`speech_models`).
 
 `--stt-model` (a Whisper folder) and `--tts-model` (a Piper voice's `.onnx` file) default to
 the models of the `audio` extra when it is installed; `none` leaves one out and `--no-audio`

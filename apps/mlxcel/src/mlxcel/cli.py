@@ -43,13 +43,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def make_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The `mlxcel` parser, with the full flags of `command` only (the others listed)."""
+    """The `mlxcel` parser, with the full flags of `command` only (the others listed).
+
+    Raises:
+        UsageError: `command`'s module cannot be imported (an extra it needs is missing).
+    """
     parser = _Parser(prog="mlxcel", description="LLM inference on MLX.")
     parser.add_argument("--version", action="version", version=f"mlxcel {_installed_version()}")
     subparsers = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         if name == command:
-            importlib.import_module(module).add_parser(subparsers)
+            try:
+                command_module = importlib.import_module(module)
+            except ImportError as error:  # the command needs an extra that is not installed
+                raise UsageError(str(error)) from error
+            command_module.add_parser(subparsers)
         else:
             subparsers.add_parser(name, help=help_text)
     return parser

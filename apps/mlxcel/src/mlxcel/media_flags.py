@@ -3,14 +3,15 @@
 `--allowed-local-media-path` is vLLM's name (llama-server's is the same); fetching `http(s)`
 image URLs is off unless `--media-fetch` turns it on, bounded by `--media-max-bytes` and
 `--media-fetch-timeout`. Images need the vision extra (mlxcel-vision): without it the server
-reads no images (a request with one gets the 400 of a model without vision support) and
-`generate --image` is a usage error; the limits' defaults are mlxcel-vision's.
+reads no images (a request with one gets the 400 of a model without vision support), and
+any of these flags is a usage error naming the extra; the limits' defaults are mlxcel-vision's.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -52,11 +53,21 @@ IMAGE_FLAGS = (
 _FIELD_FLAGS = {"max_bytes": "--media-max-bytes", "fetch_timeout_seconds": "--media-fetch-timeout"}
 
 
-def _vision_inputs() -> ModuleType | None:
-    """`mlxcel_vision.inputs`, or None without the vision extra."""
+def _vision_inputs(args: argparse.Namespace, flags: Sequence[Flag]) -> ModuleType | None:
+    """`mlxcel_vision.inputs`, or None without the vision extra.
+
+    Raises:
+        UsageError: one of `flags` is given (on the command line or in the environment)
+            without the extra.
+    """
     try:
         import mlxcel_vision.inputs as inputs
     except ImportError:
+        given = [flag.names[-1] for flag in flags if getattr(args, flag.dest) != flag.default]
+        if given:
+            raise UsageError(
+                f"{given[0]} needs the vision extra: pip install 'mlxcel[vision]'"
+            ) from None
         return None
     return inputs
 
@@ -79,9 +90,12 @@ def image_decoder_from(args: argparse.Namespace) -> ImageDecoder | None:
     the vision extra.
 
     Raises:
-        UsageError: a limit is out of range.
+        UsageError: a limit is out of range, or a media flag is given without the extra.
         InputError: `--allowed-local-media-path` is not a directory.
     """
+    inputs = _vision_inputs(args, MEDIA_FLAGS)
+    if inputs is None:
+        return None
     allowed = None
     if args.allowed_local_media_path is not None:
         allowed = Path(args.allowed_local_media_path).expanduser()
@@ -89,9 +103,6 @@ def image_decoder_from(args: argparse.Namespace) -> ImageDecoder | None:
             raise InputError(
                 f"--allowed-local-media-path: not a directory: {args.allowed_local_media_path}"
             )
-    inputs = _vision_inputs()
-    if inputs is None:
-        return None
     policy = _policy(
         inputs,
         allowed,
@@ -107,18 +118,16 @@ def read_images(args: argparse.Namespace) -> list[Image.Image]:
     `--allowed-local-media-path`.
 
     Raises:
-        UsageError: `--media-max-bytes` is out of range, or images are given without the
-            vision extra.
+        UsageError: `--media-max-bytes` is out of range, or an image flag is given without
+            the vision extra.
         InputError: a file cannot be read or is not a usable image (naming it).
     """
-    if not args.images:
-        return []
-    inputs = _vision_inputs()
+    inputs = _vision_inputs(args, IMAGE_FLAGS)
     if inputs is None:
-        raise UsageError("--image needs the vision extra: pip install 'mlxcel[vision]'")
+        return []
     policy = _policy(inputs, None, args)
     images = []
-    for number, path in enumerate(args.images, 1):
+    for number, path in enumerate(args.images or (), 1):
         try:
             images.append(inputs.read_image_file(Path(path).expanduser(), policy, number=number))
         except inputs.ImageInputError as error:

@@ -19,10 +19,14 @@ from typing import TextIO
 import numpy as np
 
 from mlxcel.flags import Flag, InputError, UsageError, add_flags, resolve_defaults
-from mlxcel_audio.default_models import default_tts_voice
-from mlxcel_audio.encoding import AUDIO_FORMATS, encode_audio
-from mlxcel_audio.errors import AudioInputError
-from mlxcel_audio.piper import PiperVoice, load_voice
+
+try:
+    from mlxcel_audio.default_models import default_tts_voice
+    from mlxcel_audio.encoding import AUDIO_FORMATS, encode_audio
+    from mlxcel_audio.errors import AudioInputError
+    from mlxcel_audio.piper import PiperVoice, load_voice
+except ImportError as error:
+    raise ImportError("mlxcel speak needs the audio extra: pip install 'mlxcel[audio]'") from error
 
 STDOUT = "-"
 # Output suffix -> format, where the two differ or a suffix has several names.

@@ -76,7 +76,8 @@ def _not_served(audio: ServingAudio | None, flag: str) -> ApiError:
     )
     return ApiError(
         501,
-        f"{request.path} needs another model: {served}; start it with {flag}",
+        f"{request.path} needs another model: {served}; start it with {flag} "
+        "(speech models need mlxcel's audio extra)",
         code="not_implemented",
     )
 
