@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import httpx
 
+# How much of an error reply's body a failed timing keeps.
+ERROR_BODY_CHARS = 300
 USER_MESSAGE = (
     "Here is the start of a story. The lighthouse keeper on the northern island had not seen "
     "a ship in forty days. Every evening she climbed the spiral stairs, trimmed the wick, and "
@@ -52,6 +54,7 @@ class StreamTiming:
         completion_tokens: from the final `usage` chunk; the number of deltas if none came.
         prompt_tokens: from the final `usage` chunk; None if none came.
         error: why the request failed; None if it succeeded.
+        status: the HTTP status of a reply refused with an error status; None otherwise.
     """
 
     sent: float
@@ -60,6 +63,7 @@ class StreamTiming:
     completion_tokens: int
     prompt_tokens: int | None
     error: str | None = None
+    status: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -181,21 +185,16 @@ async def stream_chat(
     deltas: list[float] = []
     usage = None
     error = None
+    status = None
     sent = time.perf_counter()
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data:"))
-                if "error" in chunk:
-                    error = f"error event: {chunk['error']}"
-                    break
-                usage = chunk.get("usage") or usage
-                choices = chunk.get("choices") or []
-                if choices and choices[0].get("delta", {}).get("content"):
-                    deltas.append(time.perf_counter())
+            if response.is_error:
+                status = response.status_code
+                text = (await response.aread()).decode(errors="replace")
+                error = f"HTTP {status}: {' '.join(text.split())[:ERROR_BODY_CHARS]}"
+            else:
+                error, usage = await _read_events(response, deltas)
     except (httpx.HTTPError, json.JSONDecodeError) as caught:
         error = f"{type(caught).__name__}: {caught}"
     finished = time.perf_counter()
@@ -208,7 +207,27 @@ async def stream_chat(
         completion_tokens=usage["completion_tokens"] if usage else len(deltas),
         prompt_tokens=usage.get("prompt_tokens") if usage else None,
         error=error,
+        status=status,
     )
+
+
+async def _read_events(
+    response: httpx.Response, deltas: list[float]
+) -> tuple[str | None, dict | None]:
+    """Read a chat completion's server-sent events, appending each content delta's arrival
+    time to `deltas`; the stream's error event (None without one) and its last `usage`."""
+    usage = None
+    async for line in response.aiter_lines():
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line.removeprefix("data:"))
+        if "error" in chunk:
+            return f"error event: {chunk['error']}", usage
+        usage = chunk.get("usage") or usage
+        choices = chunk.get("choices") or []
+        if choices and choices[0].get("delta", {}).get("content"):
+            deltas.append(time.perf_counter())
+    return None, usage
 
 
 async def run_level(

@@ -58,7 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from load_gen import LevelStats, messages_for, run_level, stream_chat, summarize_level
+from load_gen import (
+    LevelStats,
+    StreamTiming,
+    messages_for,
+    run_level,
+    stream_chat,
+    summarize_level,
+)
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
 HOST = "127.0.0.1"
@@ -187,24 +194,37 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
-def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
-    """Send a one-token request until the server answers it (it may be loading).
+def wait_until_ready(
+    url: str,
+    process: subprocess.Popen[bytes],
+    timeout: float,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> None:
+    """Send a one-token request until the server answers it (a 503 while it loads).
+
+    `transport` replaces the network (tests pass an `httpx.MockTransport`).
 
     Raises:
-        RuntimeError: the server exited.
+        RuntimeError: the server exited, or refused the request with a 4xx status (the
+            request itself is wrong for it, e.g. a model without a chat template).
         TimeoutError: it did not answer within `timeout` seconds.
     """
 
-    async def probe() -> bool:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0)) as client:
-            return (await stream_chat(client, url, messages_for(-1), 1)).ok
+    async def probe() -> StreamTiming:
+        timeouts = httpx.Timeout(timeout, connect=5.0)
+        async with httpx.AsyncClient(timeout=timeouts, transport=transport) as client:
+            return await stream_chat(client, url, messages_for(-1), 1)
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited with code {process.returncode}")
-        if asyncio.run(probe()):
+        timing = asyncio.run(probe())
+        if timing.ok:
             return
+        if timing.status is not None and 400 <= timing.status < 500:
+            raise RuntimeError(f"the server refused the readiness request: {timing.error}")
         time.sleep(0.5)
     raise TimeoutError(f"{url} was not ready within {timeout:.0f} s")
 

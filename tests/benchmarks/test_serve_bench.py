@@ -83,6 +83,15 @@ def test_summarize_level_of_only_failures_has_no_latencies() -> None:
     assert stats.ttft_p95 != stats.ttft_p95  # NaN
 
 
+SSE_EVENTS = [
+    {"choices": [{"delta": {"role": "assistant"}}]},
+    {"choices": [{"delta": {"content": "Once"}}]},
+    {"choices": [{"delta": {"content": " upon a"}}]},
+    {"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 3}},
+]
+SSE_REPLY = "".join(f"data: {json.dumps(event)}\n\n" for event in SSE_EVENTS) + "data: [DONE]\n\n"
+
+
 def sse_handler(seen: list[dict], in_flight: list[int], peak: list[int]):
     async def handle(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -91,14 +100,7 @@ def sse_handler(seen: list[dict], in_flight: list[int], peak: list[int]):
         peak[0] = max(peak[0], in_flight[0])
         await asyncio.sleep(0.01)  # let the other slots send theirs
         in_flight[0] -= 1
-        events = [
-            {"choices": [{"delta": {"role": "assistant"}}]},
-            {"choices": [{"delta": {"content": "Once"}}]},
-            {"choices": [{"delta": {"content": " upon a"}}]},
-            {"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 3}},
-        ]
-        text = "".join(f"data: {json.dumps(event)}\n\n" for event in events) + "data: [DONE]\n\n"
-        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, text=SSE_REPLY, headers={"content-type": "text/event-stream"})
 
     return handle
 
@@ -138,8 +140,25 @@ def test_stream_chat_records_an_error_status_or_event_as_a_failure() -> None:
 
     unavailable, stopped = asyncio.run(send(0)), asyncio.run(send(1))
 
-    assert "HTTPStatusError" in unavailable.error
-    assert "engine stopped" in stopped.error
+    assert (unavailable.status, unavailable.error) == (503, "HTTP 503: loading")
+    assert (stopped.status, stopped.error) == (None, "error event: {'message': 'engine stopped'}")
+
+
+class RunningServer:
+    def poll(self) -> None:
+        return None
+
+
+def test_readiness_waits_through_loading_and_stops_at_a_refusal() -> None:
+    replies = iter([httpx.Response(503, text="loading"), httpx.Response(200, text=SSE_REPLY)])
+    serve_bench.wait_until_ready(
+        "http://bench", RunningServer(), 5.0, transport=httpx.MockTransport(lambda _: next(replies))
+    )
+    refusal = httpx.Response(400, json={"error": {"message": "the model has no chat template"}})
+    with pytest.raises(RuntimeError, match=r"HTTP 400: .*the model has no chat template"):
+        serve_bench.wait_until_ready(
+            "http://bench", RunningServer(), 5.0, transport=httpx.MockTransport(lambda _: refusal)
+        )
 
 
 @pytest.mark.parametrize(
