@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mlxcel.audio_flags import SpeechModelPaths
 from mlxcel_audio.decoding import decode_audio
 from mlxcel_audio.default_models import DEFAULT_STT_MODEL_NAME, default_stt_model
 from mlxcel_audio.encoding import AUDIO_FORMATS, UnsupportedAudioFormatError, encode_audio
@@ -22,6 +22,10 @@ from mlxcel_audio.whisper import (
 )
 from mlxcel_audio.whisper.languages import LANGUAGES
 from mlxcel_server.audio_models import TranscriptionRequest
+
+if TYPE_CHECKING:
+    # audio_flags imports this module when it loads speech models.
+    from mlxcel.audio_flags import SpeechModelPaths
 
 
 @dataclass(frozen=True)
