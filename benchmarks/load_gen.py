@@ -16,7 +16,9 @@ have been sent; with `num_requests == concurrency` that is one wave sent at once
 
 Each request's messages start with its own index (`messages_for`), so no two requests share
 more than the chat template's opening tokens and a leading digit: neither server's prefix cache
-can reuse one request's prefill for another.
+can reuse one request's prefill for another. With `varied_lengths`, each request also ends
+with its own number of filler words (0 to 148, so up to about 450 more prompt tokens), as
+prompts of many lengths reach a real server: the first 149 requests all differ in length.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import httpx
 
 # How much of an error reply's body a failed timing keeps.
 ERROR_BODY_CHARS = 300
+# Filler words a request with varied length appends: (index * 37) % 149 of them, distinct
+# for any 149 consecutive indices (37 is invertible modulo the prime 149).
+FILLER_COUNTS = 149
+FILLER_WORD = "ox"
 USER_MESSAGE = (
     "Here is the start of a story. The lighthouse keeper on the northern island had not seen "
     "a ship in forty days. Every evening she climbed the spiral stairs, trimmed the wick, and "
@@ -96,16 +102,22 @@ class LevelStats:
     itl_p50: float
     itl_p95: float
     stream_tps_p50: float
-    prompt_tokens: int | None
+    prompt_tokens: tuple[int, int] | None
+    """The fewest and most prompt tokens of the successful requests; None if none succeeded."""
     errors: tuple[str, ...] = ()
     """The distinct reasons the failed requests failed, in order of first occurrence."""
 
 
-def messages_for(index: int) -> list[dict[str, str]]:
-    """The chat messages of request `index`: a system message led by the index, a fixed prompt."""
+def messages_for(index: int, *, varied_length: bool = False) -> list[dict[str, str]]:
+    """The chat messages of request `index`: a system message led by the index, a fixed
+    prompt, and with `varied_length` the index's own number of filler words after it."""
+    user_message = USER_MESSAGE
+    if varied_length:
+        count = index * 37 % FILLER_COUNTS
+        user_message += " Ignore these words:" + f" {FILLER_WORD}" * count
     return [
         {"role": "system", "content": f"{index}. You are a helpful storyteller."},
-        {"role": "user", "content": USER_MESSAGE},
+        {"role": "user", "content": user_message},
     ]
 
 
@@ -162,9 +174,14 @@ def summarize_level(concurrency: int, timings: Sequence[StreamTiming]) -> LevelS
         itl_p50=_percentile_or_nan(gaps, 50),
         itl_p95=_percentile_or_nan(gaps, 95),
         stream_tps_p50=statistics.median(t.decode_tps for t in done) if done else math.nan,
-        prompt_tokens=done[0].prompt_tokens if done else None,
+        prompt_tokens=_least_and_most(t.prompt_tokens for t in done),
         errors=tuple(dict.fromkeys(t.error for t in timings if t.error is not None)),
     )
+
+
+def _least_and_most(counts: Iterable[int | None]) -> tuple[int, int] | None:
+    known = [count for count in counts if count is not None]
+    return (min(known), max(known)) if known else None
 
 
 async def stream_chat(
@@ -238,9 +255,11 @@ async def run_level(
     max_tokens: int,
     first_index: int,
     timeout: float,
+    varied_lengths: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[StreamTiming]:
     """Send requests `first_index ...` keeping `concurrency` in flight; timings in send order.
+    With `varied_lengths`, each request's prompt has its own length (`messages_for`).
 
     `transport` replaces the network (tests pass an `httpx.MockTransport`).
 
@@ -260,7 +279,8 @@ async def run_level(
         async def slot() -> None:
             # The tasks share one iterator: each takes the next index when it is free.
             for index in indices:
-                timings.append(await stream_chat(client, url, messages_for(index), max_tokens))
+                messages = messages_for(index, varied_length=varied_lengths)
+                timings.append(await stream_chat(client, url, messages, max_tokens))
 
         await asyncio.gather(*(slot() for _ in range(concurrency)))
     return sorted(timings, key=lambda timing: timing.sent)

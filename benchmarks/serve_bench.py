@@ -8,6 +8,8 @@ streaming chat completions in flight (`temperature` 0, `max_tokens` fixed) until
 `--requests-per-level` have been sent: by default C, one wave sent at once; `2x` sends 2*C.
 Every request's messages start with a distinct number, unique across levels and the
 warm-up, so no prompt cache helps either server; the same messages go to every server.
+With `--varied-lengths`, every request's prompt also has its own length (between about
+500 and 950 tokens with the random models' byte-level tokenizer), as on a server in use.
 
 Per level the report gives aggregate output tokens/s (completion tokens over the wall time
 from the first send to the last finish), TTFT p50/p95 (send to first content delta), ITL
@@ -246,7 +248,8 @@ def bench_server(name: str, folder: Path, args: argparse.Namespace, log: Path) -
         nonlocal index
         timings = asyncio.run(
             run_level(url, concurrency=concurrency, num_requests=num_requests,
-                      max_tokens=max_tokens, first_index=index, timeout=args.request_timeout)
+                      max_tokens=max_tokens, first_index=index, timeout=args.request_timeout,
+                      varied_lengths=args.varied_lengths)
         )  # fmt: skip
         index += num_requests
         if process.poll() is not None:
@@ -282,9 +285,13 @@ def _ms(seconds: float) -> str:
 
 def format_run(run: ServerRun, max_tokens: int) -> str:
     """One server's table: a row per concurrency level."""
-    prompt_tokens = next((s.prompt_tokens for s, _ in run.levels if s.prompt_tokens), "?")
+    ranges = [stats.prompt_tokens for stats, _ in run.levels if stats.prompt_tokens]
+    prompt_tokens = "?"
+    if ranges:
+        least, most = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        prompt_tokens = str(least) if least == most else f"{least}-{most}"
     lines = [
-        f"{run.name}: max_tokens {max_tokens}, temperature 0, ~{prompt_tokens} prompt tokens, "
+        f"{run.name}: max_tokens {max_tokens}, temperature 0, {prompt_tokens} prompt tokens, "
         f"RSS after warm-up {run.warm_memory.rss / MIB:.0f} MiB",
         f"{'conc':>5}{'reqs':>6}{'fail':>6}{'out tok/s':>11}{'TTFT p50':>10}{'TTFT p95':>10}"
         f"{'ITL p50':>9}{'ITL p95':>9}{'stream tok/s':>14}{'RSS MiB':>9}{'peak MiB':>10}",
@@ -371,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--max-tokens", type=int, default=64)
     parser.add_argument(
         "--port", type=int, default=None, help="the servers' port (default: a free one)"
+    )
+    parser.add_argument(
+        "--varied-lengths",
+        action="store_true",
+        help="give each request its own prompt length (up to about 450 filler tokens more)",
     )
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")

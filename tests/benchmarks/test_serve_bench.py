@@ -73,6 +73,14 @@ def test_summarize_level_pools_gaps_and_counts_failures_in_wall_time_only() -> N
     assert stats.stream_tps_p50 == pytest.approx(2.5)  # streams at 2 and 3 tokens/s
 
 
+def test_summarize_level_reports_the_fewest_and_most_prompt_tokens() -> None:
+    timings = [
+        load_gen.StreamTiming(0.0, 2.0, (1.0, 2.0), 2, prompt_tokens, None)
+        for prompt_tokens in (70, None, 50, 61)
+    ]
+    assert load_gen.summarize_level(4, timings).prompt_tokens == (50, 70)
+
+
 def test_summarize_level_of_only_failures_has_no_latencies() -> None:
     failures = [make_timing(0.0, [], tokens=0, error=e) for e in ("refused", "reset", "refused")]
     stats = load_gen.summarize_level(3, failures)
@@ -124,6 +132,15 @@ def test_run_level_keeps_concurrency_in_flight_with_distinct_prompts() -> None:
     assert sorted(int(text.split(".")[0]) for text in systems) == list(range(10, 17))
     assert all(body["stream_options"] == {"include_usage": True} for body in seen)
     assert all(body["temperature"] == 0.0 and body["max_tokens"] == 8 for body in seen)
+
+
+def test_varied_lengths_give_149_consecutive_requests_149_prompt_lengths() -> None:
+    def user_length(index: int, varied: bool) -> int:
+        return len(load_gen.messages_for(index, varied_length=varied)[1]["content"])
+
+    assert len({user_length(index, True) for index in range(300, 449)}) == 149
+    assert {user_length(index, False) for index in range(300, 449)} == {len(load_gen.USER_MESSAGE)}
+    assert load_gen.messages_for(7, varied_length=True)[0] == load_gen.messages_for(7)[0]
 
 
 def test_stream_chat_records_an_error_status_or_event_as_a_failure() -> None:
@@ -198,7 +215,7 @@ def test_server_commands_ask_for_max_concurrency() -> None:
 
 def test_ratios_compare_mlxcel_with_each_other_server_per_level() -> None:
     def run(name: str, tps: float, ttft: float):
-        stats = load_gen.LevelStats(4, 4, 0, 1.0, 10, tps, ttft, ttft, 0.1, 0.1, 5.0, 50)
+        stats = load_gen.LevelStats(4, 4, 0, 1.0, 10, tps, ttft, ttft, 0.1, 0.1, 5.0, (50, 50))
         memory = serve_bench.Memory(1, 1)
         return serve_bench.ServerRun(name, memory, ((stats, memory),))
 
@@ -206,3 +223,4 @@ def test_ratios_compare_mlxcel_with_each_other_server_per_level() -> None:
 
     assert "mlxcel / mlx-lm" in report
     assert "concurrency   4: throughput 2.00x, TTFT p95 0.50x" in report
+    assert "mlxcel: max_tokens 8, temperature 0, 50 prompt tokens," in report

@@ -555,3 +555,29 @@ def test_sliding_window_dense_path_matches_mlx_lm(sliding_models):
     np.testing.assert_allclose(
         np.array(stepped), np.array(mlx_lm_logits(windowed, tokens)), **FLOAT32_TOLERANCE
     )
+
+
+def test_one_row_prefill_chunks_at_rounded_lengths_match_dense(tiny_safetensors, monkeypatch):
+    # What CUDA does (`prefill_lengths`), forced here: every chunk after the first starts
+    # at an offset, so the rounded keys must stay aligned with the real queries.
+    from mlxcel_core.cache.paged import batch as batch_module
+
+    rounded: list[int] = []
+    attend = batch_module.causal_attention_at_rounded_length
+
+    def counted(queries, keys, values, *, scale):
+        rounded.append(queries.shape[2])
+        return attend(queries, keys, values, scale=scale)
+
+    monkeypatch.setattr(batch_module, "rounds_prefill_lengths", lambda: True)
+    monkeypatch.setattr(batch_module, "causal_attention_at_rounded_length", counted)
+    model = load_model(tiny_safetensors).model
+    harness = PagedHarness(model)
+    tokens = random_tokens(3, [150 + 3])[0]
+    assert harness.admit(0, tokens) == 0
+    paged: dict[int, list[mx.array]] = {0: []}
+    for work in [{0: 70}, {0: 50}, {0: 30}, *[{0: 1}] * 3]:
+        paged[0].extend(harness.step(work).values())
+    num_layers = len(harness.storage.layers)
+    assert rounded == [70] * num_layers + [50] * num_layers + [30] * num_layers
+    check_against_dense(harness, paged, FLOAT32_TOLERANCE)

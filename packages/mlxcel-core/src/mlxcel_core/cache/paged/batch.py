@@ -10,6 +10,10 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel_core.cache.paged.centering import RowAnchors
+from mlxcel_core.cache.paged.prefill_lengths import (
+    causal_attention_at_rounded_length,
+    rounds_prefill_lengths,
+)
 from mlxcel_core.cache.paged.storage import PagedKVStorage
 from mlxcel_core.cache.protocol import AttentionMask
 from mlxcel_core.cache.quant.turbo import TurboQuantCodec
@@ -283,7 +287,8 @@ class PagedLayerCache:
         pools through the block tables when a kernel serves the device and the pools'
         types (`mlxcel_core.kernels.paged_attention`: unquantized pools of the queries'
         dtype, or TurboQuant keys and values); any other pass attends to the gathered keys
-        and values with `mx.fast.scaled_dot_product_attention`.
+        and values with `mx.fast.scaled_dot_product_attention`, a one-row prefill on CUDA
+        at a rounded query count (`prefill_lengths`).
 
         Args:
             queries: (B, H_q, L, D_k), H_q a multiple of H_kv.
@@ -306,6 +311,8 @@ class PagedLayerCache:
             if groups is not None:
                 return self._attend_by_length(queries, scale, *groups)
             keys, values = self._fetch_context()
+        if isinstance(mask, str) and queries.shape[2] > 1 and rounds_prefill_lengths():
+            return causal_attention_at_rounded_length(queries, keys, values, scale=scale)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
     def _groups_by_length(self, mask: AttentionMask) -> bool:
