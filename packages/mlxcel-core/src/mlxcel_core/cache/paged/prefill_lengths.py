@@ -4,8 +4,8 @@ MLX's CUDA backend runs attention with more than one query through cuDNN, which 
 execution plan for every distinct shape of the queries, keys and values and keeps the last
 256 in a per-thread LRU cache (`MLX_CUDA_SDPA_CACHE_SIZE`). On one H200, building one took
 50-90 ms, while a whole forward pass of a 1B model over 400 tokens took 5-8 ms once its
-plan existed (docs/benchmarks.md, "Prefill attention plans"). A server meets prompts of
-every length, so without rounding nearly every prefill pays for a new plan.
+plan existed (docs/benchmarks.md, "Prefill attention plans on one H200"). A server meets
+prompts of every length, so without rounding nearly every prefill pays for a new plan.
 
 Padding the queries, keys and values at the end by the same number of positions keeps the
 causal mask exact: MLX aligns it to the bottom right, so real query i still sees keys up to
@@ -25,8 +25,8 @@ PREFILL_QUERY_MULTIPLE = 64
 
 
 def rounds_prefill_lengths() -> bool:
-    """Whether prefill attention runs at rounded lengths: on MLX's CUDA backend, the one
-    whose attention was measured to pay per shape; elsewhere padding would only add work."""
+    """Whether prefill attention runs at rounded lengths: on MLX's CUDA backend, whose
+    attention was measured to pay per shape (the CPU's was not; Metal's is unmeasured)."""
     return mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
 
 
