@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxcel.cli import main, make_parser
-from mlxcel.flags import resolve_defaults, sampling_params_from
+from mlxcel.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
 from mlxcel.generate_command import FLAGS
 
 from factories import TinyConfig, write_gguf_model, write_safetensors_model
@@ -168,3 +168,14 @@ def test_repeatable_dry_breakers_from_flags_and_environment():
     assert from_env.dry_sequence_breakers == ("END",)
     assert params(["--dry-sequence-breaker", "none"], {}).dry_sequence_breakers == ()
     assert params([], {}).dry_sequence_breakers == ("\n", ":", '"', "*")
+
+
+def test_a_missing_extra_is_one_usage_line_naming_what_needed_it():
+    with pytest.raises(UsageError) as refused:
+        import_extra("mlxcel_no_such_extra", extra="fast", needed_by="--warp")
+    assert str(refused.value) == (
+        "--warp needs the fast extra: pip install 'mlxcel[fast]' "
+        "(No module named 'mlxcel_no_such_extra')"
+    )
+    flags = import_extra("mlxcel.flags", extra="fast", needed_by="--warp")
+    assert flags.import_extra is import_extra

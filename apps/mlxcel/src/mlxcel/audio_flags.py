@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from mlxcel.flags import Flag, InputError, UsageError
+from mlxcel.flags import Flag, InputError, UsageError, import_extra
 from mlxcel_server import ServerSettings
 from mlxcel_server.audio_models import ServingAudio
 from mlxcel_server.audio_worker import AudioWorker
@@ -97,13 +97,7 @@ def _speech_models() -> ModuleType:
     Raises:
         UsageError: the extra is not installed.
     """
-    try:
-        from mlxcel import speech_models
-    except ImportError as error:
-        raise UsageError(
-            f"speech models need the audio extra: pip install 'mlxcel[audio]' ({error})"
-        ) from error
-    return speech_models
+    return import_extra("mlxcel.speech_models", extra="audio", needed_by="serving speech models")
 
 
 def serving_audio(paths: SpeechModelPaths, settings: ServerSettings) -> ServingAudio | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from mlxcel.flags import Flag, RunError, UsageError
+from mlxcel.parallel_modes import import_distributed
 from mlxcel.rank_group import form_group
 from mlxcel_core.engine import EngineConfig, PrefillJob, RemotePrefill, RemotePrefillFactory
 from mlxcel_models.loaded import LoadedModel
@@ -41,16 +42,6 @@ NUM_RANKS = 2
 PREFILL_STOP_SECONDS = 30.0
 # Cache types whose pools share one dtype, the form blocks travel in.
 _TRANSFERABLE_CACHE_TYPES = ("auto", "f32", "f16", "bf16")
-
-
-def _import_distributed():
-    try:
-        import mlxcel_distributed
-    except ImportError as error:
-        raise UsageError(
-            "--disaggregate needs the distributed extra: pip install 'mlxcel[distributed]'"
-        ) from error
-    return mlxcel_distributed
 
 
 def check_disaggregate(args: argparse.Namespace, engine_config: EngineConfig) -> None:
@@ -80,7 +71,7 @@ def check_disaggregate(args: argparse.Namespace, engine_config: EngineConfig) ->
             f"{', '.join(_TRANSFERABLE_CACHE_TYPES)}; got {engine_config.cache_type_k} "
             f"and {engine_config.cache_type_v}"
         )
-    _import_distributed()
+    import_distributed("--disaggregate")
 
 
 class DisaggregatedRank:
@@ -109,7 +100,7 @@ class DisaggregatedRank:
         """Rank 0's engine factory for where prompts are prefilled: rank 1, each job held
         to `deadline` and measured into `metrics`; a failed link is reported to
         `on_failure` (on the link's thread)."""
-        distributed = _import_distributed()
+        distributed = import_distributed("--disaggregate")
         factory = distributed.make_prefill_client_factory(
             self._group, on_failure, metrics, deadline
         )
@@ -134,7 +125,7 @@ class DisaggregatedRank:
         """
         config = replace(engine_config, context_size=context)
         try:
-            _import_distributed().serve_prefills(loaded.model, config, self._group)
+            import_distributed("--disaggregate").serve_prefills(loaded.model, config, self._group)
         except ValueError as error:
             raise RunError(f"rank 1: {error}") from error
         # MLX's error when the link's peer is gone (see `mlxcel_distributed.stage_guard`).
@@ -184,7 +175,7 @@ def disaggregated_rank(
     if not args.disaggregate:
         yield None
         return
-    distributed = _import_distributed()
+    distributed = import_distributed("--disaggregate")
     health = distributed.StageHealth()
 
     def report_exit(rank: int, code: int) -> None:

@@ -9,9 +9,11 @@ the default.
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from mlxcel_core.sampling import SamplingParams, parse_sampler_order
@@ -28,6 +30,21 @@ class InputError(Exception):
 class RunError(Exception):
     """The command cannot do its work for a reason outside its input, such as a port
     already in use (exit code 1)."""
+
+
+def import_extra(module: str, *, extra: str, needed_by: str) -> ModuleType:
+    """Import `module`, which mlxcel's optional `extra` brings.
+
+    Raises:
+        UsageError: it cannot be imported; the one line names `needed_by` (what asked for
+            it, such as a flag), the install command and the import's own error.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise UsageError(
+            f"{needed_by} needs the {extra} extra: pip install 'mlxcel[{extra}]' ({error})"
+        ) from error
 
 
 @dataclass(frozen=True)

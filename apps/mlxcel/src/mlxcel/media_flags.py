@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from mlxcel.flags import Flag, InputError, UsageError, flag_error
+from mlxcel.flags import Flag, InputError, UsageError, flag_error, import_extra
 from mlxcel_server.image_prompts import ImageDecoder
 
 if TYPE_CHECKING:
@@ -60,14 +60,12 @@ def _vision_inputs(args: argparse.Namespace, flags: Sequence[Flag]) -> ModuleTyp
         UsageError: one of `flags` is given (on the command line or in the environment)
             without the extra.
     """
+    given = [flag.names[-1] for flag in flags if getattr(args, flag.dest) != flag.default]
+    if given:
+        return import_extra("mlxcel_vision.inputs", extra="vision", needed_by=given[0])
     try:
         import mlxcel_vision.inputs as inputs
     except ImportError:
-        given = [flag.names[-1] for flag in flags if getattr(args, flag.dest) != flag.default]
-        if given:
-            raise UsageError(
-                f"{given[0]} needs the vision extra: pip install 'mlxcel[vision]'"
-            ) from None
         return None
     return inputs
 

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import mlx.core as mx
 
-from mlxcel.flags import UsageError
+from mlxcel.flags import UsageError, import_extra
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.memory import ModelInventory
 
@@ -20,13 +20,7 @@ def import_distributed(flag: str) -> ModuleType:
     Raises:
         UsageError: the distributed extra is not installed; the message names `flag`.
     """
-    try:
-        import mlxcel_distributed
-    except ImportError as error:
-        raise UsageError(
-            f"{flag} needs the distributed extra: pip install 'mlxcel[distributed]'"
-        ) from error
-    return mlxcel_distributed
+    return import_extra("mlxcel_distributed", extra="distributed", needed_by=flag)
 
 
 @dataclass(frozen=True)
