@@ -17,8 +17,10 @@ have been sent; with `num_requests == concurrency` that is one wave sent at once
 Each request's messages start with its own index (`messages_for`), so no two requests share
 more than the chat template's opening tokens and a leading digit: neither server's prefix cache
 can reuse one request's prefill for another. With `varied_lengths`, each request also ends
-with its own number of filler words (0 to 148, so up to about 450 more prompt tokens), as
-prompts of many lengths reach a real server: the first 149 requests all differ in length.
+with its own number of filler words, as prompts of many lengths reach a real server: any
+149 consecutive requests add 0 to 148 words " ox" each, a different count for each (up to
+about 450 tokens more with a byte-level tokenizer, about 150 with SmolLM2's). Their prompt
+lengths mostly differ; the index's own digits can make two of them equal.
 """
 
 from __future__ import annotations
@@ -180,6 +182,7 @@ def summarize_level(concurrency: int, timings: Sequence[StreamTiming]) -> LevelS
 
 
 def _least_and_most(counts: Iterable[int | None]) -> tuple[int, int] | None:
+    """The smallest and largest of the counts known; None if none is."""
     known = [count for count in counts if count is not None]
     return (min(known), max(known)) if known else None
 
@@ -259,7 +262,7 @@ async def run_level(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[StreamTiming]:
     """Send requests `first_index ...` keeping `concurrency` in flight; timings in send order.
-    With `varied_lengths`, each request's prompt has its own length (`messages_for`).
+    With `varied_lengths`, each request's prompt has its own filler (`messages_for`).
 
     `transport` replaces the network (tests pass an `httpx.MockTransport`).
 

@@ -8,8 +8,9 @@ streaming chat completions in flight (`temperature` 0, `max_tokens` fixed) until
 `--requests-per-level` have been sent: by default C, one wave sent at once; `2x` sends 2*C.
 Every request's messages start with a distinct number, unique across levels and the
 warm-up, so no prompt cache helps either server; the same messages go to every server.
-With `--varied-lengths`, every request's prompt also has its own length (between about
-500 and 950 tokens with the random models' byte-level tokenizer), as on a server in use.
+With `--varied-lengths`, every request's prompt also ends with its own number of filler
+words, so prompt lengths vary as on a server in use (about 500 to 950 tokens with the
+random models' byte-level tokenizer, about 200 to 270 with SmolLM2's).
 
 Per level the report gives aggregate output tokens/s (completion tokens over the wall time
 from the first send to the last finish), TTFT p50/p95 (send to first content delta), ITL
@@ -356,7 +357,14 @@ def log_tail(log: Path, num_lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-num_lines:])
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SIGTERM would otherwise end the process at once, leaving the server it started
+    # running and its scratch folder behind; SystemExit runs the cleanup on the way out.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model-dir",
@@ -382,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--varied-lengths",
         action="store_true",
-        help="give each request its own prompt length (up to about 450 filler tokens more)",
+        help="end each request with its own number of filler words (0-148), so prompt lengths vary",
     )
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")

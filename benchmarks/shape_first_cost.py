@@ -8,7 +8,8 @@ never met before ("new"), then at the same lengths again ("seen"):
 - `ops`: one operation of a Llama-3.2-1B-shaped layer at a time (bf16, hidden 2048, 32
   query and 8 KV heads of 64, MLP 8192) over (1, L, 2048) inputs, L = 300..307: the QKV-sized
   and MLP-sized products, RMS norm, RoPE, SiLU times the input, and causal attention over
-  L keys and over 512 + L keys;
+  L keys and over 512 + L keys (their random keys drawn inside the timed call, a
+  small kernel beside the attention);
 - `model`: the whole forward pass of an mlx-lm folder's model over L = 400..411 tokens
   on an empty cache (`mlxcel_core.engine.memory.profile_model`, the LM head on the last
   position only), then the best of three passes at 512-8,192 tokens.
@@ -92,7 +93,8 @@ def probe_model(folder: str) -> None:
     from mlxcel_models.loading.loader import load_model
 
     model = load_model(folder).model
-    mode = f"MLX_CUDA_USE_CUDNN_SDPA={os.environ.get('MLX_CUDA_USE_CUDNN_SDPA', '1')}"
+    cudnn = os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1")
+    mode = f"{mx.default_device()}, MLX_CUDA_USE_CUDNN_SDPA={cudnn}"
 
     def forward_ms(length: int) -> float:
         return timed_ms(lambda: profile_model(model, length))
@@ -115,11 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", nargs="?", help="the mlx-lm folder (the model probe)")
     args = parser.parse_args(argv)
     if args.probe == "ops":
+        if args.folder is not None:
+            parser.error("the ops probe takes no folder")
         probe_ops()
-    elif args.folder is None:
+        return 0
+    if args.folder is None:
         parser.error("the model probe needs an mlx-lm folder")
-    else:
+    from mlxcel_models.errors import ModelLoadError
+
+    try:
         probe_model(args.folder)
+    except ModelLoadError as error:
+        parser.error(str(error))
     return 0
 
 

@@ -30,3 +30,14 @@ def test_errors_exit_non_zero_without_a_traceback(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("mlxcel: error: model not found")
     assert "Traceback" not in result.stderr
+
+
+def test_mlx_cache_thrashing_check_is_off_unless_the_environment_sets_it(monkeypatch):
+    from mlxcel.console import THRASHING_CHECK_VARIABLE, set_process_defaults
+
+    monkeypatch.delenv(THRASHING_CHECK_VARIABLE, raising=False)
+    set_process_defaults()
+    assert os.environ[THRASHING_CHECK_VARIABLE] == "0"
+    monkeypatch.setenv(THRASHING_CHECK_VARIABLE, "1")
+    set_process_defaults()
+    assert os.environ[THRASHING_CHECK_VARIABLE] == "1"

@@ -213,6 +213,16 @@ def test_server_commands_ask_for_max_concurrency() -> None:
     assert "LD_PRELOAD" not in environ
 
 
+def test_a_run_reports_the_range_of_its_levels_prompt_tokens() -> None:
+    memory = serve_bench.Memory(1, 1)
+    levels = tuple(
+        (load_gen.LevelStats(1, 1, 0, 1.0, 8, 8.0, 0.1, 0.1, 0.1, 0.1, 8.0, tokens), memory)
+        for tokens in ((197, 230), None, (201, 271))
+    )
+    table = serve_bench.format_run(serve_bench.ServerRun("mlxcel", memory, levels), 8)
+    assert table.startswith("mlxcel: max_tokens 8, temperature 0, 197-271 prompt tokens,")
+
+
 def test_ratios_compare_mlxcel_with_each_other_server_per_level() -> None:
     def run(name: str, tps: float, ttft: float):
         stats = load_gen.LevelStats(4, 4, 0, 1.0, 10, tps, ttft, ttft, 0.1, 0.1, 5.0, (50, 50))

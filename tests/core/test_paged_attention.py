@@ -569,7 +569,7 @@ def test_one_row_prefill_chunks_at_rounded_lengths_match_dense(tiny_safetensors,
         rounded.append(queries.shape[2])
         return attend(queries, keys, values, scale=scale)
 
-    monkeypatch.setattr(batch_module, "rounds_prefill_lengths", lambda: True)
+    monkeypatch.setattr(batch_module, "rounds_prefill_lengths", lambda queries, values: True)
     monkeypatch.setattr(batch_module, "causal_attention_at_rounded_length", counted)
     model = load_model(tiny_safetensors).model
     harness = PagedHarness(model)

@@ -57,4 +57,25 @@ def test_rounding_rejects_a_bad_multiple_and_fewer_keys_than_queries():
 
 @pytest.mark.skipif(mx.default_device() != mx.cpu, reason="checks the CPU's choice")
 def test_the_cpu_attends_at_the_real_length():
-    assert not rounds_prefill_lengths()
+    queries, _, values = qkv(70, 0)
+    assert not rounds_prefill_lengths(queries.astype(mx.bfloat16), values.astype(mx.bfloat16))
+
+
+def test_only_what_cuda_sends_to_cudnn_is_rounded(monkeypatch):
+    from mlxcel_core.cache.paged import prefill_lengths
+
+    monkeypatch.setattr(prefill_lengths.mx, "default_device", lambda: mx.Device(mx.gpu))
+    monkeypatch.setattr(prefill_lengths.mx.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(prefill_lengths.CUDNN_ATTENTION_VARIABLE, raising=False)
+
+    def rounds(dtype: mx.Dtype, head_dim: int) -> bool:
+        queries = mx.zeros((1, 4, 70, head_dim), dtype=dtype)
+        values = mx.zeros((1, 2, 70, head_dim), dtype=dtype)
+        return rounds_prefill_lengths(queries, values)
+
+    assert rounds(mx.bfloat16, 64) and rounds(mx.float16, 128)
+    assert not rounds(mx.float32, 64)
+    assert not rounds(mx.bfloat16, 256)
+    assert not rounds(mx.bfloat16, 60)
+    monkeypatch.setenv(prefill_lengths.CUDNN_ATTENTION_VARIABLE, "0")
+    assert not rounds(mx.bfloat16, 64)

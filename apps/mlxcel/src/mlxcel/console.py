@@ -1,9 +1,15 @@
 """Console entry point of `mlxcel`: process setup, kept free of heavy imports.
 
-Two things must happen before MLX is imported:
+Three things must happen before MLX is imported:
 - On Linux, MLX's CPU wheel links a reference BLAS; when OpenBLAS is installed the command
   re-executes itself with OpenBLAS preloaded, which makes float matrix products several
   times faster (docs/adr/0003). `MLXCEL_NO_OPENBLAS=1` turns this off.
+- MLX's CUDA backend keeps per-shape state (cuDNN attention plans among it) in LRU caches
+  that, once they have missed twice their capacity over the process's life, raise on every
+  further miss ("Cache thrashing is happening"). A server keeps meeting new shapes as long
+  as it runs (new prompt lengths, prefix-cache offsets, speculative verification passes),
+  so that check would turn into failed requests where a miss only costs time: mlxcel turns
+  it off (`MLX_ENABLE_CACHE_THRASHING_CHECK=0`) unless the environment sets it.
 - Importing MLX and transformers takes a second or more; a Ctrl-C during it must end the
   command as quietly as one during generation.
 """
@@ -16,6 +22,7 @@ from typing import NoReturn
 
 EXIT_INTERRUPTED = 130
 NO_OPENBLAS_VARIABLE = "MLXCEL_NO_OPENBLAS"
+THRASHING_CHECK_VARIABLE = "MLX_ENABLE_CACHE_THRASHING_CHECK"
 # Debian's and Ubuntu's libopenblas0-pthread.
 OPENBLAS_LIBRARIES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
@@ -44,10 +51,17 @@ def run_server() -> NoReturn:
     _run(["serve", *sys.argv[1:]])
 
 
-def _run(argv: list[str]) -> NoReturn:
+def set_process_defaults() -> None:
+    """Set the environment variables mlxcel needs before MLX and transformers load, where
+    the environment does not set them already."""
     # mlxcel uses transformers for tokenizers and chat templates only, which need no
     # PyTorch; its advice that PyTorch is missing would only confuse.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault(THRASHING_CHECK_VARIABLE, "0")
+
+
+def _run(argv: list[str]) -> NoReturn:
+    set_process_defaults()
     try:
         _reexec_with_openblas(argv)
         from mlxcel.cli import main

@@ -287,8 +287,9 @@ class PagedLayerCache:
         pools through the block tables when a kernel serves the device and the pools'
         types (`mlxcel_core.kernels.paged_attention`: unquantized pools of the queries'
         dtype, or TurboQuant keys and values); any other pass attends to the gathered keys
-        and values with `mx.fast.scaled_dot_product_attention`, a one-row prefill on CUDA
-        at a rounded query count (`prefill_lengths`).
+        and values with `mx.fast.scaled_dot_product_attention`; a one-row pass of several
+        queries (a prefill chunk, or a speculative verification) that CUDA would send to
+        cuDNN attends at a rounded query count (`prefill_lengths`).
 
         Args:
             queries: (B, H_q, L, D_k), H_q a multiple of H_kv.
@@ -311,7 +312,11 @@ class PagedLayerCache:
             if groups is not None:
                 return self._attend_by_length(queries, scale, *groups)
             keys, values = self._fetch_context()
-        if isinstance(mask, str) and queries.shape[2] > 1 and rounds_prefill_lengths():
+        if (
+            isinstance(mask, str)
+            and queries.shape[2] > 1
+            and rounds_prefill_lengths(queries, values)
+        ):
             return causal_attention_at_rounded_length(queries, keys, values, scale=scale)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 

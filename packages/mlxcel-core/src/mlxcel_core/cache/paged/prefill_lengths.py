@@ -12,10 +12,14 @@ causal mask exact: MLX aligns it to the bottom right, so real query i still sees
 `offset + i` and never a padded one, and the padded queries' outputs are dropped. The query
 count becomes a multiple of `PREFILL_QUERY_MULTIPLE`, so prompts of up to 512 tokens on an
 empty cache share eight plans. The key count stays `offset` plus that, so a chunk after a
-prefix-cache hit still meets a new plan for each new offset.
+prefix-cache hit still meets a new plan for each new offset, and so does a one-row
+speculative verification pass (a few queries), whose offset grows every step: rounding
+costs it a little attention work and gains nothing.
 """
 
 from __future__ import annotations
+
+import os
 
 import mlx.core as mx
 
@@ -24,10 +28,32 @@ import mlx.core as mx
 PREFILL_QUERY_MULTIPLE = 64
 
 
-def rounds_prefill_lengths() -> bool:
-    """Whether prefill attention runs at rounded lengths: on MLX's CUDA backend, whose
-    attention was measured to pay per shape (the CPU's was not; Metal's is unmeasured)."""
-    return mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
+# MLX's switch for cuDNN attention on CUDA; "0" sends attention to its unfused fallback,
+# which builds no plans.
+CUDNN_ATTENTION_VARIABLE = "MLX_CUDA_USE_CUDNN_SDPA"
+# What MLX 0.32 sends to cuDNN: half-precision queries with key and value head sizes that
+# are multiples of 8, up to 128.
+_CUDNN_DTYPES = (mx.float16, mx.bfloat16)
+_CUDNN_MAX_HEAD_DIM = 128
+
+
+def rounds_prefill_lengths(queries: mx.array, values: mx.array) -> bool:
+    """Whether this attention runs at a rounded query count: where MLX's CUDA backend would
+    attend through cuDNN, whose plans were measured to cost per shape. The CPU showed no such
+    cost and Metal's is unmeasured, so they attend at the real length.
+
+    Args:
+        queries: (B, H_q, L, D_k).
+        values: (B, H_kv, S, D_v).
+    """
+    head_dims = (queries.shape[-1], values.shape[-1])
+    return (
+        mx.default_device().type == mx.DeviceType.gpu
+        and mx.cuda.is_available()
+        and os.environ.get(CUDNN_ATTENTION_VARIABLE, "1") != "0"
+        and queries.dtype in _CUDNN_DTYPES
+        and all(dim % 8 == 0 and dim <= _CUDNN_MAX_HEAD_DIM for dim in head_dims)
+    )
 
 
 def causal_attention_at_rounded_length(
