@@ -38,9 +38,11 @@ import httpx
 
 # How much of an error reply's body a failed timing keeps.
 ERROR_BODY_CHARS = 300
-# Filler words a request with varied length appends: (index * 37) % 149 of them, distinct
-# for any 149 consecutive indices (37 is invertible modulo the prime 149).
+# Filler words a request with varied length appends: (index * FILLER_STEP) % FILLER_COUNTS
+# of them, distinct for any FILLER_COUNTS consecutive indices (the step is invertible
+# modulo the prime count).
 FILLER_COUNTS = 149
+FILLER_STEP = 37
 FILLER_WORD = "ox"
 USER_MESSAGE = (
     "Here is the start of a story. The lighthouse keeper on the northern island had not seen "
@@ -115,7 +117,7 @@ def messages_for(index: int, *, varied_length: bool = False) -> list[dict[str, s
     prompt, and with `varied_length` the index's own number of filler words after it."""
     user_message = USER_MESSAGE
     if varied_length:
-        count = index * 37 % FILLER_COUNTS
+        count = index * FILLER_STEP % FILLER_COUNTS
         user_message += " Ignore these words:" + f" {FILLER_WORD}" * count
     return [
         {"role": "system", "content": f"{index}. You are a helpful storyteller."},

@@ -26,8 +26,6 @@ import mlx.core as mx
 # Positions the query count is rounded up to. Padding costs attention work only (the
 # model's other layers run on the real positions), at most 63 queries per pass.
 PREFILL_QUERY_MULTIPLE = 64
-
-
 # MLX's switch for cuDNN attention on CUDA; "0" sends attention to its unfused fallback,
 # which builds no plans.
 CUDNN_ATTENTION_VARIABLE = "MLX_CUDA_USE_CUDNN_SDPA"
