@@ -286,10 +286,10 @@ def _ms(seconds: float) -> str:
 
 def format_run(run: ServerRun, max_tokens: int) -> str:
     """One server's table: a row per concurrency level."""
-    ranges = [stats.prompt_tokens for stats, _ in run.levels if stats.prompt_tokens]
+    bounds = [count for stats, _ in run.levels for count in stats.prompt_tokens or ()]
     prompt_tokens = "?"
-    if ranges:
-        least, most = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    if bounds:
+        least, most = min(bounds), max(bounds)
         prompt_tokens = str(least) if least == most else f"{least}-{most}"
     lines = [
         f"{run.name}: max_tokens {max_tokens}, temperature 0, {prompt_tokens} prompt tokens, "

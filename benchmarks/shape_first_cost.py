@@ -32,8 +32,19 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from random_model import SHAPES
 
-HIDDEN, QUERY_HEADS, KV_HEADS, HEAD_DIM, MLP = 2048, 32, 8, 64, 8192
+_LAYER = SHAPES["llama-3.2-1b"]
+HIDDEN, QUERY_HEADS, KV_HEADS, HEAD_DIM, MLP = (
+    _LAYER[name]
+    for name in (
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+    )
+)
 
 
 def timed_ms(run: Callable[[], object]) -> float:
