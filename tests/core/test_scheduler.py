@@ -181,6 +181,36 @@ def test_the_newest_running_sequence_is_preempted_and_recomputed_later():
     assert scheduler.num_preemptions == 1
 
 
+def test_a_sequence_in_a_step_in_flight_is_neither_scheduled_nor_preempted():
+    # As above, 6 usable blocks; the newer sequence is in a step still in flight.
+    scheduler = make_scheduler(num_blocks=7, max_num_seqs=2, enable_prefix_caching=False)
+    old, new = create_sequences(2, 8)
+    add_all(scheduler, [old, new])
+    for _ in range(5):
+        step(scheduler)
+    assert scheduler.kv.num_free_blocks == 0
+    new.in_step = True
+    # The older one needs a 4th block: it waits for the newer one's step, not preempting
+    # the newer one or itself.
+    output = step(scheduler)
+    assert (planned(output), output.preempted) == ({}, ())
+    assert old.status is new.status is SequenceStatus.RUNNING
+    new.in_step = False
+    output = step(scheduler)
+    assert (planned(output), output.preempted) == ({0: 1}, (new,))
+
+
+def test_max_seqs_caps_one_step_and_leaves_the_rest_to_the_next():
+    scheduler = make_scheduler(max_num_seqs=4)
+    sequences = create_sequences(4, 3)
+    add_all(scheduler, sequences)
+    first = scheduler.schedule(max_seqs=2)
+    assert planned(first) == {0: 3, 1: 3}
+    for item in first.scheduled:
+        item.sequence.in_step = True
+    assert planned(scheduler.schedule(max_seqs=2)) == {2: 3, 3: 3}
+
+
 def test_preemption_of_the_only_fitting_sequence_stops_admission_for_the_step():
     scheduler = make_scheduler(num_blocks=5, max_num_seqs=3, enable_prefix_caching=False)
     add_all(scheduler, create_sequences(2, 8))

@@ -36,7 +36,8 @@ def _generate(*flags: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.parametrize("split", SPLITS, ids=["tp3", "pp2"])
+# Three prompts keep two or three steps in flight across the pipeline's stages.
+@pytest.mark.parametrize("split", [*SPLITS, ("--pp", "3")], ids=["tp3", "pp2", "pp3"])
 def test_a_batch_of_prompts_over_ranks_gives_one_process_text(smollm2_path, tmp_path, split):
     prompts_file = tmp_path / "prompts.txt"
     prompts_file.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")

@@ -38,7 +38,13 @@ from mlxcel_models.memory import read_model_inventory
 from mlxcel_models.store import resolve_model
 
 if TYPE_CHECKING:
-    from mlxcel_distributed import LocalRanks, StageGuard, StageHealth, StepChannel
+    from mlxcel_distributed import (
+        LocalRanks,
+        PipelineChannel,
+        StageGuard,
+        StageHealth,
+        StepChannel,
+    )
 
 TP_FLAG = Flag(
     ("--tp", "--tensor-parallel-size"),
@@ -122,7 +128,7 @@ class ParallelRank:
         self,
         mode: ParallelMode,
         group: mx.distributed.Group,
-        channel: StepChannel,
+        channel: StepChannel | PipelineChannel,
         local_ranks: LocalRanks | None,
         health: StageHealth,
     ) -> None:
@@ -228,7 +234,7 @@ def parallel_rank(
     group, local_ranks = form_group(
         distributed, args.argv, size, f"{mode.flag} {size}", environ, report_exit
     )
-    rank = ParallelRank(mode, group, distributed.StepChannel(group), local_ranks, health)
+    rank = ParallelRank(mode, group, mode.channel(distributed, group), local_ranks, health)
     try:
         yield rank
     finally:

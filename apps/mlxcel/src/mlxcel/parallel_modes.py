@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import ModuleType
+from typing import Any
 
 import mlx.core as mx
 
@@ -33,11 +34,14 @@ class ParallelMode:
             model, read from its headers, cannot be split over `size` ranks this way.
         prepare: `prepare(loaded, group)` keeps this rank's part of the loaded model and
             returns the model this rank runs; raises `UsageError` when it cannot.
+        channel: `channel(distributed, group)`, how rank 0's step messages reach the
+            others (`distributed` is the `mlxcel_distributed` package).
     """
 
     flag: str
     check_model: Callable[[ModelInventory, int], None]
     prepare: Callable[[LoadedModel, mx.distributed.Group], LoadedModel]
+    channel: Callable[[ModuleType, mx.distributed.Group], Any]
 
 
 def _check_heads(inventory: ModelInventory, size: int) -> None:
@@ -78,8 +82,18 @@ def _make_stage(loaded: LoadedModel, group: mx.distributed.Group) -> LoadedModel
     return replace(loaded, model=stage)
 
 
-TENSOR_PARALLEL = ParallelMode("--tp", _check_heads, _shard)
-"""Every rank keeps a shard of every layer (`mlxcel_distributed.tensor_parallel`)."""
+def _all_sum_channel(distributed: ModuleType, group: mx.distributed.Group) -> Any:
+    return distributed.StepChannel(group)
 
-PIPELINE_PARALLEL = ParallelMode("--pp", _check_stages, _make_stage)
-"""Every rank keeps a stage of consecutive layers (`mlxcel_distributed.pipeline_stage`)."""
+
+def _pipeline_channel(distributed: ModuleType, group: mx.distributed.Group) -> Any:
+    return distributed.PipelineChannel(group)
+
+
+TENSOR_PARALLEL = ParallelMode("--tp", _check_heads, _shard, _all_sum_channel)
+"""Every rank keeps a shard of every layer (`mlxcel_distributed.tensor_parallel`); each
+step's message reaches them all in one all-sum."""
+
+PIPELINE_PARALLEL = ParallelMode("--pp", _check_stages, _make_stage, _pipeline_channel)
+"""Every rank keeps a stage of consecutive layers (`mlxcel_distributed.pipeline_stage`);
+step messages pass down the pipeline, so its stages can work on different steps."""

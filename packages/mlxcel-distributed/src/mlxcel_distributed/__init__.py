@@ -1,8 +1,9 @@
 """mlxcel distributed: tensor- and pipeline-parallel inference on `mx.distributed`.
 
 Rank 0 runs the engine and sends each step to the other ranks, which run the same forward
-passes over their part of the model (`lockstep`): a shard of every layer
-(`tensor_parallel`) or a stage of consecutive layers (`pipeline_stage`); `local_ranks`
+passes over their part of the model (`lockstep`, `lockstep_roles`): a shard of every layer
+(`tensor_parallel`) or a stage of consecutive layers (`pipeline_stage`), whose runners
+keep one step per stage in flight (`pipeline_runner`); `local_ranks`
 starts a group on one machine, `group` joins one however it was started.
 `stage_guard` holds rank 0's steps to the stage timeout (`watchdog`), records the
 group's faults (`stage_health`) and measures the steps (`stage_metrics`). Disaggregated
@@ -28,21 +29,23 @@ from mlxcel_distributed.local_ranks import (
     signal_ready,
     visible_cuda_devices,
 )
-from mlxcel_distributed.lockstep import (
+from mlxcel_distributed.lockstep import LockstepRunner
+from mlxcel_distributed.lockstep_roles import (
     LockstepError,
-    LockstepRunner,
     follow_steps,
     make_lockstep_runner_factory,
 )
+from mlxcel_distributed.pipeline_runner import PipelineRunner, StageRunner
 from mlxcel_distributed.pipeline_stage import (
     PIPELINE_FAMILIES,
     PipelineStage,
+    StagePass,
     make_pipeline_stage,
 )
 from mlxcel_distributed.stage_guard import StageGuard
 from mlxcel_distributed.stage_health import StageFault, StageHealth
 from mlxcel_distributed.stage_metrics import Histogram, StageMetrics, StageMetricsSnapshot
-from mlxcel_distributed.step_channel import StepChannel
+from mlxcel_distributed.step_channel import PipelineChannel, StepChannel
 from mlxcel_distributed.step_messages import (
     KVPlan,
     Message,
@@ -71,6 +74,8 @@ __all__ = [
     "LockstepError",
     "LockstepRunner",
     "Message",
+    "PipelineChannel",
+    "PipelineRunner",
     "PipelineStage",
     "PrefillClient",
     "PrefillDeadline",
@@ -83,6 +88,8 @@ __all__ = [
     "StageHealth",
     "StageMetrics",
     "StageMetricsSnapshot",
+    "StagePass",
+    "StageRunner",
     "StepChannel",
     "StepMessage",
     "StepWatchdog",

@@ -11,27 +11,31 @@ inside the runner (rank 0's engine then samples from logits already computed).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import mlx.core as mx
 
-from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import BlockCopy, PagedKVStorage
-from mlxcel_core.engine import EngineConfig, ModelRunner, RowInput, RunnerFactory
-from mlxcel_core.engine.config import make_kv_storage
-from mlxcel_core.engine.memory import profile_model
+from mlxcel_core.engine import ModelRunner, RowInput
 from mlxcel_core.engine.runner import StepLogits
 from mlxcel_core.generate import LanguageModel
 from mlxcel_distributed.stage_guard import StageGuard, timed
 from mlxcel_distributed.step_channel import StepChannel
-from mlxcel_distributed.step_messages import KVPlan, Shutdown, StepMessage
+from mlxcel_distributed.step_messages import StepMessage
+
+T = TypeVar("T")
+
+StepRecord = Callable[[float, float, int], None]
+"""Records a step's channel seconds, forward seconds and bytes sent (`StageGuard.step`)."""
 
 
-class LockstepError(RuntimeError):
-    """A follower received a message out of order (rank 0 and it have diverged)."""
+def _unrecorded(channel_seconds: float, forward_seconds: float, nbytes: int) -> None:
+    pass
 
 
-def _evaluate(step: StepLogits, num_rows: int, storage: PagedKVStorage) -> None:
+def evaluate_step(step: StepLogits, num_rows: int, storage: PagedKVStorage) -> None:
+    """Evaluate a step's logits and KV writes together, as every rank must."""
     mx.eval([step.row(i) for i in range(num_rows)], storage.arrays())
 
 
@@ -71,21 +75,24 @@ class LockstepRunner(ModelRunner):
             EngineUnavailableError: a rank is gone or the step overran the stage timeout
                 (this step's collectives failed, or an earlier step's did).
         """
-        guard = self._guard
-        if guard is None:
-            return self._run_step(rows)
-        guard.check()
-        with guard.step() as record:
-            lap = timed()
-            nbytes = self._channel.send(self._take_message(rows))
-            channel_seconds = lap()
-            step = self._compute(rows)
-            record(channel_seconds, lap(), nbytes)
+        return self._guarded(lambda record: self._send_and_compute(rows, record))
+
+    def _send_and_compute(self, rows: Sequence[RowInput], record: StepRecord) -> StepLogits:
+        lap = timed()
+        nbytes = self._channel.send(self._take_message(rows))
+        channel_seconds = lap()
+        step = self._compute(rows)
+        record(channel_seconds, lap(), nbytes)
         return step
 
-    def _run_step(self, rows: Sequence[RowInput]) -> StepLogits:
-        self._channel.send(self._take_message(rows))
-        return self._compute(rows)
+    def _guarded(self, body: Callable[[StepRecord], T]) -> T:
+        """`body(record)` under the guard (see `StageGuard.step`), or unguarded without one."""
+        guard = self._guard
+        if guard is None:
+            return body(_unrecorded)
+        guard.check()
+        with guard.step() as record:
+            return body(record)
 
     def _take_message(self, rows: Sequence[RowInput]) -> StepMessage:
         message = StepMessage(self._num_blocks, self._copies, tuple(rows))
@@ -94,59 +101,5 @@ class LockstepRunner(ModelRunner):
 
     def _compute(self, rows: Sequence[RowInput]) -> StepLogits:
         step = super().run(rows)
-        _evaluate(step, len(rows), self.storage)
+        evaluate_step(step, len(rows), self.storage)
         return step
-
-
-def make_lockstep_runner_factory(
-    channel: StepChannel, guard: StageGuard | None = None
-) -> RunnerFactory:
-    """The `Engine(make_runner=...)` factory of rank 0: it sends the KV plan (the number of
-    blocks the engine sized its cache to) and returns a `LockstepRunner` under `guard`
-    (None: unguarded).
-
-    The factory raises `ValueError` for a model with unfused LoRA adapters.
-    """
-
-    def make_runner(
-        model: LanguageModel, storage: PagedKVStorage, adapters: RowAdapterScales | None
-    ) -> ModelRunner:
-        if adapters is not None:
-            raise ValueError("lockstep ranks do not support unfused LoRA adapters")
-        channel.send(KVPlan(storage.max_blocks))
-        return LockstepRunner(model, storage, channel, guard)
-
-    return make_runner
-
-
-def follow_steps(model: LanguageModel, config: EngineConfig, channel: StepChannel) -> int:
-    """A follower's whole engine life: replay rank 0's profile pass, build the KV pools it
-    planned, then run each step it sends until it shuts down.
-
-    Args:
-        model: this rank's shard of the model.
-        config: the engine settings rank 0 runs with (prefill chunk, block size, cache types).
-        channel: the group's step channel.
-
-    Returns:
-        The number of steps run.
-
-    Raises:
-        LockstepError: a message came out of order.
-    """
-    profile = profile_model(model, config.scheduler.max_prefill_chunk)
-    plan = channel.receive()
-    if isinstance(plan, Shutdown):
-        return 0
-    if not isinstance(plan, KVPlan):
-        raise LockstepError(f"expected the KV plan from rank 0, got {type(plan).__name__}")
-    storage = make_kv_storage(config, profile, plan.num_blocks)
-    runner = ModelRunner(model, storage)
-    num_steps = 0
-    while not isinstance(message := channel.receive(), Shutdown):
-        if not isinstance(message, StepMessage):
-            raise LockstepError(f"expected a step from rank 0, got {type(message).__name__}")
-        runner.prepare_storage(message.num_blocks, message.copies)
-        _evaluate(runner.run(message.rows), len(message.rows), storage)
-        num_steps += 1
-    return num_steps

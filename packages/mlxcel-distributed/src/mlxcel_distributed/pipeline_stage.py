@@ -4,11 +4,16 @@ Rank r of a group of P owns a contiguous range of the decoder's layers. Every ra
 called with the same tokens, in the same order: rank 0 embeds them, each rank runs its
 layers over its own KV caches and sends the hidden states to rank r + 1, and the last rank
 applies the final norm and the LM head and sends the logits back to rank 0, which samples.
+
+A call may hold several forward passes (an engine step's rows, grouped by length): each
+rank sends all their hidden states, or logits, in one transfer, so that a transport whose
+send waits for the matching receive never finds both ends sending.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,6 +44,20 @@ PIPELINE_FAMILIES: dict[str, LayerWindows] = {
     "qwen2": _full_attention_windows,
     "qwen3": _full_attention_windows,
 }
+
+
+@dataclass(frozen=True)
+class StagePass:
+    """One forward pass of a call: (B, L) int32 tokens, this rank's per-layer caches for
+    it, and whether only the last position's logits are wanted (N = 1, else N = L)."""
+
+    tokens: mx.array
+    cache: Sequence[KVCache]
+    last_only: bool = False
+
+    @property
+    def num_logits(self) -> int:
+        return 1 if self.last_only else self.tokens.shape[1]
 
 
 def _nbytes(module: nn.Module) -> int:
@@ -131,7 +150,7 @@ class PipelineStage:
     def __call__(
         self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
     ) -> mx.array:
-        """Run this rank's part of the forward pass (see the class docstring).
+        """Run this rank's part of one forward pass (see the class docstring).
 
         Args:
             tokens: (B, L) int32 token ids, the same on every rank.
@@ -142,41 +161,101 @@ class PipelineStage:
         Returns:
             (B, N, V) logits on rank 0 and the last rank, a placeholder elsewhere.
         """
-        B, L = tokens.shape
+        return self.run_passes([StagePass(tokens, cache, last_only)])[0]
+
+    def run_passes(self, passes: Sequence[StagePass]) -> list[mx.array]:
+        """Run this rank's part of several forward passes, in order, with one transfer
+        between each pair of neighbouring ranks.
+
+        Returns:
+            Per pass, its (B, N, V) logits on rank 0 and the last rank, a placeholder
+            elsewhere.
+        """
+        if self.is_first and not self.is_last:
+            self.send_hidden(self.first_hidden(passes))
+            return self.receive_logits([(p.tokens.shape[0], p.num_logits) for p in passes])
         if self.is_first:
-            hidden = self._embed(tokens)
+            hidden = [self._embed(p.tokens) for p in passes]
         else:
-            hidden = self._receive((B, L, self.hidden_size), self.input_dtype, self.rank - 1)
+            hidden = self._receive_passes(passes)
+        hidden = [self._layers_over(h, p) for h, p in zip(hidden, passes, strict=True)]
+        if not self.is_last:
+            self._send(_flatten(hidden), self.rank + 1)
+            return [self._placeholder(p) for p in passes]
+        logits = [self._logits(h, p.last_only) for h, p in zip(hidden, passes, strict=True)]
+        if not self.is_first:
+            self._send(_flatten(logits), 0)
+        return logits
+
+    def first_hidden(self, passes: Sequence[StagePass]) -> mx.array:
+        """Rank 0 of a pipeline: its layers' output over every pass, flattened to
+        (sum of B * L, hidden size) as `send_hidden` sends it; lazy, like the KV writes."""
+        return _flatten([self._layers_over(self._embed(p.tokens), p) for p in passes])
+
+    def send_hidden(self, hidden: mx.array) -> None:
+        """Rank 0: send `first_hidden`'s output to rank 1, evaluating it."""
+        self._send(hidden, 1)
+
+    def receive_logits(self, sizes: Sequence[tuple[int, int]]) -> list[mx.array]:
+        """Rank 0: the (B, N, V) logits of passes of (B, N) `sizes`, received from the last
+        rank (evaluated)."""
+        shapes = [(b, n, self.vocab_size) for b, n in sizes]
+        last = self.num_stages - 1
+        return _split(self._receive(shapes, self.logits_dtype, last), shapes)
+
+    def _receive_passes(self, passes: Sequence[StagePass]) -> list[mx.array]:
+        shapes = [(*p.tokens.shape, self.hidden_size) for p in passes]
+        return _split(self._receive(shapes, self.input_dtype, self.rank - 1), shapes)
+
+    def _placeholder(self, stage_pass: StagePass) -> mx.array:
+        zero = mx.zeros((1, 1, 1), self.logits_dtype)
+        shape = (stage_pass.tokens.shape[0], stage_pass.num_logits, self.vocab_size)
+        return mx.broadcast_to(zero, shape)
+
+    def _layers_over(self, hidden: mx.array, stage_pass: StagePass) -> mx.array:
         # Every layer's cache holds the same positions, so the first one of each attention
         # kind gives the mask mlx-lm's body takes from its first layer of that kind.
+        length = stage_pass.tokens.shape[1]
         masks: dict[int | None, AttentionMask] = {}
-        for layer, layer_cache, window in zip(self._layers, cache, self._windows, strict=True):
+        layers = zip(self._layers, stage_pass.cache, self._windows, strict=True)
+        for layer, layer_cache, window in layers:
             if window not in masks:
-                masks[window] = layer_cache.make_mask(L, window_size=window)
+                masks[window] = layer_cache.make_mask(length, window_size=window)
             hidden = layer(hidden, masks[window], cache=layer_cache)
-        num_logits = 1 if last_only else L
-        if not self.is_last:
-            self._send(hidden, self.rank + 1)
-            if self.is_first:
-                shape = (B, num_logits, self.vocab_size)
-                return self._receive(shape, self.logits_dtype, self.num_stages - 1)
-            zero = mx.zeros((1, 1, 1), self.logits_dtype)
-            return mx.broadcast_to(zero, (B, num_logits, self.vocab_size))
+        return hidden
+
+    def _logits(self, hidden: mx.array, last_only: bool) -> mx.array:
         hidden = self._norm(hidden)
         if last_only:
             hidden = hidden[:, -1:, :]
-        logits = self._head(hidden)
-        if not self.is_first:
-            self._send(logits, 0)
-        return logits
+        return self._head(hidden)
 
     def _send(self, x: mx.array, destination: int) -> None:
         mx.eval(mx.distributed.send(x, destination, group=self.group))
 
-    def _receive(self, shape: tuple[int, ...], dtype: mx.Dtype, source: int) -> mx.array:
-        received = mx.distributed.recv(shape, dtype, source, group=self.group)
+    def _receive(
+        self, shapes: Sequence[tuple[int, int, int]], dtype: mx.Dtype, source: int
+    ) -> mx.array:
+        """The (B, L, W) arrays of `shapes` from `source`, flattened as `_flatten` sent them."""
+        num_rows = sum(b * length for b, length, _ in shapes)
+        received = mx.distributed.recv((num_rows, shapes[0][2]), dtype, source, group=self.group)
         mx.eval(received)
         return received
+
+
+def _flatten(arrays: Sequence[mx.array]) -> mx.array:
+    """(B, L, W) arrays → one (sum of B * L, W) array, to send in one transfer."""
+    rows = [a.reshape(-1, a.shape[-1]) for a in arrays]
+    return rows[0] if len(rows) == 1 else mx.concatenate(rows)
+
+
+def _split(flat: mx.array, shapes: Sequence[tuple[int, int, int]]) -> list[mx.array]:
+    """`_flatten`'s inverse: (sum of B * L, W) → the (B, L, W) arrays of `shapes`."""
+    parts, start = [], 0
+    for b, length, width in shapes:
+        parts.append(flat[start : start + b * length].reshape(b, length, width))
+        start += b * length
+    return parts
 
 
 def _transfer_dtypes(module: nn.Module, layers: range) -> tuple[mx.Dtype, mx.Dtype]:

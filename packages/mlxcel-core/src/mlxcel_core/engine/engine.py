@@ -5,6 +5,11 @@ decoding) → one batched forward pass over the paged KV cache → sample each f
 with its own sampler, verifying its drafts (rows whose chains need no per-row work draw
 together) → update and emit. Requests join and leave
 between steps; chunked prefill shares steps with decode.
+
+A runner that keeps several steps in flight (`ModelRunner.steps_in_flight`: pipeline
+stages, each working on a different step) gets the next step started before the oldest is
+sampled; each step then holds sequences the steps in flight do not, so the running
+sequences take turns, as in vLLM's pipeline-parallel virtual engines.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -48,7 +54,7 @@ from mlxcel_core.engine.row_sampling import (
     draw_together,
     draw_tokens,
 )
-from mlxcel_core.engine.runner import ModelRunner, RowInput
+from mlxcel_core.engine.runner import ModelRunner, RowInput, StepLogits
 from mlxcel_core.engine.scheduler import Scheduler, SchedulerOutput
 from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatus
 from mlxcel_core.engine.speculation import Speculation, make_speculation
@@ -73,6 +79,15 @@ class _Submission:
     request: EngineRequest
     sink: OutputSink
     handle: RequestHandle
+
+
+@dataclass(frozen=True)
+class _StartedStep:
+    """A step the runner has begun and the engine has not sampled yet."""
+
+    plan: SchedulerOutput
+    proposals: tuple[DraftProposal, ...]
+    rule: AcceptanceRule
 
 
 # A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt, images.
@@ -395,6 +410,7 @@ class Engine:
         self._remote_prefill: RemotePrefill | None = None
         if self._make_remote_prefill is not None:
             self._remote_prefill = self._make_remote_prefill(self._storage, self._deliver)
+        self._steps_in_flight: deque[_StartedStep] = deque()
         self._consecutive_failures = 0
         self._num_draft_tokens = 0
         self._num_accepted_draft_tokens = 0
@@ -406,15 +422,18 @@ class Engine:
                 while not (
                     self._inbox
                     or self._prefilled
-                    or (self._can_step and self._scheduler.has_work)
+                    or (self._can_step and self._has_work)
                     or self._closing
                 ):
                     self._condition.wait()
-                if self._closing:
-                    return
-                arrivals, self._inbox = self._inbox, []
-                prefilled, self._prefilled = self._prefilled, []
-                self._num_held_waiting += len(arrivals)
+                closing = self._closing
+                if not closing:
+                    arrivals, self._inbox = self._inbox, []
+                    prefilled, self._prefilled = self._prefilled, []
+                    self._num_held_waiting += len(arrivals)
+            if closing:
+                self._drain_steps_in_flight()
+                return
             self._can_step = True
             for kv in prefilled:
                 self._adopt_prefilled(kv)
@@ -423,9 +442,13 @@ class Engine:
             for submission in arrivals:
                 self._admit(submission, firsts)
             self._end_cancelled()
-            if self._scheduler.has_work:
+            if self._has_work:
                 self._step()
             self._publish_stats()
+
+    @property
+    def _has_work(self) -> bool:
+        return self._scheduler.has_work or bool(self._steps_in_flight)
 
     def _admit(self, submission: _Submission, firsts: dict[_GroupPrompt, Sequence]) -> None:
         """Queue a new sequence; a later choice of a prompt forks from its first choice
@@ -465,7 +488,8 @@ class Engine:
 
     def _end_cancelled(self) -> None:
         for sequence in [*self._scheduler.waiting, *self._scheduler.running]:
-            if sequence.handle.cancelled:
+            # One in a step in flight ends once that step is sampled: its KV is being written.
+            if sequence.handle.cancelled and not sequence.in_step:
                 self._scheduler.finish(sequence, SequenceStatus.FINISHED_ABORTED)
                 error = RequestCancelledError("the request was cancelled")
                 sequence.sink.put(EngineOutput(sequence.request.index, error=error))
@@ -506,10 +530,14 @@ class Engine:
             remote.submit(job)
 
     def _step(self) -> None:
-        plan = self._scheduler.schedule()
+        """Start the next step, then sample the oldest step in flight once the runner
+        holds as many as it can, or once no sequence is left to start one with."""
+        plan = self._scheduler.schedule(self._step_seqs_cap())
         if plan.remote and self._remote_prefill is not None:
             self._send_to_remote(self._remote_prefill, plan.remote)
-        if not plan.scheduled:
+        if plan.scheduled:
+            self._start(plan)
+        elif not self._steps_in_flight:
             if plan.remote or self._scheduler.num_in_flight:
                 self._can_step = False
                 return
@@ -517,8 +545,49 @@ class Engine:
                 f"no sequence could be scheduled with {len(self._scheduler.waiting)} waiting "
                 f"and {len(self._scheduler.running)} running"
             )
+        if self._steps_in_flight and (
+            not plan.scheduled or len(self._steps_in_flight) >= self._runner.steps_in_flight
+        ):
+            self._finish_oldest()
+
+    def _step_seqs_cap(self) -> int | None:
+        """With several steps in flight, each takes its share of the sequences, so that
+        the steps after it find some to run; None (no cap) with one."""
+        depth = self._runner.steps_in_flight
+        if depth == 1:
+            return None
+        scheduler = self._scheduler
+        return max(1, -(-(len(scheduler.running) + len(scheduler.waiting)) // depth))
+
+    def _start(self, plan: SchedulerOutput) -> None:
         try:
-            draws = self._forward_and_sample(plan)
+            proposals, rule = self._propose(plan)
+            self._runner.start(self._rows(plan, proposals))
+        except InvariantError:
+            raise
+        # An MLX or model error fails this step's requests, not the engine; the runner has
+        # dropped the steps started before it as well.
+        except Exception as error:
+            self._fail_steps([plan, *(started.plan for started in self._steps_in_flight)], error)
+            self._steps_in_flight.clear()
+            return
+        for item in plan.scheduled:
+            item.sequence.in_step = True
+        self._steps_in_flight.append(_StartedStep(plan, proposals, rule))
+
+    def _finish_oldest(self) -> None:
+        started = self._steps_in_flight.popleft()
+        plan = started.plan
+        for item in plan.scheduled:
+            item.sequence.in_step = False
+        try:
+            logits = self._runner.finish()
+        except Exception as error:
+            self._fail_steps([plan, *(later.plan for later in self._steps_in_flight)], error)
+            self._steps_in_flight.clear()
+            return
+        try:
+            draws = self._draw(started, logits)
             mx.eval(
                 [a for draw in draws for a in draw.arrays()],
                 [a for storage in self._storages for a in storage.arrays()],
@@ -526,9 +595,8 @@ class Engine:
             emitted = [row for draw in draws for row in draw.emitted()]
         except InvariantError:
             raise
-        # An MLX or model error fails this step's requests, not the engine.
         except Exception as error:
-            self._fail_step(plan, error)
+            self._fail_steps([plan], error)
             return
         self._consecutive_failures = 0
         num_accepted = {}
@@ -548,7 +616,19 @@ class Engine:
                 if row.sequence.status.finished:
                     break
 
-    def _forward_and_sample(self, plan: SchedulerOutput) -> list[Draw | BatchDraw]:
+    def _drain_steps_in_flight(self) -> None:
+        """Take the logits of the steps still in flight, unsampled, so that no rank is left
+        sending them when the engine stops."""
+        while self._steps_in_flight:
+            self._steps_in_flight.popleft()
+            try:
+                self._runner.finish()
+            except Exception as error:  # the runner dropped every step in flight with it
+                logger.warning("a step in flight failed while the engine stopped: %s", error)
+                self._steps_in_flight.clear()
+
+    def _propose(self, plan: SchedulerOutput) -> tuple[tuple[DraftProposal, ...], AcceptanceRule]:
+        """Prepare the KV storage for the step and draft its sequences' tokens."""
         kv = self._kv
         copies = kv.take_block_copies()
         self._runner.prepare_storage(kv.num_materialized_blocks, copies)
@@ -556,11 +636,12 @@ class Engine:
             storage.ensure_capacity(kv.num_materialized_blocks)
             storage.copy_blocks(copies)
         if self._speculation is None:
-            proposals = [DraftProposal((), None, 0) for _ in plan.scheduled]
-            rule = AcceptanceRule.EXACT
-        else:
-            proposals = self._speculation.propose(plan.scheduled, kv)
-            rule = self._speculation.config.acceptance
+            return tuple(DraftProposal((), None, 0) for _ in plan.scheduled), AcceptanceRule.EXACT
+        proposals = tuple(self._speculation.propose(plan.scheduled, kv))
+        return proposals, self._speculation.config.acceptance
+
+    def _rows(self, plan: SchedulerOutput, proposals: Seq[DraftProposal]) -> list[RowInput]:
+        kv = self._kv
         rows = []
         for item, proposal in zip(plan.scheduled, proposals, strict=True):
             sequence = item.sequence
@@ -577,18 +658,22 @@ class Engine:
                     sequence.request.images,
                 )
             )
-        logits = self._runner.run(rows)
+        return rows
+
+    def _draw(self, started: _StartedStep, logits: StepLogits) -> list[Draw | BatchDraw]:
+        plan = started.plan
         draws: list[Draw | BatchDraw] = []
         together: dict[Hashable, list[int]] = {}
-        for i, (item, proposal) in enumerate(zip(plan.scheduled, proposals, strict=True)):
+        for i, (item, proposal) in enumerate(zip(plan.scheduled, started.proposals, strict=True)):
             sequence = item.sequence
             if sequence.num_computed + item.num_new_tokens < sequence.num_tokens:
                 continue  # a prefill chunk that does not reach the prompt's end yet
             if can_draw_together(sequence, proposal.token_ids):
                 together.setdefault(sequence.sampler.batch_group, []).append(i)
                 continue
+            row_logits = logits.row(i)
             draws.append(
-                draw_tokens(sequence, logits.row(i), proposal.token_ids, proposal.probs, rule)
+                draw_tokens(sequence, row_logits, proposal.token_ids, proposal.probs, started.rule)
             )
         for members in together.values():
             sequences = [plan.scheduled[i].sequence for i in members]
@@ -646,10 +731,12 @@ class Engine:
             )
         )
 
-    def _fail_step(self, plan: SchedulerOutput, error: Exception) -> None:
+    def _fail_steps(self, plans: Seq[SchedulerOutput], error: Exception) -> None:
+        """End the requests of steps that failed together (one failure in a row)."""
         logger.error("an engine step failed; ending its requests", exc_info=error)
-        for item in plan.scheduled:
+        for item in (item for plan in plans for item in plan.scheduled):
             sequence = item.sequence
+            sequence.in_step = False
             if not sequence.status.finished:
                 self._scheduler.finish(sequence, SequenceStatus.FINISHED_ABORTED)
                 sequence.sink.put(EngineOutput(sequence.request.index, error=error))

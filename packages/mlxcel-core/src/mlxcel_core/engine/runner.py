@@ -6,6 +6,7 @@ the logits the engine samples from.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -18,6 +19,7 @@ from mlxcel_core.cache.paged import (
     BlockCopy,
     PagedBatch,
     PagedKVStorage,
+    PagedLayerCache,
     make_layer_caches,
 )
 from mlxcel_core.generate import LanguageModel
@@ -57,6 +59,20 @@ class RowInput:
                 f"num_logits must be 1 or len(token_ids) ({len(self.token_ids)}), "
                 f"got {self.num_logits}"
             )
+
+
+def pass_groups(rows: Sequence[RowInput]) -> list[list[int]]:
+    """The step's forward passes: indices of rows of the same length and logits count, so
+    no row is padded to another's length; in the order of each group's first row."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault((len(row.token_ids), row.num_logits), []).append(i)
+    return list(groups.values())
+
+
+def pass_tokens(rows: Sequence[RowInput]) -> mx.array:
+    """(B, L) int32 tokens of one pass's rows."""
+    return mx.array([list(row.token_ids) for row in rows], dtype=mx.int32)
 
 
 class StepLogits:
@@ -110,12 +126,20 @@ class ModelRunner:
     gives the model every row's `RowImages` (empty for text rows); other passes call the
     model as a text-only one.
 
+    The engine begins each step with `start` and takes its logits with `finish`, oldest
+    first. This runner computes a step in `start`'s graph, so it keeps one step in flight
+    (`steps_in_flight`); a runner whose later pipeline stages work on one step while this
+    rank begins the next keeps more.
+
     Args:
         model: the language model; its attention layers call the cache protocol. Rows with
             images need an `ImageLanguageModel`.
         storage: the key/value pools the model reads and writes.
         adapters: the model's unfused LoRA adapters, told each forward pass's row scales.
     """
+
+    steps_in_flight = 1
+    """How many steps the engine may have started before it must `finish` the oldest."""
 
     def __init__(
         self,
@@ -127,6 +151,28 @@ class ModelRunner:
         self.model = model
         self.storage = storage
         self.adapters = adapters
+        self._started: deque[StepLogits] = deque()
+
+    def start(self, rows: Sequence[RowInput]) -> None:
+        """Begin a step over `rows` (as `run`); `finish` returns its logits.
+
+        Raises:
+            Exception: whatever the forward pass raises; every step started before is
+                dropped with it (the engine fails them all).
+        """
+        try:
+            self._started.append(self.run(rows))
+        except Exception:
+            self._started.clear()
+            raise
+
+    def finish(self) -> StepLogits:
+        """The logits of the oldest step `start` began and `finish` has not returned.
+
+        Raises:
+            IndexError: no step is started.
+        """
+        return self._started.popleft()
 
     def prepare_storage(self, num_blocks: int, copies: Sequence[BlockCopy]) -> None:
         """Grow the pools to hold `num_blocks` blocks and make the step's copy-on-write
@@ -154,25 +200,27 @@ class ModelRunner:
         Returns:
             The step's logits, lazy like `execute`'s.
         """
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, row in enumerate(rows):
-            groups.setdefault((len(row.token_ids), row.num_logits), []).append(i)
         step = StepLogits()
-        for (_, num_logits), members in groups.items():
-            tokens = mx.array([list(rows[i].token_ids) for i in members], dtype=mx.int32)
-            step.add(members, self._forward(tokens, [rows[i] for i in members], num_logits))
+        for members in pass_groups(rows):
+            pass_rows = [rows[i] for i in members]
+            step.add(members, self._forward(pass_tokens(pass_rows), pass_rows))
         return step
 
-    def _forward(self, tokens: mx.array, rows: Sequence[RowInput], num_logits: int) -> mx.array:
-        """(B, L) tokens → (B, num_logits, V) logits of each row's last positions."""
+    def layer_caches(self, rows: Sequence[RowInput]) -> list[PagedLayerCache]:
+        """The per-layer views of the storage for one forward pass over `rows` (rows of
+        one length, from `pass_groups`)."""
         batch = PagedBatch(
             [BatchRow(row.block_table, row.offset, len(row.token_ids)) for row in rows],
             self.storage.block_size,
         )
-        caches = make_layer_caches(self.storage, batch)
+        return make_layer_caches(self.storage, batch)
+
+    def _forward(self, tokens: mx.array, rows: Sequence[RowInput]) -> mx.array:
+        """(B, L) tokens → (B, num_logits, V) logits of each row's last positions."""
+        caches = self.layer_caches(rows)
         if self.adapters is not None:
             self.adapters.set_row_scales([row.adapter_scales or () for row in rows])
-        last_only = num_logits == 1
+        last_only = rows[0].num_logits == 1
         if not any(row.images for row in rows):
             return self.model(tokens, caches, last_only=last_only)
         # The engine admits images only for a model with vision support.

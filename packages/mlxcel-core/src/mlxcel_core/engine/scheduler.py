@@ -3,7 +3,9 @@
 It touches no arrays. Each step it serves running sequences first, oldest first, then
 admits waiting ones in arrival order while the budget, the sequence cap and the KV cache
 allow. When the cache cannot hold a running sequence's next tokens, the newest running
-sequence is preempted: its blocks are freed and it is recomputed later. This is the
+sequence is preempted: its blocks are freed and it is recomputed later. Sequences in a step
+still in flight (pipeline parallelism) are skipped and never preempted; a sequence whose
+only victim would be itself waits instead while a newer one is in flight. This is the
 scheduling of vLLM's v1 engine (`vllm/v1/core/sched/scheduler.py`), without its phases:
 chunked prefill, prefix-cache hits and decode are one rule (see `Sequence`).
 
@@ -131,16 +133,22 @@ class Scheduler:
         """Queue a new sequence behind those already waiting."""
         self.waiting.append(sequence)
 
-    def schedule(self) -> SchedulerOutput:
-        """Plan the next step; the KV cache already holds room for every scheduled token."""
+    def schedule(self, max_seqs: int | None = None) -> SchedulerOutput:
+        """Plan the next step; the KV cache already holds room for every scheduled token.
+
+        Args:
+            max_seqs: most sequences in this step (None: no cap but `max_num_seqs`); a
+                pipeline caps each step so that the next ones find sequences to run.
+        """
         budget = self.config.max_num_batched_tokens
+        room = len(self.running) + len(self.waiting) if max_seqs is None else max_seqs
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
         remote: list[Sequence] = []
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and budget > 0 and len(scheduled) < room:
             sequence = self.running[index]
-            if sequence.kv_in_flight:
+            if sequence.kv_in_flight or sequence.in_step:
                 index += 1
                 continue
             num_new = min(sequence.num_uncomputed, budget, self.config.max_prefill_chunk)
@@ -151,7 +159,10 @@ class Scheduler:
                 if lookahead:
                     lookahead = 0
                     continue
-                victim = self.running[-1]
+                victim = self._newest_preemptible()
+                if victim is sequence and self._has_newer_in_step(sequence):
+                    index += 1  # it waits for that step to end and free a newer victim
+                    break
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is sequence:
@@ -161,7 +172,13 @@ class Scheduler:
                 budget -= num_new + lookahead
                 index += 1
         # Admitting while preempting would hand the freed blocks to a newer request.
-        while not preempted and self.waiting and budget > 0 and self._free_slots:
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and self._free_slots
+            and len(scheduled) < room
+        ):
             sequence = self.waiting[0]
             parent = sequence.fork_parent
             if parent is not None and parent.status is not SequenceStatus.RUNNING:
@@ -286,6 +303,14 @@ class Scheduler:
         sequence.status = SequenceStatus.WAITING
         self.waiting.appendleft(sequence)
         self.num_preemptions += 1
+
+    def _has_newer_in_step(self, sequence: Sequence) -> bool:
+        return any(other.in_step and other.seq_id > sequence.seq_id for other in self.running)
+
+    def _newest_preemptible(self) -> Sequence:
+        """The newest running sequence outside a step in flight; the one being scheduled
+        is such a sequence, so there always is one."""
+        return next(sequence for sequence in reversed(self.running) if not sequence.in_step)
 
     def _release_slot(self, sequence: Sequence) -> None:
         if sequence.slot is not None:

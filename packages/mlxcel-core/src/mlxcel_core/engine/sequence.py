@@ -71,6 +71,9 @@ class Sequence:
             when the model has no unfused adapters.
         kv_in_flight: running, its prompt's KV being computed elsewhere (disaggregated
             prefill, `remote_prefill`): it holds its blocks and slot but is not scheduled.
+        in_step: running, in a step the runner has started and the engine has not sampled
+            yet (pipeline parallelism keeps several steps in flight): it is neither
+            scheduled nor preempted until that step completes.
     """
 
     seq_id: int
@@ -95,6 +98,7 @@ class Sequence:
     fork_parent: Sequence | None = None
     adapter_scales: AdapterScales | None = None
     kv_in_flight: bool = False
+    in_step: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -1,0 +1,165 @@
+"""The model runners of a pipeline's ranks: each step's passes cross each pair of
+neighbouring stages in one transfer, and rank 0 keeps one step per stage in flight.
+
+Rank 0 starts step k + 1 while the later stages still work on step k: it computes its own
+layers for step k + 1, receives the logits of the oldest step it sent once as many steps
+as the other stages can hold are out, then sends step k + 1's message and hidden states.
+The engine samples step k while the last stage computes step k + 1; each step holds
+sequences the steps in flight do not (`Sequence.in_step`), so with P stages the running
+sequences take turns in P groups. Every rank does its transfers in step order, each
+receive before the next send on rank 0, so a send that waits for its receive never waits
+on a rank that is itself waiting to send.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import mlx.core as mx
+
+from mlxcel_core.cache.paged import PagedKVStorage
+from mlxcel_core.engine import ModelRunner, RowInput
+from mlxcel_core.engine.runner import StepLogits, pass_groups, pass_tokens
+from mlxcel_distributed.lockstep import LockstepRunner, StepRecord
+from mlxcel_distributed.pipeline_stage import PipelineStage, StagePass
+from mlxcel_distributed.stage_guard import StageGuard, timed
+from mlxcel_distributed.step_channel import PipelineChannel
+
+T = TypeVar("T")
+
+
+def _stage_passes(
+    runner: ModelRunner, rows: Sequence[RowInput]
+) -> tuple[list[list[int]], list[StagePass]]:
+    """The step's passes (`pass_groups`) as the stage runs them, with their rows."""
+    groups = pass_groups(rows)
+    passes = []
+    for members in groups:
+        pass_rows = [rows[i] for i in members]
+        last_only = pass_rows[0].num_logits == 1
+        passes.append(StagePass(pass_tokens(pass_rows), runner.layer_caches(pass_rows), last_only))
+    return groups, passes
+
+
+def _step_logits(groups: Sequence[Sequence[int]], logits: Sequence[mx.array]) -> StepLogits:
+    step = StepLogits()
+    for members, pass_logits in zip(groups, logits, strict=True):
+        step.add(members, pass_logits)
+    return step
+
+
+class StageRunner(ModelRunner):
+    """A follower's runner for its pipeline stage: all of a step's passes in one call.
+
+    Args:
+        stage: this rank's stage.
+        storage: this rank's KV pools (its own layers).
+    """
+
+    def __init__(self, stage: PipelineStage, storage: PagedKVStorage) -> None:
+        super().__init__(stage, storage)
+        self.stage = stage
+
+    def run(self, rows: Sequence[RowInput]) -> StepLogits:
+        groups, passes = _stage_passes(self, rows)
+        return _step_logits(groups, self.stage.run_passes(passes))
+
+
+@dataclass(frozen=True)
+class _SentStep:
+    """A step rank 0 has sent down the pipeline and not received the logits of."""
+
+    groups: list[list[int]]
+    shapes: list[tuple[int, int]]
+
+
+class PipelineRunner(LockstepRunner):
+    """Rank 0's runner over a pipeline: up to one step per stage in flight (see the module).
+
+    Args:
+        stage: rank 0's stage (the first layers).
+        storage: rank 0's KV pools.
+        channel: the pipeline's message channel.
+        guard: the group's health, metrics and stage timeout; None runs steps unguarded.
+    """
+
+    def __init__(
+        self,
+        stage: PipelineStage,
+        storage: PagedKVStorage,
+        channel: PipelineChannel,
+        guard: StageGuard | None = None,
+    ) -> None:
+        super().__init__(stage, storage, channel, guard)
+        self.stage = stage
+        self.steps_in_flight = stage.num_stages
+        self._sent: deque[_SentStep] = deque()
+        self._received: deque[StepLogits] = deque()
+
+    def run(self, rows: Sequence[RowInput]) -> StepLogits:
+        """`start` then `finish`: one step, with no other in flight.
+
+        Raises:
+            RuntimeError: steps are in flight.
+        """
+        if self._sent or self._received:
+            raise RuntimeError("run() needs no other step in flight; use start() and finish()")
+        self.start(rows)
+        return self.finish()
+
+    def start(self, rows: Sequence[RowInput]) -> None:
+        """Compute rank 0's layers for the step and send it down the pipeline.
+
+        Raises:
+            EngineUnavailableError: a rank is gone or the step overran the stage timeout.
+        """
+        self._dropping_all_on_error(lambda: self._guarded(lambda record: self._send(rows, record)))
+
+    def finish(self) -> StepLogits:
+        """The oldest started step's logits, received from the last stage if need be.
+
+        Raises:
+            IndexError: no step is started.
+            EngineUnavailableError: a rank is gone or the step overran the stage timeout.
+        """
+
+        def take() -> StepLogits:
+            if not self._received:
+                self._guarded(lambda _: self._receive_oldest())
+            return self._received.popleft()
+
+        return self._dropping_all_on_error(take)
+
+    def _send(self, rows: Sequence[RowInput], record: StepRecord) -> None:
+        lap = timed()
+        groups, passes = _stage_passes(self, rows)
+        hidden = self.stage.first_hidden(passes)
+        mx.eval(hidden, self.storage.arrays())
+        # The other stages hold steps_in_flight - 1 steps; the last one sends the oldest's
+        # logits before it takes this step's message.
+        while len(self._sent) >= self.steps_in_flight - 1:
+            self._receive_oldest()
+        forward_seconds = lap()
+        nbytes = self._channel.send(self._take_message(rows))
+        channel_seconds = lap()
+        self.stage.send_hidden(hidden)
+        shapes = [(p.tokens.shape[0], p.num_logits) for p in passes]
+        self._sent.append(_SentStep(groups, shapes))
+        record(channel_seconds, forward_seconds + lap(), nbytes)
+
+    def _receive_oldest(self) -> None:
+        if not self._sent:
+            raise IndexError("no step is started")
+        sent = self._sent.popleft()
+        self._received.append(_step_logits(sent.groups, self.stage.receive_logits(sent.shapes)))
+
+    def _dropping_all_on_error(self, body: Callable[[], T]) -> T:
+        try:
+            return body()
+        except Exception:
+            self._sent.clear()
+            self._received.clear()
+            raise
