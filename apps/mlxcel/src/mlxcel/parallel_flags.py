@@ -38,13 +38,7 @@ from mlxcel_models.memory import read_model_inventory
 from mlxcel_models.store import resolve_model
 
 if TYPE_CHECKING:
-    from mlxcel_distributed import (
-        LocalRanks,
-        PipelineChannel,
-        StageGuard,
-        StageHealth,
-        StepChannel,
-    )
+    from mlxcel_distributed import Channel, LocalRanks, StageGuard, StageHealth
 
 TP_FLAG = Flag(
     ("--tp", "--tensor-parallel-size"),
@@ -128,7 +122,7 @@ class ParallelRank:
         self,
         mode: ParallelMode,
         group: mx.distributed.Group,
-        channel: StepChannel | PipelineChannel,
+        channel: Channel,
         local_ranks: LocalRanks | None,
         health: StageHealth,
     ) -> None:

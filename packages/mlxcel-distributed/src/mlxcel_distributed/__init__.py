@@ -45,7 +45,7 @@ from mlxcel_distributed.pipeline_stage import (
 from mlxcel_distributed.stage_guard import StageGuard
 from mlxcel_distributed.stage_health import StageFault, StageHealth
 from mlxcel_distributed.stage_metrics import Histogram, StageMetrics, StageMetricsSnapshot
-from mlxcel_distributed.step_channel import PipelineChannel, StepChannel
+from mlxcel_distributed.step_channel import Channel, PipelineChannel, StepChannel
 from mlxcel_distributed.step_messages import (
     KVPlan,
     Message,
@@ -67,6 +67,7 @@ __all__ = [
     "PREFILL_RANK",
     "READY_FD_VARIABLE",
     "BlockLayout",
+    "Channel",
     "GroupError",
     "Histogram",
     "KVPlan",

@@ -6,7 +6,9 @@ passes over their own part of the model (a shard of every layer, or a pipeline s
 their own KV caches, never sampling. Each sharded layer ends in an all-sum, and each stage
 sends to the next, so every rank must evaluate the same graph in the same order: both
 sides evaluate a step's logits and KV writes together, in one `mx.eval` of the same arrays,
-inside the runner (rank 0's engine then samples from logits already computed).
+inside the runner (rank 0's engine then samples from logits already computed). Over a
+pipeline, rank 0's runner splits that in two so that several steps are in flight
+(`pipeline_runner`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from mlxcel_core.engine import ModelRunner, RowInput
 from mlxcel_core.engine.runner import StepLogits
 from mlxcel_core.generate import LanguageModel
 from mlxcel_distributed.stage_guard import StageGuard, timed
-from mlxcel_distributed.step_channel import StepChannel
+from mlxcel_distributed.step_channel import Channel
 from mlxcel_distributed.step_messages import StepMessage
 
 T = TypeVar("T")
@@ -53,7 +55,7 @@ class LockstepRunner(ModelRunner):
         self,
         model: LanguageModel,
         storage: PagedKVStorage,
-        channel: StepChannel,
+        channel: Channel,
         guard: StageGuard | None = None,
     ) -> None:
         super().__init__(model, storage)

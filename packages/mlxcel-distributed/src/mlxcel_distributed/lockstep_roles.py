@@ -15,10 +15,8 @@ from mlxcel_distributed.lockstep import LockstepRunner, evaluate_step
 from mlxcel_distributed.pipeline_runner import PipelineRunner, StageRunner
 from mlxcel_distributed.pipeline_stage import PipelineStage
 from mlxcel_distributed.stage_guard import StageGuard
-from mlxcel_distributed.step_channel import PipelineChannel, StepChannel
+from mlxcel_distributed.step_channel import Channel
 from mlxcel_distributed.step_messages import KVPlan, Shutdown, StepMessage
-
-Channel = StepChannel | PipelineChannel
 
 
 class LockstepError(RuntimeError):
@@ -30,7 +28,7 @@ def make_lockstep_runner_factory(
 ) -> RunnerFactory:
     """The `Engine(make_runner=...)` factory of rank 0: it sends the KV plan (the number of
     blocks the engine sized its cache to) and returns a `LockstepRunner` under `guard`
-    (None: unguarded).
+    (None: unguarded), or for a pipeline stage a `PipelineRunner`.
 
     The factory raises `ValueError` for a model with unfused LoRA adapters.
     """
@@ -53,7 +51,7 @@ def follow_steps(model: LanguageModel, config: EngineConfig, channel: Channel) -
     planned, then run each step it sends until it shuts down.
 
     Args:
-        model: this rank's shard of the model.
+        model: this rank's part of the model (a shard, or a `PipelineStage`).
         config: the engine settings rank 0 runs with (prefill chunk, block size, cache types).
         channel: the group's step channel.
 

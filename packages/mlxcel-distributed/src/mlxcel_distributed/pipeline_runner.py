@@ -14,9 +14,8 @@ on a rank that is itself waiting to send.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import mlx.core as mx
 
@@ -27,8 +26,6 @@ from mlxcel_distributed.lockstep import LockstepRunner, StepRecord
 from mlxcel_distributed.pipeline_stage import PipelineStage, StagePass
 from mlxcel_distributed.stage_guard import StageGuard, timed
 from mlxcel_distributed.step_channel import PipelineChannel
-
-T = TypeVar("T")
 
 
 def _stage_passes(
@@ -116,7 +113,11 @@ class PipelineRunner(LockstepRunner):
         Raises:
             EngineUnavailableError: a rank is gone or the step overran the stage timeout.
         """
-        self._dropping_all_on_error(lambda: self._guarded(lambda record: self._send(rows, record)))
+        try:
+            self._guarded(lambda record: self._compute_and_send(rows, record))
+        except Exception:
+            self._drop_all()
+            raise
 
     def finish(self) -> StepLogits:
         """The oldest started step's logits, received from the last stage if need be.
@@ -125,15 +126,15 @@ class PipelineRunner(LockstepRunner):
             IndexError: no step is started.
             EngineUnavailableError: a rank is gone or the step overran the stage timeout.
         """
-
-        def take() -> StepLogits:
+        try:
             if not self._received:
-                self._guarded(lambda _: self._receive_oldest())
+                self._guarded(lambda record: self._receive_oldest())
             return self._received.popleft()
+        except Exception:
+            self._drop_all()
+            raise
 
-        return self._dropping_all_on_error(take)
-
-    def _send(self, rows: Sequence[RowInput], record: StepRecord) -> None:
+    def _compute_and_send(self, rows: Sequence[RowInput], record: StepRecord) -> None:
         lap = timed()
         groups, passes = _stage_passes(self, rows)
         hidden = self.stage.first_hidden(passes)
@@ -156,10 +157,7 @@ class PipelineRunner(LockstepRunner):
         sent = self._sent.popleft()
         self._received.append(_step_logits(sent.groups, self.stage.receive_logits(sent.shapes)))
 
-    def _dropping_all_on_error(self, body: Callable[[], T]) -> T:
-        try:
-            return body()
-        except Exception:
-            self._sent.clear()
-            self._received.clear()
-            raise
+    def _drop_all(self) -> None:
+        """Forget every step in flight: after a failed transfer the group cannot run more."""
+        self._sent.clear()
+        self._received.clear()

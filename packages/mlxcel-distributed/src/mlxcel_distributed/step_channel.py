@@ -113,6 +113,10 @@ class PipelineChannel:
         return np.array(frame)
 
 
+Channel = StepChannel | PipelineChannel
+"""Either way rank 0's messages reach the other ranks; both have `send` and `receive`."""
+
+
 def _frames(message: Message) -> list[np.ndarray]:
     """The message as it travels: a frame of `FRAME_INTS` ints, its length first, and the
     ints that do not fit it, if any."""
