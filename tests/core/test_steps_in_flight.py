@@ -57,7 +57,12 @@ def greedy_references(model) -> list[list[int]]:
 
 class DeferredRunner(ModelRunner):
     """Keeps up to `depth` steps in flight; records each step's rows' first blocks (one
-    per sequence: no test here forks) and how many steps were in flight at each start."""
+    per sequence: no test here forks) and how many steps were in flight at each start.
+
+    `fail_next_finish` loses every step in flight (as a lost rank does); `fail_while_busy`
+    makes the first `prepare_storage` ("prepare") or `start` ("start") called while a step
+    is in flight raise before anything is sent, which leaves the steps in flight intact.
+    """
 
     def __init__(self, model: LanguageModel, storage: PagedKVStorage, depth: int) -> None:
         super().__init__(model, storage)
@@ -66,10 +71,25 @@ class DeferredRunner(ModelRunner):
         self.overlapping_starts: list[int] = []
         self.shared_sequences = 0
         self.fail_next_finish = False
+        self.fail_while_busy: str | None = None
         self.gate: threading.Semaphore | None = None
         self.waiting = False
 
+    @property
+    def num_started(self) -> int:
+        return len(self.in_flight)
+
+    def prepare_storage(self, num_blocks: int, copies) -> None:
+        self._fail_if_busy("prepare")
+        super().prepare_storage(num_blocks, copies)
+
+    def _fail_if_busy(self, where: str) -> None:
+        if self.fail_while_busy == where and self.in_flight:
+            self.fail_while_busy = None
+            raise RuntimeError(f"injected failure in {where}")
+
     def start(self, rows: Sequence[RowInput]) -> None:
+        self._fail_if_busy("start")
         firsts = frozenset(row.block_table[0] for row in rows)
         self.shared_sequences += sum(len(firsts & earlier) for _, earlier in self.in_flight)
         self.overlapping_starts.append(len(self.in_flight))
@@ -138,6 +158,45 @@ def test_steps_in_flight_give_the_same_tokens_across_preemption(model, greedy_re
     assert num_preemptions > 0
     assert tokens == greedy_references
     assert runner.shared_sequences == 0
+
+
+def test_a_pipeline_of_full_slots_still_overlaps_its_steps(model, greedy_references):
+    # Two slots for six prompts: the waiting ones must not make one step take both.
+    config = make_config(scheduler=SchedulerConfig(max_num_seqs=2, max_prefill_chunk=8))
+    tokens, runner, _ = run_prompts(model, config, 2)
+    assert tokens == greedy_references
+    # All but the first start, and the last ones with a single sequence left, overlap.
+    overlapping = sum(1 for count in runner.overlapping_starts if count)
+    assert overlapping >= 0.9 * len(runner.overlapping_starts)
+
+
+@pytest.mark.parametrize("where", ["prepare", "start"])
+def test_a_step_that_fails_before_it_is_sent_ends_only_its_requests(
+    model, greedy_references, where
+):
+    runners = Runners(2)
+    config = make_config(scheduler=SchedulerConfig(max_num_seqs=6, max_prefill_chunk=8))
+    engine = Engine(model, config, make_runner=runners)
+    try:
+        assert runners.runner is not None
+        runners.runner.fail_while_busy = where
+        outputs = generate_all(
+            engine, [make_request(p, index=i) for i, p in enumerate(make_prompts())]
+        )
+        assert runners.runner.fail_while_busy is None  # the failure happened
+        failed = [i for i, o in enumerate(outputs) if o[-1].error is not None]
+        assert failed and len(failed) < len(outputs)
+        assert all(f"injected failure in {where}" in str(outputs[i][-1].error) for i in failed)
+        # The steps in flight beside the failed one, and every later step, sample their own
+        # logits: the other requests get the single-sequence tokens.
+        for i, output in enumerate(outputs):
+            if i not in failed:
+                assert token_ids(output) == greedy_references[i]
+        (later,) = generate_all(engine, [make_request(make_prompts()[0])])
+        assert token_ids(later) == greedy_references[0]
+        assert engine.stats.num_kv_blocks_used == 0
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
 
 
 def test_a_lost_step_in_flight_ends_the_requests_of_every_step_in_flight():

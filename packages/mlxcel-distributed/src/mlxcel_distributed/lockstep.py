@@ -67,7 +67,7 @@ class LockstepRunner(ModelRunner):
     def prepare_storage(self, num_blocks: int, copies: Sequence[BlockCopy]) -> None:
         super().prepare_storage(num_blocks, copies)
         self._num_blocks = num_blocks
-        self._copies = tuple(copies)
+        self._copies = (*self._copies, *copies)  # with any a failed step never sent
 
     def run(self, rows: Sequence[RowInput]) -> StepLogits:
         """Send the step, then compute it, evaluating the logits and the KV writes.

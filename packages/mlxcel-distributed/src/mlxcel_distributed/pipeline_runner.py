@@ -96,13 +96,17 @@ class PipelineRunner(LockstepRunner):
         self._sent: deque[_SentStep] = deque()
         self._received: deque[StepLogits] = deque()
 
+    @property
+    def num_started(self) -> int:
+        return len(self._sent) + len(self._received)
+
     def run(self, rows: Sequence[RowInput]) -> StepLogits:
         """`start` then `finish`: one step, with no other in flight.
 
         Raises:
             RuntimeError: steps are in flight.
         """
-        if self._sent or self._received:
+        if self.num_started:
             raise RuntimeError("run() needs no other step in flight; use start() and finish()")
         self.start(rows)
         return self.finish()
@@ -110,29 +114,28 @@ class PipelineRunner(LockstepRunner):
     def start(self, rows: Sequence[RowInput]) -> None:
         """Compute rank 0's layers for the step and send it down the pipeline.
 
+        A step whose logits could not be received while making room for this one is
+        dropped (`num_started`); the steps still in the pipeline stay.
+
         Raises:
             EngineUnavailableError: a rank is gone or the step overran the stage timeout.
         """
-        try:
-            self._guarded(lambda record: self._compute_and_send(rows, record))
-        except Exception:
-            self._drop_all()
-            raise
+        self._guarded(lambda record: self._compute_and_send(rows, record))
 
     def finish(self) -> StepLogits:
-        """The oldest started step's logits, received from the last stage if need be.
+        """The oldest started step's logits, received from the last stage if need be; the
+        step is consumed even when its logits cannot be received.
 
         Raises:
             IndexError: no step is started.
             EngineUnavailableError: a rank is gone or the step overran the stage timeout.
         """
-        try:
-            if not self._received:
-                self._guarded(lambda record: self._receive_oldest())
+        if self._received:
             return self._received.popleft()
-        except Exception:
-            self._drop_all()
-            raise
+        if not self._sent:
+            raise IndexError("no step is started")
+        sent = self._sent.popleft()
+        return self._guarded(lambda record: self._receive(sent))
 
     def _compute_and_send(self, rows: Sequence[RowInput], record: StepRecord) -> None:
         lap = timed()
@@ -142,7 +145,7 @@ class PipelineRunner(LockstepRunner):
         # The other stages hold steps_in_flight - 1 steps; the last one sends the oldest's
         # logits before it takes this step's message.
         while len(self._sent) >= self.steps_in_flight - 1:
-            self._receive_oldest()
+            self._received.append(self._receive(self._sent.popleft()))
         forward_seconds = lap()
         nbytes = self._channel.send(self._take_message(rows))
         channel_seconds = lap()
@@ -151,13 +154,5 @@ class PipelineRunner(LockstepRunner):
         self._sent.append(_SentStep(groups, shapes))
         record(channel_seconds, forward_seconds + lap(), nbytes)
 
-    def _receive_oldest(self) -> None:
-        if not self._sent:
-            raise IndexError("no step is started")
-        sent = self._sent.popleft()
-        self._received.append(_step_logits(sent.groups, self.stage.receive_logits(sent.shapes)))
-
-    def _drop_all(self) -> None:
-        """Forget every step in flight: after a failed transfer the group cannot run more."""
-        self._sent.clear()
-        self._received.clear()
+    def _receive(self, sent: _SentStep) -> StepLogits:
+        return _step_logits(sent.groups, self.stage.receive_logits(sent.shapes))

@@ -364,6 +364,7 @@ class Engine:
                 self._close_all(EngineClosedError("the engine stopped on an internal error"))
                 self._on_fatal(error)
             finally:
+                self._drain_steps_in_flight()
                 with self._condition:
                     abandoned_with = self._abandoned_with
                 self._close_all(abandoned_with or EngineClosedError("the server is shutting down"))
@@ -432,7 +433,6 @@ class Engine:
                     prefilled, self._prefilled = self._prefilled, []
                     self._num_held_waiting += len(arrivals)
             if closing:
-                self._drain_steps_in_flight()
                 return
             self._can_step = True
             for kv in prefilled:
@@ -557,19 +557,27 @@ class Engine:
         if depth == 1:
             return None
         scheduler = self._scheduler
-        return max(1, -(-(len(scheduler.running) + len(scheduler.waiting)) // depth))
+        # Waiting sequences count only as far as free slots could admit them.
+        runnable = min(
+            len(scheduler.running) + len(scheduler.waiting),
+            self._config.scheduler.max_num_seqs,
+        )
+        return max(1, -(-runnable // depth))
 
     def _start(self, plan: SchedulerOutput) -> None:
+        # An MLX or model error fails this step's requests, not the engine.
         try:
             proposals, rule = self._propose(plan)
-            self._runner.start(self._rows(plan, proposals))
+            rows = self._rows(plan, proposals)
         except InvariantError:
             raise
-        # An MLX or model error fails this step's requests, not the engine; the runner has
-        # dropped the steps started before it as well.
         except Exception as error:
-            self._fail_steps([plan, *(started.plan for started in self._steps_in_flight)], error)
-            self._steps_in_flight.clear()
+            self._fail_steps([plan], error)
+            return
+        try:
+            self._runner.start(rows)
+        except Exception as error:
+            self._fail_steps([plan, *self._steps_the_runner_dropped()], error)
             return
         for item in plan.scheduled:
             item.sequence.in_step = True
@@ -583,8 +591,7 @@ class Engine:
         try:
             logits = self._runner.finish()
         except Exception as error:
-            self._fail_steps([plan, *(later.plan for later in self._steps_in_flight)], error)
-            self._steps_in_flight.clear()
+            self._fail_steps([plan, *self._steps_the_runner_dropped()], error)
             return
         try:
             draws = self._draw(started, logits)
@@ -616,16 +623,23 @@ class Engine:
                 if row.sequence.status.finished:
                     break
 
+    def _steps_the_runner_dropped(self) -> list[SchedulerOutput]:
+        """After a runner error: the plans of the steps in flight the runner no longer
+        holds (it drops the oldest first), taken off the engine's list too."""
+        dropped = []
+        while len(self._steps_in_flight) > self._runner.num_started:
+            dropped.append(self._steps_in_flight.popleft().plan)
+        return dropped
+
     def _drain_steps_in_flight(self) -> None:
         """Take the logits of the steps still in flight, unsampled, so that no rank is left
         sending them when the engine stops."""
-        while self._steps_in_flight:
-            self._steps_in_flight.popleft()
+        while self._runner.num_started:
             try:
                 self._runner.finish()
-            except Exception as error:  # the runner dropped every step in flight with it
+            except Exception as error:
                 logger.warning("a step in flight failed while the engine stopped: %s", error)
-                self._steps_in_flight.clear()
+        self._steps_in_flight.clear()
 
     def _propose(self, plan: SchedulerOutput) -> tuple[tuple[DraftProposal, ...], AcceptanceRule]:
         """Prepare the KV storage for the step and draft its sequences' tokens."""

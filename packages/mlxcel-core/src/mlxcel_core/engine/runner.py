@@ -153,21 +153,26 @@ class ModelRunner:
         self.adapters = adapters
         self._started: deque[StepLogits] = deque()
 
+    @property
+    def num_started(self) -> int:
+        """Steps `start` began that `finish` has not consumed yet."""
+        return len(self._started)
+
     def start(self, rows: Sequence[RowInput]) -> None:
         """Begin a step over `rows` (as `run`); `finish` returns its logits.
 
         Raises:
-            Exception: whatever the forward pass raises; every step started before is
-                dropped with it (the engine fails them all).
+            Exception: whatever the forward pass raises: the step did not start. A runner
+                that keeps several steps in flight may have dropped some of the earlier
+                ones with it, oldest first (`num_started` says how many it still holds).
         """
-        try:
-            self._started.append(self.run(rows))
-        except Exception:
-            self._started.clear()
-            raise
+        self._started.append(self.run(rows))
 
     def finish(self) -> StepLogits:
         """The logits of the oldest step `start` began and `finish` has not returned.
+
+        The step is consumed even when this raises (its logits are lost); later ones may
+        be dropped with it, as with `start`.
 
         Raises:
             IndexError: no step is started.
