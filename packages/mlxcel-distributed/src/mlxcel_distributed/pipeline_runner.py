@@ -114,13 +114,24 @@ class PipelineRunner(LockstepRunner):
     def start(self, rows: Sequence[RowInput]) -> None:
         """Compute rank 0's layers for the step and send it down the pipeline.
 
-        A step whose logits could not be received while making room for this one is
-        dropped (`num_started`); the steps still in the pipeline stay.
+        Rank 0's own layers run outside the stage guard: an error there (an MLX
+        allocation failure, say) fails this step alone, as it would in one process. A step
+        whose logits could not be received while making room for this one is dropped
+        (`num_started`); the steps still in the pipeline stay.
 
         Raises:
-            EngineUnavailableError: a rank is gone or the step overran the stage timeout.
+            EngineUnavailableError: the group is degraded, a rank is gone, or the step
+                overran the stage timeout.
         """
-        self._guarded(lambda record: self._compute_and_send(rows, record))
+        if self._guard is not None:
+            self._guard.check()
+        lap = timed()
+        groups, passes = _stage_passes(self, rows)
+        hidden = self.stage.first_hidden(passes)
+        mx.eval(hidden, self.storage.arrays())
+        step = _SentStep(groups, [(p.tokens.shape[0], p.num_logits) for p in passes])
+        compute_seconds = lap()
+        self._guarded(lambda record: self._send(rows, step, hidden, compute_seconds, record))
 
     def finish(self) -> StepLogits:
         """The oldest started step's logits, received from the last stage if need be; the
@@ -137,21 +148,24 @@ class PipelineRunner(LockstepRunner):
         sent = self._sent.popleft()
         return self._guarded(lambda record: self._receive(sent))
 
-    def _compute_and_send(self, rows: Sequence[RowInput], record: StepRecord) -> None:
+    def _send(
+        self,
+        rows: Sequence[RowInput],
+        step: _SentStep,
+        hidden: mx.array,
+        compute_seconds: float,
+        record: StepRecord,
+    ) -> None:
         lap = timed()
-        groups, passes = _stage_passes(self, rows)
-        hidden = self.stage.first_hidden(passes)
-        mx.eval(hidden, self.storage.arrays())
         # The other stages hold steps_in_flight - 1 steps; the last one sends the oldest's
         # logits before it takes this step's message.
         while len(self._sent) >= self.steps_in_flight - 1:
             self._received.append(self._receive(self._sent.popleft()))
-        forward_seconds = lap()
+        forward_seconds = compute_seconds + lap()
         nbytes = self._channel.send(self._take_message(rows))
         channel_seconds = lap()
         self.stage.send_hidden(hidden)
-        shapes = [(p.tokens.shape[0], p.num_logits) for p in passes]
-        self._sent.append(_SentStep(groups, shapes))
+        self._sent.append(step)
         record(channel_seconds, forward_seconds + lap(), nbytes)
 
     def _receive(self, sent: _SentStep) -> StepLogits:
