@@ -65,10 +65,12 @@ def storage(tiny_safetensors) -> PagedKVStorage:
     return storage
 
 
-def make_runner(storage: PagedKVStorage) -> tuple[PipelineRunner, RecordingStage, list[str]]:
+def make_runner(
+    storage: PagedKVStorage, health: StageHealth | None = None
+) -> tuple[PipelineRunner, RecordingStage, list[str]]:
     log: list[str] = []
     stage = RecordingStage(log)
-    guard = StageGuard(StageHealth(), StageMetrics(2))
+    guard = StageGuard(health or StageHealth(), StageMetrics(2))
     return PipelineRunner(stage, storage, RecordingChannel(log), guard), stage, log
 
 
@@ -97,12 +99,13 @@ def test_rank_0_receives_the_oldest_step_before_it_sends_the_next(storage):
 
 
 def test_a_local_failure_before_the_send_fails_that_step_alone(storage):
-    runner, stage, log = make_runner(storage)
+    health = StageHealth()
+    runner, stage, log = make_runner(storage, health)
     runner.start(rows(2))
     stage.fail_compute = True
     with pytest.raises(RuntimeError, match="out of memory"):
         runner.start(rows(1))
-    assert runner._guard.health.fault is None  # no rank was lost
+    assert health.fault is None  # no rank was lost
     assert runner.num_started == 1
     assert runner.finish().last([0, 1]).shape == (2, VOCAB)
     assert log[-1] == "receive" and "message of 1 rows" not in log

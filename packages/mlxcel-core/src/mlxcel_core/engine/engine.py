@@ -87,7 +87,6 @@ class _StartedStep:
 
     plan: SchedulerOutput
     proposals: tuple[DraftProposal, ...]
-    rule: AcceptanceRule
 
 
 # A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt, images.
@@ -567,7 +566,7 @@ class Engine:
     def _start(self, plan: SchedulerOutput) -> None:
         # An MLX or model error fails this step's requests, not the engine.
         try:
-            proposals, rule = self._propose(plan)
+            proposals = self._propose(plan)
             rows = self._rows(plan, proposals)
         except InvariantError:
             raise
@@ -581,7 +580,7 @@ class Engine:
             return
         for item in plan.scheduled:
             item.sequence.in_step = True
-        self._steps_in_flight.append(_StartedStep(plan, proposals, rule))
+        self._steps_in_flight.append(_StartedStep(plan, proposals))
 
     def _finish_oldest(self) -> None:
         started = self._steps_in_flight.popleft()
@@ -641,7 +640,7 @@ class Engine:
                 logger.warning("a step in flight failed while the engine stopped: %s", error)
         self._steps_in_flight.clear()
 
-    def _propose(self, plan: SchedulerOutput) -> tuple[tuple[DraftProposal, ...], AcceptanceRule]:
+    def _propose(self, plan: SchedulerOutput) -> tuple[DraftProposal, ...]:
         """Prepare the KV storage for the step and draft its sequences' tokens."""
         kv = self._kv
         copies = kv.take_block_copies()
@@ -650,9 +649,8 @@ class Engine:
             storage.ensure_capacity(kv.num_materialized_blocks)
             storage.copy_blocks(copies)
         if self._speculation is None:
-            return tuple(DraftProposal((), None, 0) for _ in plan.scheduled), AcceptanceRule.EXACT
-        proposals = tuple(self._speculation.propose(plan.scheduled, kv))
-        return proposals, self._speculation.config.acceptance
+            return tuple(DraftProposal((), None, 0) for _ in plan.scheduled)
+        return tuple(self._speculation.propose(plan.scheduled, kv))
 
     def _rows(self, plan: SchedulerOutput, proposals: Seq[DraftProposal]) -> list[RowInput]:
         kv = self._kv
@@ -678,6 +676,11 @@ class Engine:
         plan = started.plan
         draws: list[Draw | BatchDraw] = []
         together: dict[Hashable, list[int]] = {}
+        rule = (
+            AcceptanceRule.EXACT
+            if self._speculation is None
+            else self._speculation.config.acceptance
+        )
         for i, (item, proposal) in enumerate(zip(plan.scheduled, started.proposals, strict=True)):
             sequence = item.sequence
             if sequence.num_computed + item.num_new_tokens < sequence.num_tokens:
@@ -687,7 +690,7 @@ class Engine:
                 continue
             row_logits = logits.row(i)
             draws.append(
-                draw_tokens(sequence, row_logits, proposal.token_ids, proposal.probs, started.rule)
+                draw_tokens(sequence, row_logits, proposal.token_ids, proposal.probs, rule)
             )
         for members in together.values():
             sequences = [plan.scheduled[i].sequence for i in members]
