@@ -2,10 +2,12 @@
 
 Each round runs, one after the other: one process, `--pp N` of this tree, and `--pp N` of
 the baseline tree when one is given (its `packages/*/src` and `apps/*/src` put first on
-`PYTHONPATH`, for every rank). Every process gets `OPENBLAS_NUM_THREADS=1`, so ranks that
-share a CPU do not spin on each other. The time is what `generate` reports for its
-prompts (`N prompts: ... generated in T s` on stderr); a split run whose text differs from
-one process's is reported as such.
+`PYTHONPATH`, for every rank); every second round runs the two trees in the other order,
+as the run right after the one-process run measured slower on a shared GPU (the same
+tree, twice in a row: 13.6 and 16.2 s first, 12.0 and 12.6 s second). Every process gets
+`OPENBLAS_NUM_THREADS=1`, so ranks that share a CPU do not spin on each other. The time is
+what `generate` reports for its prompts (`N prompts: ... generated in T s` on stderr); a
+split run whose text differs from one process's is reported as such.
 
     python benchmarks/pipeline_throughput.py short --rounds 2
     python benchmarks/pipeline_throughput.py long --baseline /tmp/old -- -m MODEL -no-cnv
@@ -25,6 +27,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 TEXT = Path(__file__).with_name("data") / "pride_and_prejudice_ch2_3.txt"
 SHORT_PROMPTS = (
@@ -41,6 +44,7 @@ NUM_PROMPTS = 16
 LONG_PROMPT_WORDS = 300
 LONG_PROMPT_STRIDE = 53
 WORKLOADS = {"short": 128, "long": 4}  # workload -> tokens generated per prompt
+T = TypeVar("T")
 _SUMMARY = re.compile(r"(\d+) prompts: (\d+) prompt tokens .* generated in ([0-9.]+) s")
 
 
@@ -90,16 +94,37 @@ def run_generate(
     return result.stdout, prompt_tokens, seconds
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def round_order(variants: Sequence[T], round_number: int) -> list[T]:
+    """The variants in the order round `round_number` (from 1) runs them: one process
+    first, then the others, reversed in every even round."""
+    first, rest = variants[0], list(variants[1:])
+    return [first, *(rest if round_number % 2 else rest[::-1])]
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and its arguments; what follows `--` in `argv` becomes `generate_flags`.
+
+    Exits with a usage message (status 2) on bad arguments, as argparse does.
+    """
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        usage="%(prog)s {long,short} [options] [-- generate flags]",
+    )
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("--pp", type=int, default=2, help="pipeline stages (default 2)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--baseline", type=Path, help="another source tree to run with --pp")
     parser.add_argument("--context", type=int, default=4096, help="-c for every run")
     parser.add_argument("--tokens", type=int, help="tokens per prompt (default: the workload's)")
-    parser.add_argument("generate_flags", nargs="*", help="more flags for generate (after --)")
-    args = parser.parse_args(argv)
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.generate_flags = argv[split + 1 :]
+    return parser, args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser, args = parse_args(sys.argv[1:] if argv is None else argv)
     baseline = None
     if args.baseline is not None:
         try:
@@ -116,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             variants.append((f"--pp {args.pp}, baseline", ["--pp", str(args.pp)], baseline))
         for round_number in range(1, args.rounds + 1):
             reference = None
-            for label, extra, python_path in variants:
+            for label, extra, python_path in round_order(variants, round_number):
                 text, prompt_tokens, seconds = run_generate(
                     prompts_file, tokens, [*flags, *extra], python_path
                 )

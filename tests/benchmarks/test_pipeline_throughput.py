@@ -1,5 +1,6 @@
-"""benchmarks/pipeline_throughput.py: its prompts, its reading of generate's summary, and
-the source path that runs another tree."""
+"""benchmarks/pipeline_throughput.py: its prompts, its reading of generate's summary, the
+source path that runs another tree, the order of its runs, and the flags it passes on to
+generate."""
 
 from __future__ import annotations
 
@@ -46,3 +47,22 @@ def test_a_baseline_tree_puts_its_packages_and_app_on_the_path(tmp_path) -> None
     ]
     with pytest.raises(ValueError, match="no packages"):
         pipeline_throughput.source_path(tmp_path / "apps")
+
+
+def test_the_flags_after_a_double_dash_go_to_generate() -> None:
+    argv = ["short", "--rounds", "2", "--baseline", "/tmp/old", "--", "-m", "MODEL", "-no-cnv"]
+    _, args = pipeline_throughput.parse_args(argv)
+    assert (args.workload, args.rounds, args.baseline) == ("short", 2, Path("/tmp/old"))
+    assert args.generate_flags == ["-m", "MODEL", "-no-cnv"]
+    _, args = pipeline_throughput.parse_args(["long"])
+    assert args.generate_flags == []
+    with pytest.raises(SystemExit):  # generate's flags only after the double dash
+        pipeline_throughput.parse_args(["long", "-m", "MODEL"])
+
+
+def test_the_two_trees_take_turns_after_one_process() -> None:
+    variants = ["one process", "this tree", "baseline"]
+    assert pipeline_throughput.round_order(variants, 1) == variants
+    assert pipeline_throughput.round_order(variants, 2) == ["one process", "baseline", "this tree"]
+    assert pipeline_throughput.round_order(variants, 3) == variants
+    assert pipeline_throughput.round_order(variants[:2], 2) == variants[:2]

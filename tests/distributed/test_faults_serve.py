@@ -79,8 +79,9 @@ def _metric(server: LiveServer, sample: str) -> float:
 
 
 def _assert_step_metrics(server: LiveServer) -> None:
-    """After one 4-token completion: the group's three ranks serve, and rank 0 has timed
-    every step (a prefill and three decodes at least) and counted the frames it sent."""
+    """After one 4-token completion: the group's three ranks serve, rank 0 has timed every
+    step (a prefill and three decodes at least) and counted the frames it sent, and the
+    other ranks have reported their own times of every step but the latest."""
     reply = httpx.post(
         server.url + "/v1/completions",
         json={"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0},
@@ -94,6 +95,12 @@ def _assert_step_metrics(server: LiveServer) -> None:
     assert steps >= 4 and _metric(server, "mlxcel:step_channel_seconds_count") == steps
     assert _metric(server, "mlxcel:step_forward_seconds_sum") > 0
     assert _metric(server, "mlxcel:step_channel_bytes_total") >= steps * 256 * 4
+    assert _metric(server, 'mlxcel:stage_step_seconds_count{rank="0"}') == steps
+    for follower in (1, 2):
+        # A follower's report comes back with the next step's message: the latest is due.
+        reported = _metric(server, f'mlxcel:stage_step_seconds_count{{rank="{follower}"}}')
+        assert reported == steps - 1
+        assert _metric(server, f'mlxcel:stage_step_seconds_sum{{rank="{follower}"}}') > 0
 
 
 def _serve(smollm2_path) -> LiveServer:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from mlxcel_core.engine import Engine
-from mlxcel_distributed import StageFault, StageMetrics
+from mlxcel_distributed import StageFault, StageMetrics, StageReport
 from mlxcel_models.loading.loader import load_model
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
 from mlxcel_server.stage_metrics import StageCollector
@@ -79,3 +80,29 @@ def test_metrics_show_the_ranks_step_times_and_bytes(served):
     text = _call(app, "GET", "/metrics")[2].decode()
     assert 'mlxcel:distributed_ranks{rank="2",role="follower"} 0.0' in text
     assert "mlxcel:distributed_degraded 1.0" in text
+
+
+def test_metrics_show_each_rank_s_reported_steps(served):
+    _, metrics, app = served
+    metrics.record_reports({0: StageReport(1, 0.03, 0), 2: StageReport(1, 0.2, 0)})
+    metrics.record_reports({2: StageReport(1, 0.2, 0)})  # the same step again: not counted
+    text = _call(app, "GET", "/metrics")[2].decode()
+    for line in (
+        'mlxcel:stage_step_seconds_bucket{le="0.05",rank="0"} 1.0',
+        'mlxcel:stage_step_seconds_bucket{le="0.1",rank="2"} 0.0',
+        'mlxcel:stage_step_seconds_count{rank="2"} 1.0',
+        'mlxcel:stage_step_seconds_sum{rank="2"} 0.2',
+    ):
+        assert line in text, line
+    assert 'rank="1"' not in text.split("mlxcel:stage_step_seconds")[1]  # nothing reported
+    assert "mlxcel:stage_sent_bytes" not in text  # tensor-parallel ranks send nothing on
+
+
+def test_metrics_count_the_bytes_each_pipeline_stage_sent_on():
+    pipeline = StageMetrics(2, stages_send=True)
+    pipeline.record_reports({0: StageReport(1, 0.01, 2304), 1: StageReport(1, 0.01, 196608)})
+    registry = CollectorRegistry()
+    registry.register(StageCollector(pipeline))
+    text = generate_latest(registry).decode()
+    assert 'mlxcel:stage_sent_bytes_total{rank="0"} 2304.0' in text
+    assert 'mlxcel:stage_sent_bytes_total{rank="1"} 196608.0' in text

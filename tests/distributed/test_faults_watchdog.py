@@ -11,6 +11,7 @@ import pytest
 
 from mlxcel_core.engine import EngineUnavailableError, RowInput
 from mlxcel_distributed import (
+    Sent,
     StageFault,
     StageGuard,
     StageHealth,
@@ -104,8 +105,8 @@ def test_a_failed_collective_no_watcher_names_is_an_unnamed_fault():
 def test_a_guarded_step_feeds_the_watchdog_and_records_its_measurements():
     overruns = []
     guard = StageGuard(StageHealth(), StageMetrics(3), StepWatchdog(WAIT_SECONDS, overruns.append))
-    with guard.step() as record:
-        record(0.002, 0.3, 1024)
+    with guard.step() as metrics:
+        metrics.record_step(0.002, 0.3, 1024)
     guard.check()
     snapshot = guard.metrics.snapshot()
     assert snapshot.channel_bytes == 1024 and snapshot.down_rank is None
@@ -119,8 +120,8 @@ def test_a_guarded_step_feeds_the_watchdog_and_records_its_measurements():
 def test_send_returns_the_bytes_of_its_frames():
     channel = StepChannel(mx.distributed.init())  # a group of one: rank 0 alone
     int_bytes = np.dtype(np.int32).itemsize
-    assert channel.send(Shutdown()) == FRAME_INTS * int_bytes
+    assert channel.send(Shutdown()) == Sent(FRAME_INTS * int_bytes)
     prefill = StepMessage(20, (), (RowInput(list(range(600)), list(range(20)), 0, 1),))
     rest = len(encode_message(prefill)) - (FRAME_INTS - 1)
     assert rest > 0
-    assert channel.send(prefill) == (FRAME_INTS + rest) * int_bytes
+    assert channel.send(prefill) == Sent((FRAME_INTS + rest) * int_bytes)

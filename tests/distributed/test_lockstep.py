@@ -19,8 +19,14 @@ from mlxcel_core.engine import (
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_distributed import (
+    KVPlan,
     Message,
+    Sent,
     Shutdown,
+    StageGuard,
+    StageHealth,
+    StageMetrics,
+    StageReport,
     StepMessage,
     decode_message,
     encode_message,
@@ -58,16 +64,22 @@ class ContextSumModel:
 
 
 class ListChannel:
-    """Rank 0 side: keeps every message as it would travel (encoded, decoded)."""
+    """Rank 0 side: keeps every message as it would travel (encoded, decoded); follower
+    side: reads them back in order and keeps the follower's reports."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        self.reports: list[StageReport] = []
 
-    def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Sent:
         self.messages.append(decode_message(encode_message(message)))
+        return Sent(0)
 
     def receive(self) -> Message:
         return self.messages.pop(0)
+
+    def report(self, report: StageReport) -> None:
+        self.reports.append(report)
 
 
 def _request(prompt: Sequence[int], index: int = 0) -> EngineRequest:
@@ -95,7 +107,10 @@ def test_a_follower_runs_the_same_passes_over_the_same_kv_as_rank_0():
         num_kv_blocks=64,
     )
     front_model, channel = ContextSumModel(), ListChannel()
-    engine = Engine(front_model, config, make_runner=make_lockstep_runner_factory(channel))
+    # Guarded, as a server's rank 0 is: the plan asks the follower for its reports.
+    guard = StageGuard(StageHealth(), StageMetrics(2))
+    factory = make_lockstep_runner_factory(channel, guard)
+    engine = Engine(front_model, config, make_runner=factory)
     sinks = [OutputQueue(), OutputQueue()]
     try:
         # Two choices of one 6-token prompt share its partly filled second block, copied on
@@ -111,9 +126,13 @@ def test_a_follower_runs_the_same_passes_over_the_same_kv_as_rank_0():
     finally:
         engine.shutdown(timeout=TIMEOUT)
     channel.send(Shutdown())
+    assert channel.messages[0] == KVPlan(config.num_kv_blocks, reports=True)
     steps = [m for m in channel.messages if isinstance(m, StepMessage)]
     assert any(step.copies for step in steps)
     assert any(len(step.rows) > 1 for step in steps)
     follower_model = ContextSumModel()
     assert follow_steps(follower_model, config, channel) == len(steps)
     assert follower_model.predictions == front_model.predictions
+    # One report per step, numbered in order, each timing a step that ran.
+    assert [report.steps for report in channel.reports] == list(range(1, len(steps) + 1))
+    assert all(report.seconds > 0 and report.sent_bytes == 0 for report in channel.reports)

@@ -9,9 +9,15 @@ import importlib
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
-from mlxcel_distributed.pipeline_stage import PipelineStage, make_pipeline_stage
+from mlxcel_distributed.pipeline_stage import (
+    PipelineStage,
+    append_trailer,
+    make_pipeline_stage,
+    split_trailer,
+)
 from mlxcel_models.language_model import MlxLmLanguageModel
 
 TINY = {
@@ -131,3 +137,15 @@ def test_more_ranks_than_layers_are_refused():
 def test_layer_ranges_outside_the_model_are_refused(layers):
     with pytest.raises(ValueError, match=r"non-empty contiguous range within 0\.\.3"):
         PipelineStage(make_model(CONFIGS["qwen3"]).module, layers, FakeGroup(0, 2))
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+def test_a_trailer_of_ints_rides_after_the_logits_bit_for_bit(dtype):
+    logits = mx.random.normal((3, 5)).astype(dtype)
+    # Steps, microseconds, and ints whose bytes read as NaN, infinity or subnormal floats.
+    trailer = np.array([7, 1000, 0x7FC00001, -1, 0x7F800000, 1, 2**31 - 1, 0], np.int32)
+    sent = append_trailer(logits, trailer)
+    assert sent.dtype == dtype and sent.ndim == 1
+    values, ints = split_trailer(sent, logits.size)
+    assert mx.array_equal(values.reshape(3, 5), logits)
+    np.testing.assert_array_equal(ints, trailer)

@@ -18,6 +18,7 @@ def _step(*rows: RowInput, copies: tuple[BlockCopy, ...] = ()) -> StepMessage:
     "message",
     [
         KVPlan(4097),
+        KVPlan(12, reports=True),
         Shutdown(),
         _step(RowInput([17], [1, 2], 31)),
         _step(
@@ -27,7 +28,7 @@ def _step(*rows: RowInput, copies: tuple[BlockCopy, ...] = ()) -> StepMessage:
             copies=(BlockCopy(2, 10), BlockCopy(3, 11)),
         ),
     ],
-    ids=["kv-plan", "shutdown", "decode-row", "prefill-decode-verify-copies"],
+    ids=["kv-plan", "kv-plan-reports", "shutdown", "decode-row", "prefill-decode-verify-copies"],
 )
 def test_messages_round_trip(message):
     ints = encode_message(message)

@@ -115,6 +115,7 @@ class ParallelRank:
     Attributes:
         is_front: rank 0, which runs the engine; the others follow its steps.
         size: ranks in the group.
+        stages_send: whether each rank sends its output on to the next (`--pp`).
         health: the group's faults, as rank 0 sees them.
     """
 
@@ -133,6 +134,7 @@ class ParallelRank:
         self._engine_started = False
         self.is_front = group.rank() == 0
         self.size = group.size()
+        self.stages_send = mode.stages_send
         self.health = health
 
     def prepare(self, loaded: LoadedModel) -> LoadedModel:

@@ -36,12 +36,14 @@ class ParallelMode:
             returns the model this rank runs; raises `UsageError` when it cannot.
         channel: `channel(distributed, group)`, how rank 0's step messages reach the
             others (`distributed` is the `mlxcel_distributed` package).
+        stages_send: whether each rank sends its output on to the next (a pipeline).
     """
 
     flag: str
     check_model: Callable[[ModelInventory, int], None]
     prepare: Callable[[LoadedModel, mx.distributed.Group], LoadedModel]
     channel: Callable[[ModuleType, mx.distributed.Group], Any]
+    stages_send: bool
 
 
 def _check_heads(inventory: ModelInventory, size: int) -> None:
@@ -90,10 +92,10 @@ def _pipeline_channel(distributed: ModuleType, group: mx.distributed.Group) -> A
     return distributed.PipelineChannel(group)
 
 
-TENSOR_PARALLEL = ParallelMode("--tp", _check_heads, _shard, _all_sum_channel)
+TENSOR_PARALLEL = ParallelMode("--tp", _check_heads, _shard, _all_sum_channel, False)
 """Every rank keeps a shard of every layer (`mlxcel_distributed.tensor_parallel`); each
 step's message reaches them all in one all-sum."""
 
-PIPELINE_PARALLEL = ParallelMode("--pp", _check_stages, _make_stage, _pipeline_channel)
+PIPELINE_PARALLEL = ParallelMode("--pp", _check_stages, _make_stage, _pipeline_channel, True)
 """Every rank keeps a stage of consecutive layers (`mlxcel_distributed.pipeline_stage`);
 step messages pass down the pipeline, so its stages can work on different steps."""

@@ -53,7 +53,7 @@ def guard_stages(rank: ParallelRank, state: ServerState, timeout: float, err: Te
     import mlxcel_distributed as distributed
 
     health = rank.health
-    metrics = distributed.StageMetrics(rank.size)
+    metrics = distributed.StageMetrics(rank.size, stages_send=rank.stages_send)
 
     def on_overrun(seconds: float) -> None:
         reason = f"an engine step ran past --stage-timeout ({seconds:.1f} s)"

@@ -6,7 +6,8 @@ passes over their part of the model (`lockstep`, `lockstep_roles`): a shard of e
 keep one step per stage in flight (`pipeline_runner`); `local_ranks`
 starts a group on one machine, `group` joins one however it was started.
 `stage_guard` holds rank 0's steps to the stage timeout (`watchdog`), records the
-group's faults (`stage_health`) and measures the steps (`stage_metrics`). Disaggregated
+group's faults (`stage_health`) and measures the steps (`stage_metrics`), the other
+ranks reporting their own (`stage_reports`). Disaggregated
 prefill runs prompts on a prefill rank (`disaggregate_prefill`) and hands their KV blocks
 to rank 0's engine (`disaggregate_front`, `kv_transfer`), each job held to a deadline by
 the same watchdog, and measured (`disaggregate_metrics`).
@@ -45,7 +46,8 @@ from mlxcel_distributed.pipeline_stage import (
 from mlxcel_distributed.stage_guard import StageGuard
 from mlxcel_distributed.stage_health import StageFault, StageHealth
 from mlxcel_distributed.stage_metrics import Histogram, StageMetrics, StageMetricsSnapshot
-from mlxcel_distributed.step_channel import Channel, PipelineChannel, StepChannel
+from mlxcel_distributed.stage_reports import StageReport
+from mlxcel_distributed.step_channel import Channel, PipelineChannel, Sent, StepChannel
 from mlxcel_distributed.step_messages import (
     KVPlan,
     Message,
@@ -83,6 +85,7 @@ __all__ = [
     "PrefillMetrics",
     "PrefillMetricsSnapshot",
     "PrefillWorker",
+    "Sent",
     "Shutdown",
     "StageFault",
     "StageGuard",
@@ -90,6 +93,7 @@ __all__ = [
     "StageMetrics",
     "StageMetricsSnapshot",
     "StagePass",
+    "StageReport",
     "StageRunner",
     "StepChannel",
     "StepMessage",

@@ -23,17 +23,12 @@ from mlxcel_core.engine import ModelRunner, RowInput
 from mlxcel_core.engine.runner import StepLogits
 from mlxcel_core.generate import LanguageModel
 from mlxcel_distributed.stage_guard import StageGuard, timed
+from mlxcel_distributed.stage_metrics import StageMetrics
+from mlxcel_distributed.stage_reports import StageReport
 from mlxcel_distributed.step_channel import Channel
 from mlxcel_distributed.step_messages import StepMessage
 
 T = TypeVar("T")
-
-StepRecord = Callable[[float, float, int], None]
-"""Records a step's channel seconds, forward seconds and bytes sent (`StageGuard.step`)."""
-
-
-def _unrecorded(channel_seconds: float, forward_seconds: float, nbytes: int) -> None:
-    pass
 
 
 def evaluate_step(step: StepLogits, num_rows: int, storage: PagedKVStorage) -> None:
@@ -63,6 +58,7 @@ class LockstepRunner(ModelRunner):
         self._guard = guard
         self._num_blocks = 0
         self._copies: tuple[BlockCopy, ...] = ()
+        self._num_steps = 0
 
     def prepare_storage(self, num_blocks: int, copies: Sequence[BlockCopy]) -> None:
         super().prepare_storage(num_blocks, copies)
@@ -77,24 +73,36 @@ class LockstepRunner(ModelRunner):
             EngineUnavailableError: a rank is gone or the step overran the stage timeout
                 (this step's collectives failed, or an earlier step's did).
         """
-        return self._guarded(lambda record: self._send_and_compute(rows, record))
+        return self._guarded(lambda metrics: self._send_and_compute(rows, metrics))
 
-    def _send_and_compute(self, rows: Sequence[RowInput], record: StepRecord) -> StepLogits:
+    def _send_and_compute(
+        self, rows: Sequence[RowInput], metrics: StageMetrics | None
+    ) -> StepLogits:
         lap = timed()
-        nbytes = self._channel.send(self._take_message(rows))
+        sent = self._channel.send(self._take_message(rows))
         channel_seconds = lap()
         step = self._compute(rows)
-        record(channel_seconds, lap(), nbytes)
+        forward_seconds = lap()
+        if metrics is not None:
+            metrics.record_step(channel_seconds, forward_seconds, sent.nbytes)
+            own = StageReport(self._count_step(), forward_seconds, 0)
+            metrics.record_reports({0: own, **sent.reports})
         return step
 
-    def _guarded(self, body: Callable[[StepRecord], T]) -> T:
-        """`body(record)` under the guard (see `StageGuard.step`), or unguarded without one."""
+    def _count_step(self) -> int:
+        """Rank 0's steps sent, this one included."""
+        self._num_steps += 1
+        return self._num_steps
+
+    def _guarded(self, body: Callable[[StageMetrics | None], T]) -> T:
+        """`body(metrics)` under the guard (see `StageGuard.step`), or `body(None)`
+        unguarded, without one."""
         guard = self._guard
         if guard is None:
-            return body(_unrecorded)
+            return body(None)
         guard.check()
-        with guard.step() as record:
-            return body(record)
+        with guard.step() as metrics:
+            return body(metrics)
 
     def _take_message(self, rows: Sequence[RowInput]) -> StepMessage:
         message = StepMessage(self._num_blocks, self._copies, tuple(rows))

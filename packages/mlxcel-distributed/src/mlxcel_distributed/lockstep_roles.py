@@ -14,7 +14,8 @@ from mlxcel_core.generate import LanguageModel
 from mlxcel_distributed.lockstep import LockstepRunner, evaluate_step
 from mlxcel_distributed.pipeline_runner import PipelineRunner, StageRunner
 from mlxcel_distributed.pipeline_stage import PipelineStage
-from mlxcel_distributed.stage_guard import StageGuard
+from mlxcel_distributed.stage_guard import StageGuard, timed
+from mlxcel_distributed.stage_reports import StageReport
 from mlxcel_distributed.step_channel import Channel
 from mlxcel_distributed.step_messages import KVPlan, Shutdown, StepMessage
 
@@ -27,8 +28,9 @@ def make_lockstep_runner_factory(
     channel: Channel, guard: StageGuard | None = None
 ) -> RunnerFactory:
     """The `Engine(make_runner=...)` factory of rank 0: it sends the KV plan (the number of
-    blocks the engine sized its cache to) and returns a `LockstepRunner` under `guard`
-    (None: unguarded), or for a pipeline stage a `PipelineRunner`.
+    blocks the engine sized its cache to, and under a guard a request for the other ranks'
+    reports) and returns a `LockstepRunner` under `guard` (None: unguarded), or for a
+    pipeline stage a `PipelineRunner`.
 
     The factory raises `ValueError` for a model with unfused LoRA adapters.
     """
@@ -38,7 +40,7 @@ def make_lockstep_runner_factory(
     ) -> ModelRunner:
         if adapters is not None:
             raise ValueError("lockstep ranks do not support unfused LoRA adapters")
-        channel.send(KVPlan(storage.max_blocks))
+        channel.send(KVPlan(storage.max_blocks, reports=guard is not None))
         if isinstance(model, PipelineStage):
             return PipelineRunner(model, storage, channel, guard)
         return LockstepRunner(model, storage, channel, guard)
@@ -48,7 +50,8 @@ def make_lockstep_runner_factory(
 
 def follow_steps(model: LanguageModel, config: EngineConfig, channel: Channel) -> int:
     """A follower's whole engine life: replay rank 0's profile pass, build the KV pools it
-    planned, then run each step it sends until it shuts down.
+    planned, then run each step it sends until it shuts down, reporting each step's
+    measurements back (`stage_reports`) when the plan asks for them.
 
     Args:
         model: this rank's part of the model (a shard, or a `PipelineStage`).
@@ -68,8 +71,9 @@ def follow_steps(model: LanguageModel, config: EngineConfig, channel: Channel) -
     if not isinstance(plan, KVPlan):
         raise LockstepError(f"expected the KV plan from rank 0, got {type(plan).__name__}")
     storage = make_kv_storage(config, profile, plan.num_blocks)
+    report = channel.report if plan.reports else None
     runner = (
-        StageRunner(model, storage)
+        StageRunner(model, storage, report)
         if isinstance(model, PipelineStage)
         else ModelRunner(model, storage)
     )
@@ -77,7 +81,11 @@ def follow_steps(model: LanguageModel, config: EngineConfig, channel: Channel) -
     while not isinstance(message := channel.receive(), Shutdown):
         if not isinstance(message, StepMessage):
             raise LockstepError(f"expected a step from rank 0, got {type(message).__name__}")
+        lap = timed()
         runner.prepare_storage(message.num_blocks, message.copies)
         evaluate_step(runner.run(message.rows), len(message.rows), storage)
         num_steps += 1
+        # A stage reports from within its step, as its report may travel with its output.
+        if report is not None and not isinstance(runner, StageRunner):
+            report(StageReport(num_steps, lap(), 0))
     return num_steps

@@ -14,17 +14,20 @@ on a rank that is itself waiting to send.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import ModelRunner, RowInput
 from mlxcel_core.engine.runner import StepLogits, pass_groups, pass_tokens
-from mlxcel_distributed.lockstep import LockstepRunner, StepRecord
+from mlxcel_distributed.lockstep import LockstepRunner
 from mlxcel_distributed.pipeline_stage import PipelineStage, StagePass
 from mlxcel_distributed.stage_guard import StageGuard, timed
+from mlxcel_distributed.stage_metrics import StageMetrics
+from mlxcel_distributed.stage_reports import StageReport, read_reports
 from mlxcel_distributed.step_channel import PipelineChannel
 
 
@@ -54,15 +57,35 @@ class StageRunner(ModelRunner):
     Args:
         stage: this rank's stage.
         storage: this rank's KV pools (its own layers).
+        report: takes this rank's report of each step once its output is computed, and
+            returns what to send with the output, if anything (`PipelineChannel.report`);
+            None to report nothing, each step's output then computed and sent in one
+            evaluation.
     """
 
-    def __init__(self, stage: PipelineStage, storage: PagedKVStorage) -> None:
+    def __init__(
+        self,
+        stage: PipelineStage,
+        storage: PagedKVStorage,
+        report: Callable[[StageReport], np.ndarray | None] | None = None,
+    ) -> None:
         super().__init__(stage, storage)
         self.stage = stage
+        self._report = report
+        self._num_steps = 0
 
     def run(self, rows: Sequence[RowInput]) -> StepLogits:
         groups, passes = _stage_passes(self, rows)
-        return _step_logits(groups, self.stage.run_passes(passes))
+        if self._report is None:
+            return _step_logits(groups, self.stage.run_passes(passes))
+        hidden = self.stage.receive_hidden(passes)
+        lap = timed()
+        output = self.stage.stage_output(hidden, passes)
+        mx.eval(output, self.storage.arrays())
+        self._num_steps += 1
+        report = StageReport(self._num_steps, lap(), sum(array.nbytes for array in output))
+        self.stage.send_output(output, self._report(report))
+        return _step_logits(groups, self.stage.logits_of(output, passes))
 
 
 @dataclass(frozen=True)
@@ -91,9 +114,12 @@ class PipelineRunner(LockstepRunner):
         guard: StageGuard | None = None,
     ) -> None:
         super().__init__(stage, storage, channel, guard)
+        self._channel: PipelineChannel = channel
         self.stage = stage
         self.steps_in_flight = stage.num_stages
         self._sent: deque[_SentStep] = deque()
+        # The other ranks report only to a guarded rank 0 (`make_lockstep_runner_factory`).
+        self._region_ints = 0 if guard is None else channel.region_ints
         self._received: deque[StepLogits] = deque()
 
     @property
@@ -130,8 +156,8 @@ class PipelineRunner(LockstepRunner):
         hidden = self.stage.first_hidden(passes)
         mx.eval(hidden, self.storage.arrays())
         step = _SentStep(groups, [(p.tokens.shape[0], p.num_logits) for p in passes])
-        compute_seconds = lap()
-        self._guarded(lambda record: self._send(rows, step, hidden, compute_seconds, record))
+        own = StageReport(self._count_step(), lap(), hidden.nbytes)
+        self._guarded(lambda metrics: self._send(rows, step, hidden, own, metrics))
 
     def finish(self) -> StepLogits:
         """The oldest started step's logits, received from the last stage if need be; the
@@ -146,27 +172,32 @@ class PipelineRunner(LockstepRunner):
         if not self._sent:
             raise IndexError("no step is started")
         sent = self._sent.popleft()
-        return self._guarded(lambda record: self._receive(sent))
+        return self._guarded(lambda metrics: self._receive(sent, metrics))
 
     def _send(
         self,
         rows: Sequence[RowInput],
         step: _SentStep,
         hidden: mx.array,
-        compute_seconds: float,
-        record: StepRecord,
+        own: StageReport,
+        metrics: StageMetrics | None,
     ) -> None:
         lap = timed()
         # The other stages hold steps_in_flight - 1 steps; the last one sends the oldest's
         # logits before it takes this step's message.
         while len(self._sent) >= self.steps_in_flight - 1:
-            self._received.append(self._receive(self._sent.popleft()))
-        forward_seconds = compute_seconds + lap()
-        nbytes = self._channel.send(self._take_message(rows))
+            self._received.append(self._receive(self._sent.popleft(), metrics))
+        forward_seconds = own.seconds + lap()
+        nbytes = self._channel.send(self._take_message(rows)).nbytes
         channel_seconds = lap()
         self.stage.send_hidden(hidden)
         self._sent.append(step)
-        record(channel_seconds, forward_seconds + lap(), nbytes)
+        if metrics is not None:
+            metrics.record_step(channel_seconds, forward_seconds + lap(), nbytes)
+            metrics.record_reports({0: own})
 
-    def _receive(self, sent: _SentStep) -> StepLogits:
-        return _step_logits(sent.groups, self.stage.receive_logits(sent.shapes))
+    def _receive(self, sent: _SentStep, metrics: StageMetrics | None) -> StepLogits:
+        logits, region = self.stage.receive_logits(sent.shapes, self._region_ints)
+        if metrics is not None:
+            metrics.record_reports(read_reports(region))
+        return _step_logits(sent.groups, logits)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from mlxcel_core.cache import AttentionMask, DenseKVCache, KVCache
@@ -173,19 +174,12 @@ class PipelineStage:
         """
         if self.is_first and not self.is_last:
             self.send_hidden(self.first_hidden(passes))
-            return self.receive_logits([(p.tokens.shape[0], p.num_logits) for p in passes])
+            return self.receive_logits([(p.tokens.shape[0], p.num_logits) for p in passes])[0]
         if self.is_first:
-            hidden = [self._embed(p.tokens) for p in passes]
-        else:
-            hidden = self._receive_passes(passes)
-        hidden = [self._layers_over(h, p) for h, p in zip(hidden, passes, strict=True)]
-        if not self.is_last:
-            self._send(_flatten(hidden), self.rank + 1)
-            return [self._placeholder(p) for p in passes]
-        logits = [self._logits(h, p.last_only) for h, p in zip(hidden, passes, strict=True)]
-        if not self.is_first:
-            self._send(_flatten(logits), 0)
-        return logits
+            return self.stage_output([self._embed(p.tokens) for p in passes], passes)
+        output = self.stage_output(self.receive_hidden(passes), passes)
+        self.send_output(output)
+        return self.logits_of(output, passes)
 
     def first_hidden(self, passes: Sequence[StagePass]) -> mx.array:
         """Rank 0 of a pipeline: its layers' output over every pass, flattened to
@@ -196,16 +190,54 @@ class PipelineStage:
         """Rank 0: send `first_hidden`'s output to rank 1, evaluating it."""
         self._send(hidden, 1)
 
-    def receive_logits(self, sizes: Sequence[tuple[int, int]]) -> list[mx.array]:
+    def receive_logits(
+        self, sizes: Sequence[tuple[int, int]], trailer_ints: int = 0
+    ) -> tuple[list[mx.array], np.ndarray]:
         """Rank 0: the (B, N, V) logits of passes of (B, N) `sizes`, received from the last
-        rank (evaluated)."""
+        rank (evaluated), and the `trailer_ints` int32 values it sent after them
+        (`send_output`)."""
         shapes = [(b, n, self.vocab_size) for b, n in sizes]
         last = self.num_stages - 1
-        return _split(self._receive(shapes, self.logits_dtype, last), shapes)
+        if trailer_ints == 0:
+            flat = self._receive(shapes, self.logits_dtype, last)
+            return _split(flat, shapes), np.zeros(0, dtype=np.int32)
+        num_logits = sum(b * n for b, n, _ in shapes) * self.vocab_size
+        size = num_logits + trailer_ints * np.dtype(np.int32).itemsize // self.logits_dtype.size
+        received = mx.distributed.recv((size,), self.logits_dtype, last, group=self.group)
+        mx.eval(received)
+        logits, trailer = split_trailer(received, num_logits)
+        return _split(logits.reshape(-1, self.vocab_size), shapes), trailer
 
-    def _receive_passes(self, passes: Sequence[StagePass]) -> list[mx.array]:
+    def receive_hidden(self, passes: Sequence[StagePass]) -> list[mx.array]:
+        """Ranks > 0: the (B, L, hidden size) input of each pass, received from the
+        previous rank (evaluated)."""
         shapes = [(*p.tokens.shape, self.hidden_size) for p in passes]
         return _split(self._receive(shapes, self.input_dtype, self.rank - 1), shapes)
+
+    def stage_output(
+        self, hidden: Sequence[mx.array], passes: Sequence[StagePass]
+    ) -> list[mx.array]:
+        """This rank's layers over each pass's input `hidden`, then on the last rank the
+        final norm and LM head: per pass, (B, L, hidden size) hidden states, or (B, N, V)
+        logits on the last rank; lazy, like the KV writes."""
+        output = [self._layers_over(h, p) for h, p in zip(hidden, passes, strict=True)]
+        if self.is_last:
+            output = [self._logits(h, p.last_only) for h, p in zip(output, passes, strict=True)]
+        return output
+
+    def send_output(self, output: Sequence[mx.array], trailer: np.ndarray | None = None) -> None:
+        """Ranks > 0: send `stage_output`'s output on, to the next rank or from the last
+        to rank 0, in one transfer (evaluated); the last rank may append `trailer`, int32
+        values that rank 0's `receive_logits` gives back apart."""
+        flat = _flatten(output)
+        if trailer is not None:
+            flat = append_trailer(flat, trailer)
+        self._send(flat, 0 if self.is_last else self.rank + 1)
+
+    def logits_of(self, output: Sequence[mx.array], passes: Sequence[StagePass]) -> list[mx.array]:
+        """What `run_passes` returns for `stage_output`'s output on ranks > 0: the logits
+        on the last rank, placeholders elsewhere."""
+        return list(output) if self.is_last else [self._placeholder(p) for p in passes]
 
     def _placeholder(self, stage_pass: StagePass) -> mx.array:
         zero = mx.zeros((1, 1, 1), self.logits_dtype)
@@ -247,6 +279,20 @@ def _flatten(arrays: Sequence[mx.array]) -> mx.array:
     """(B, L, W) arrays → one (sum of B * L, W) array, to send in one transfer."""
     rows = [a.reshape(-1, a.shape[-1]) for a in arrays]
     return rows[0] if len(rows) == 1 else mx.concatenate(rows)
+
+
+def append_trailer(values: mx.array, trailer: np.ndarray) -> mx.array:
+    """`values` (any shape; float32, float16 or bfloat16) and int32 `trailer` as one 1-D
+    array of `values`' dtype: its elements, then the trailer's bytes read as that dtype.
+    The copy moves bits without arithmetic, so every int comes back (`split_trailer`)."""
+    ints = mx.array(trailer.astype(np.int32, copy=False))
+    return mx.concatenate([values.reshape(-1), mx.view(ints, values.dtype)])
+
+
+def split_trailer(received: mx.array, num_values: int) -> tuple[mx.array, np.ndarray]:
+    """`append_trailer`'s inverse: the first `num_values` elements of 1-D `received`, and
+    the int32 values after them."""
+    return received[:num_values], np.array(mx.view(received[num_values:], mx.int32))
 
 
 def _split(flat: mx.array, shapes: Sequence[tuple[int, int, int]]) -> list[mx.array]:

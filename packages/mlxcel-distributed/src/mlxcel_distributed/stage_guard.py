@@ -49,9 +49,9 @@ class StageGuard:
             raise EngineUnavailableError(fault.message)
 
     @contextmanager
-    def step(self) -> Iterator[Callable[[float, float, int], None]]:
-        """Run one step's collectives under the stage timeout; yields `record(channel
-        seconds, forward seconds, bytes sent)` for the step's measurements.
+    def step(self) -> Iterator[StageMetrics]:
+        """Run one step's collectives under the stage timeout; yields the metrics to
+        record the step's measurements in.
 
         Raises:
             EngineUnavailableError: a collective of the step failed (a rank is gone).
@@ -59,7 +59,7 @@ class StageGuard:
         watching = nullcontext() if self._watchdog is None else self._watchdog.step()
         with watching:
             try:
-                yield self.metrics.record_step
+                yield self.metrics
             # The ring backend's error for a lost peer; the group cannot run steps again.
             except RuntimeError as error:
                 fault = self.health.wait_for_fault(NAMING_GRACE_SECONDS)

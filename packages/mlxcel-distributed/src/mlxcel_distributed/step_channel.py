@@ -13,25 +13,50 @@ A pipeline's ranks take the same frames point to point instead (`PipelineChannel
 sends them to rank 1, and each rank passes them on to the next as it receives them. An
 all-sum would make every stage wait for the last one to finish its step before the next
 message could pass, so no two stages could work on different steps.
+
+The first frame ends in a region where the followers report their own step times to rank
+0 (`stage_reports`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
+from mlxcel_distributed.stage_reports import (
+    StageReport,
+    read_reports,
+    region_size,
+    write_report,
+)
 from mlxcel_distributed.step_messages import Message, decode_message, encode_message
 
+# The message part of the first frame: its length, then up to FRAME_INTS - 1 of its ints.
 FRAME_INTS = 256
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What sending a message gave rank 0.
+
+    Attributes:
+        nbytes: the bytes rank 0 sent (its frames, int32).
+        reports: the followers' reports that came back with the message, by rank
+            (`StepChannel`; a `PipelineChannel` returns them with the logits instead).
+    """
+
+    nbytes: int
+    reports: dict[int, StageReport] = field(default_factory=dict)
 
 
 class StepChannel:
     """Sends messages from rank 0 of `group` and receives them on the others.
 
     Every rank must take part in each message, in the same order: rank 0 by `send`, the
-    others by `receive`.
+    others by `receive`. A follower's latest `report` goes back with the next message.
 
     Args:
         group: the tensor-parallel group.
@@ -39,28 +64,42 @@ class StepChannel:
 
     def __init__(self, group: mx.distributed.Group) -> None:
         self.group = group
+        self._region_size = region_size(group.size())
+        self._report: StageReport | None = None
 
-    def send(self, message: Message) -> int:
+    def send(self, message: Message) -> Sent:
         """Send `message` to every other rank (rank 0 only).
 
         Returns:
-            The bytes rank 0 put into the all-sums (its frames, int32).
+            The bytes rank 0 put into the all-sums, and the followers' reports added to
+            the first.
 
         Raises:
             ValueError: the message cannot be encoded (`encode_message`).
         """
-        frames = _frames(message)
-        for frame in frames:
-            self._all_sum(frame)
-        return sum(frame.nbytes for frame in frames)
+        frames = _frames(message, self._region_size)
+        summed = [self._all_sum(frame) for frame in frames]
+        region = summed[0][FRAME_INTS:]
+        return Sent(sum(frame.nbytes for frame in frames), read_reports(region))
 
     def receive(self) -> Message:
-        """The next message rank 0 sends (ranks > 0 only).
+        """The next message rank 0 sends (ranks > 0 only); this rank's latest report, if
+        any is not sent yet, goes into the same all-sum.
 
         Raises:
             ValueError: what arrived is not a message (`decode_message`).
         """
-        return _read_frames(lambda size: self._all_sum(np.zeros(size, dtype=np.int32)))
+        first = np.zeros(FRAME_INTS + self._region_size, dtype=np.int32)
+        if self._report is not None:
+            write_report(first[FRAME_INTS:], self.group.rank(), self._report)
+            self._report = None
+        return _read_frames(
+            self._all_sum(first), lambda size: self._all_sum(np.zeros(size, dtype=np.int32))
+        )
+
+    def report(self, report: StageReport) -> None:
+        """Keep this follower's report of its latest step for the next `receive`."""
+        self._report = report
 
     def _all_sum(self, ints: np.ndarray) -> np.ndarray:
         return np.array(mx.distributed.all_sum(mx.array(ints), group=self.group))
@@ -71,7 +110,9 @@ class PipelineChannel:
     rank but the last passes what it receives to the next before decoding it.
 
     Every rank must take part in each message, in the same order: rank 0 by `send`, the
-    others by `receive`.
+    others by `receive`. Every follower calls `report` once per step; the reports go back
+    to rank 0 in the last rank's transfer of the step's logits (`read_reports` decodes
+    them).
 
     Args:
         group: the pipeline's group, one stage per rank.
@@ -79,49 +120,83 @@ class PipelineChannel:
 
     def __init__(self, group: mx.distributed.Group) -> None:
         self.group = group
-        rank = group.rank()
-        self._next = rank + 1 if rank + 1 < group.size() else None
+        self._rank = group.rank()
+        self._last = group.size() - 1
+        self._region = np.zeros(region_size(group.size()), dtype=np.int32)
+        self._report: StageReport | None = None
 
-    def send(self, message: Message) -> int:
+    def send(self, message: Message) -> Sent:
         """Send `message` down the pipeline (rank 0 only).
 
         Returns:
-            The bytes rank 0 sent (its frames, int32).
+            The bytes rank 0 sent; no reports (they come with the step's logits).
 
         Raises:
             ValueError: the message cannot be encoded (`encode_message`).
         """
-        frames = _frames(message)
+        frames = _frames(message, len(self._region))
         for frame in frames:
             mx.eval(mx.distributed.send(mx.array(frame), 1, group=self.group))
-        return sum(frame.nbytes for frame in frames)
+        return Sent(sum(frame.nbytes for frame in frames))
 
     def receive(self) -> Message:
-        """The next message rank 0 sends (ranks > 0 only), passed on to the next rank.
+        """The next message rank 0 sends (ranks > 0 only), passed on to the next rank with
+        this rank's latest report, if any is not sent yet, in its slot.
 
         Raises:
             ValueError: what arrived is not a message (`decode_message`).
         """
-        return _read_frames(self._receive_frame)
+        first = self._receive_frame(FRAME_INTS + len(self._region))
+        region = first[FRAME_INTS:]
+        if self._report is not None:
+            write_report(region, self._rank, self._report)
+            self._report = None
+        if self._rank == self._last:
+            self._region = region
+        else:
+            self._pass_on(first)
+        return _read_frames(first, self._receive_and_pass_on)
+
+    def report(self, report: StageReport) -> np.ndarray | None:
+        """After each step's output is computed (ranks > 0 only): a middle rank keeps
+        `report` for the next message it passes on (None); the last rank returns the
+        reports to send to rank 0 with the step's logits (int32, `region_ints` long): its
+        own, and the middle ranks' that came down with the step's message."""
+        if self._rank != self._last:
+            self._report = report
+            return None
+        write_report(self._region, self._rank, report)
+        return self._region.copy()
+
+    @property
+    def region_ints(self) -> int:
+        """The int32 values of the reports the last rank sends with each step's logits."""
+        return len(self._region)
 
     def _receive_frame(self, size: int) -> np.ndarray:
-        source = self.group.rank() - 1
-        frame = mx.distributed.recv((size,), mx.int32, source, group=self.group)
-        mx.eval(frame)
-        if self._next is not None:
-            mx.eval(mx.distributed.send(frame, self._next, group=self.group))
+        frame = mx.distributed.recv((size,), mx.int32, self._rank - 1, group=self.group)
         return np.array(frame)
+
+    def _receive_and_pass_on(self, size: int) -> np.ndarray:
+        frame = self._receive_frame(size)
+        if self._rank != self._last:
+            self._pass_on(frame)
+        return frame
+
+    def _pass_on(self, frame: np.ndarray) -> None:
+        mx.eval(mx.distributed.send(mx.array(frame), self._rank + 1, group=self.group))
 
 
 Channel = StepChannel | PipelineChannel
 """Either way rank 0's messages reach the other ranks; both have `send` and `receive`."""
 
 
-def _frames(message: Message) -> list[np.ndarray]:
-    """The message as it travels: a frame of `FRAME_INTS` ints, its length first, and the
-    ints that do not fit it, if any."""
+def _frames(message: Message, region_ints: int) -> list[np.ndarray]:
+    """The message as it travels: a first frame of `FRAME_INTS` ints, its length first,
+    then `region_ints` zeros for the followers' reports; and the message's ints that do
+    not fit it, if any."""
     ints = encode_message(message)
-    frame = np.zeros(FRAME_INTS, dtype=np.int32)
+    frame = np.zeros(FRAME_INTS + region_ints, dtype=np.int32)
     frame[0] = len(ints)
     head = ints[: FRAME_INTS - 1]
     frame[1 : 1 + len(head)] = head
@@ -130,11 +205,11 @@ def _frames(message: Message) -> list[np.ndarray]:
     return [frame, np.asarray(ints[len(head) :], dtype=np.int32)]
 
 
-def _read_frames(receive: Callable[[int], np.ndarray]) -> Message:
-    """Decode the frames `receive(size)` returns, one call per frame."""
-    frame = receive(FRAME_INTS)
-    length = int(frame[0])
-    ints = frame[1 : 1 + min(length, FRAME_INTS - 1)].tolist()
+def _read_frames(first: np.ndarray, receive: Callable[[int], np.ndarray]) -> Message:
+    """Decode the message whose first frame is `first`, calling `receive(size)` for the
+    rest when it did not fit."""
+    length = int(first[0])
+    ints = first[1 : 1 + min(length, FRAME_INTS - 1)].tolist()
     if length > len(ints):
         ints += receive(length - len(ints)).tolist()
     return decode_message(ints)

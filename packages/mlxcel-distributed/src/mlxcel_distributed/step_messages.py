@@ -21,9 +21,16 @@ _ROW_HEADER = 4  # token count, block count, offset, logits count
 
 @dataclass(frozen=True)
 class KVPlan:
-    """The KV cache size rank 0 planned: every rank builds its pools with `num_blocks`."""
+    """What rank 0 planned before the first step.
+
+    Attributes:
+        num_blocks: the KV cache size; every rank builds its pools with it.
+        reports: whether the other ranks report their steps' measurements to rank 0
+            (`stage_reports`); rank 0 asks for them when it records metrics.
+    """
 
     num_blocks: int
+    reports: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ def encode_message(message: Message) -> list[int]:
         ValueError: a row carries LoRA adapter scales, which followers cannot replay.
     """
     if isinstance(message, KVPlan):
-        return [_KV_PLAN, message.num_blocks]
+        return [_KV_PLAN, message.num_blocks, int(message.reports)]
     if isinstance(message, Shutdown):
         return [_SHUTDOWN]
     ints = [_STEP, message.num_blocks, len(message.copies)]
@@ -80,7 +87,8 @@ def decode_message(ints: Sequence[int]) -> Message:
     reader = _Reader(ints)
     kind = reader.take(1)[0]
     if kind == _KV_PLAN:
-        message: Message = KVPlan(reader.take(1)[0])
+        num_blocks, reports = reader.take(2)
+        message: Message = KVPlan(num_blocks, bool(reports))
     elif kind == _SHUTDOWN:
         message = Shutdown()
     elif kind == _STEP:

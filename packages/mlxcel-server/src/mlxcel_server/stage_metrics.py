@@ -1,6 +1,7 @@
 """`/metrics` for a model served by several ranks: which ranks serve what, and rank 0's
-measurements of them: for a model split over ranks (`--tp`, `--pp`) its step times and
-the bytes it sends over the step channel, for disaggregated prefill (`--disaggregate`)
+measurements of them: for a model split over ranks (`--tp`, `--pp`) its step times, the
+bytes it sends over the step channel, and every rank's own step times (and under `--pp`
+bytes sent on) as the ranks report them; for disaggregated prefill (`--disaggregate`)
 each remote prefill's times and the bytes crossing the link."""
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ if TYPE_CHECKING:
 _PREFILL_RANK = 1
 
 
-def _histogram(name: str, text: str, histogram: Histogram) -> HistogramMetricFamily:
-    buckets = [
+def _buckets(histogram: Histogram) -> list[tuple[str, int]]:
+    return [
         (str(bound) if bound != float("inf") else "+Inf", count)
         for bound, count in histogram.buckets
     ]
-    return HistogramMetricFamily(name, text, buckets=buckets, sum_value=histogram.total)
+
+
+def _histogram(name: str, text: str, histogram: Histogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, text, buckets=_buckets(histogram), sum_value=histogram.total)
 
 
 def _ranks(roles: list[str], down_rank: int | None) -> Iterator[Metric]:
@@ -58,7 +62,10 @@ class StageCollector(Collector):
     `mlxcel:distributed_degraded` (1 once a rank is at fault, even one rank 0 cannot name),
     the histograms `mlxcel:step_channel_seconds` (sending each step to the other ranks) and
     `mlxcel:step_forward_seconds` (each step's sharded forward pass, collectives included),
-    and the counter `mlxcel:step_channel_bytes` (bytes rank 0 sent over the step channel).
+    the counter `mlxcel:step_channel_bytes` (bytes rank 0 sent over the step channel), the
+    histogram `mlxcel:stage_step_seconds{rank}` (each rank's own time on each step, as it
+    reports it; see `StageReport`) and, for a pipeline, the counter
+    `mlxcel:stage_sent_bytes{rank}` (the hidden states or logits each rank sent on).
     """
 
     def __init__(self, metrics: StageMetrics) -> None:
@@ -83,6 +90,24 @@ class StageCollector(Collector):
             "Bytes rank 0 sent over the step channel.",
             snapshot.channel_bytes,
         )
+        stage_seconds = HistogramMetricFamily(
+            "mlxcel:stage_step_seconds",
+            "Each rank's own time on each engine step, as the rank reports it.",
+            labels=("rank",),
+        )
+        for rank, histogram in snapshot.stage_seconds.items():
+            stage_seconds.add_metric((str(rank),), _buckets(histogram), histogram.total)
+        yield stage_seconds
+        if snapshot.stage_sent_bytes is not None:
+            sent = CounterMetricFamily(
+                "mlxcel:stage_sent_bytes",
+                "Bytes each pipeline stage sent on: hidden states to the next stage, or "
+                "the last stage's logits to rank 0.",
+                labels=("rank",),
+            )
+            for rank, nbytes in snapshot.stage_sent_bytes.items():
+                sent.add_metric((str(rank),), nbytes)
+            yield sent
 
 
 class PrefillCollector(Collector):

@@ -1,0 +1,69 @@
+"""The followers' reports reach rank 0 over real channels: three processes over the ring
+backend (loopback), with messages of one frame and of two."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ring_hostfile import write_ring_hostfile
+
+RANK_SCRIPT = Path(__file__).with_name("channel_rank.py")
+NUM_RANKS = 3
+TIMEOUT_SECONDS = 120
+
+
+def _report(rank: int, step: int) -> list[float]:
+    """What channel_rank.py's `report(rank, step)` reads back as."""
+    return [step, pytest.approx(rank / 100 + step / 1000, abs=1e-6), 10**10 * rank + step]
+
+
+def _run(tmp_path: Path, kind: str) -> list[dict[str, list[float]]]:
+    hostfile = write_ring_hostfile(tmp_path / "hosts.json", NUM_RANKS)
+    output = tmp_path / "reports.json"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(RANK_SCRIPT), kind, str(output)],
+            env={**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(NUM_RANKS)
+    ]
+    try:
+        for process in processes:
+            log, _ = process.communicate(timeout=TIMEOUT_SECONDS)
+            assert process.returncode == 0, log
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return json.loads(output.read_text())
+
+
+def test_tensor_parallel_reports_come_back_with_the_next_message(tmp_path):
+    received = _run(tmp_path, "tp")
+    assert received == [
+        {},
+        {"1": _report(1, 1), "2": _report(2, 1)},
+        {"1": _report(1, 2), "2": _report(2, 2)},
+        {"1": _report(1, 3), "2": _report(2, 3)},  # with the shutdown
+    ]
+
+
+def test_pipeline_reports_come_back_after_each_step(tmp_path):
+    received = _run(tmp_path, "pp")
+    # The last rank reports the step it ran; the middle rank's latest report passed down
+    # with the step's message, so it is a step behind.
+    assert received == [
+        {"2": _report(2, 1)},
+        {"1": _report(1, 1), "2": _report(2, 2)},
+        {"1": _report(1, 2), "2": _report(2, 3)},
+        {},
+    ]
