@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Per follower: steps run, microseconds of the latest, and its bytes sent in two halves
-# (int32 holds neither a long prefill's logits' bytes nor hours of microseconds summed).
+# Per follower: steps run, microseconds of the latest, and its bytes sent in two halves (a
+# step's logits for every position of a long prefill can pass what one int32 holds).
 REPORT_INTS = 4
 _HALF = 1 << 31
 _MAX_MICROSECONDS = _HALF - 1
