@@ -33,6 +33,7 @@ from mlxcel_distributed import (
     follow_steps,
     make_lockstep_runner_factory,
 )
+from mlxcel_distributed.lockstep import asks_for_reports
 
 VOCAB = 97
 TIMEOUT = 30.0
@@ -136,3 +137,9 @@ def test_a_follower_runs_the_same_passes_over_the_same_kv_as_rank_0():
     # One report per step, numbered in order, each timing a step that ran.
     assert [report.steps for report in channel.reports] == list(range(1, len(steps) + 1))
     assert all(report.seconds > 0 and report.sent_bytes == 0 for report in channel.reports)
+
+
+def test_rank_0_asks_for_reports_only_where_its_metrics_are_read():
+    assert asks_for_reports(StageGuard(StageHealth(), StageMetrics(2)))
+    assert not asks_for_reports(StageGuard(StageHealth(), StageMetrics(2), reports=False))
+    assert not asks_for_reports(None)

@@ -404,7 +404,9 @@ def _serve(
     make_runner = (
         None
         if rank is None
-        else rank.make_runner(guard_stages(rank, state, args.stage_timeout, err))
+        else rank.make_runner(
+            guard_stages(rank, state, args.stage_timeout, err, reports=args.metrics)
+        )
     )
     app = create_app(state, settings)
     config = Config()

@@ -45,10 +45,13 @@ def check_stage_timeout(args: argparse.Namespace) -> None:
         raise UsageError(f"--stage-timeout must be > 0 seconds, got {args.stage_timeout}")
 
 
-def guard_stages(rank: ParallelRank, state: ServerState, timeout: float, err: TextIO) -> StageGuard:
+def guard_stages(
+    rank: ParallelRank, state: ServerState, timeout: float, err: TextIO, *, reports: bool
+) -> StageGuard:
     """The stage guard of rank 0's engine: a step past `timeout` seconds counts as a hung
     rank; a fault degrades `state` once it serves (ending the requests in flight, though
-    the engine thread may stay blocked), and `/metrics` shows the group.
+    the engine thread may stay blocked), and `/metrics` shows the group, with the other
+    ranks' own step times when `reports` (the metrics are served).
     """
     import mlxcel_distributed as distributed
 
@@ -62,7 +65,7 @@ def guard_stages(rank: ParallelRank, state: ServerState, timeout: float, err: Te
     _degrade_on_fault(health, state, err)
     state.add_collector(StageCollector(metrics))
     watchdog = distributed.StepWatchdog(timeout, on_overrun)
-    return distributed.StageGuard(health, metrics, watchdog)
+    return distributed.StageGuard(health, metrics, watchdog, reports=reports)
 
 
 def guard_prefill(

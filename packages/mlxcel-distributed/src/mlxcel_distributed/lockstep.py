@@ -31,6 +31,12 @@ from mlxcel_distributed.step_messages import StepMessage
 T = TypeVar("T")
 
 
+def asks_for_reports(guard: StageGuard | None) -> bool:
+    """Whether rank 0 under `guard` asks the other ranks to report their steps (the KV
+    plan says so); unguarded, it records nothing to report into."""
+    return guard is not None and guard.reports
+
+
 def evaluate_step(step: StepLogits, num_rows: int, storage: PagedKVStorage) -> None:
     """Evaluate a step's logits and KV writes together, as every rank must."""
     mx.eval([step.row(i) for i in range(num_rows)], storage.arrays())

@@ -11,7 +11,7 @@ from mlxcel_core.engine import EngineConfig, ModelRunner, RunnerFactory
 from mlxcel_core.engine.config import make_kv_storage
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.generate import LanguageModel
-from mlxcel_distributed.lockstep import LockstepRunner, evaluate_step
+from mlxcel_distributed.lockstep import LockstepRunner, asks_for_reports, evaluate_step
 from mlxcel_distributed.pipeline_runner import PipelineRunner, StageRunner
 from mlxcel_distributed.pipeline_stage import PipelineStage
 from mlxcel_distributed.stage_guard import StageGuard, timed
@@ -28,8 +28,8 @@ def make_lockstep_runner_factory(
     channel: Channel, guard: StageGuard | None = None
 ) -> RunnerFactory:
     """The `Engine(make_runner=...)` factory of rank 0: it sends the KV plan (the number of
-    blocks the engine sized its cache to, and under a guard a request for the other ranks'
-    reports) and returns a `LockstepRunner` under `guard` (None: unguarded), or for a
+    blocks the engine sized its cache to, and whether the other ranks report their steps:
+    `asks_for_reports`) and returns a `LockstepRunner` under `guard` (None: unguarded), or for a
     pipeline stage a `PipelineRunner`.
 
     The factory raises `ValueError` for a model with unfused LoRA adapters.
@@ -40,7 +40,7 @@ def make_lockstep_runner_factory(
     ) -> ModelRunner:
         if adapters is not None:
             raise ValueError("lockstep ranks do not support unfused LoRA adapters")
-        channel.send(KVPlan(storage.max_blocks, reports=guard is not None))
+        channel.send(KVPlan(storage.max_blocks, reports=asks_for_reports(guard)))
         if isinstance(model, PipelineStage):
             return PipelineRunner(model, storage, channel, guard)
         return LockstepRunner(model, storage, channel, guard)

@@ -23,7 +23,7 @@ import numpy as np
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import ModelRunner, RowInput
 from mlxcel_core.engine.runner import StepLogits, pass_groups, pass_tokens
-from mlxcel_distributed.lockstep import LockstepRunner
+from mlxcel_distributed.lockstep import LockstepRunner, asks_for_reports
 from mlxcel_distributed.pipeline_stage import PipelineStage, StagePass
 from mlxcel_distributed.stage_guard import StageGuard, timed
 from mlxcel_distributed.stage_metrics import StageMetrics
@@ -118,8 +118,8 @@ class PipelineRunner(LockstepRunner):
         self.stage = stage
         self.steps_in_flight = stage.num_stages
         self._sent: deque[_SentStep] = deque()
-        # The other ranks report only to a guarded rank 0 (`make_lockstep_runner_factory`).
-        self._region_ints = 0 if guard is None else channel.region_ints
+        # As the KV plan told the other ranks (`make_lockstep_runner_factory`).
+        self._region_ints = channel.region_ints if asks_for_reports(guard) else 0
         self._received: deque[StepLogits] = deque()
 
     @property

@@ -32,13 +32,22 @@ class StageGuard:
         health: the group's health; its fault ends every later step at once.
         metrics: where step times and step-channel bytes are recorded.
         watchdog: holds each step to the stage timeout; None for no timeout.
+        reports: whether to ask the other ranks for their own step times
+            (`stage_reports`); worth their small cost per step only where the metrics are
+            read.
     """
 
     def __init__(
-        self, health: StageHealth, metrics: StageMetrics, watchdog: StepWatchdog | None = None
+        self,
+        health: StageHealth,
+        metrics: StageMetrics,
+        watchdog: StepWatchdog | None = None,
+        *,
+        reports: bool = True,
     ) -> None:
         self.health = health
         self.metrics = metrics
+        self.reports = reports
         self._watchdog = watchdog
         health.add_listener(lambda fault: metrics.record_down(fault.rank))
 

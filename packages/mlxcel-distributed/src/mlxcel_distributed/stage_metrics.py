@@ -109,10 +109,11 @@ class StageMetrics:
 
     def record_reports(self, reports: Mapping[int, StageReport]) -> None:
         """Add each rank's report (rank 0's own included) of a step not recorded yet; a
-        report of a step already recorded (the same `steps`) is skipped."""
+        report of a step already recorded (the same `steps`), or of a rank outside the
+        group, is skipped."""
         with self._lock:
             for rank, report in reports.items():
-                if report.steps <= self._stage_steps[rank]:
+                if not 0 <= rank < self.group_size or report.steps <= self._stage_steps[rank]:
                     continue
                 self._stage_steps[rank] = report.steps
                 self._stage_seconds[rank].observe(report.seconds)

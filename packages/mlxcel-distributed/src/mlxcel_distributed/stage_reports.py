@@ -49,7 +49,7 @@ def region_size(group_size: int) -> int:
 
 def write_report(region: np.ndarray, rank: int, report: StageReport) -> None:
     """Put `report` in follower `rank`'s slot of `region` (int32, `region_size` long)."""
-    microseconds = min(round(report.seconds * 1e6), _MAX_MICROSECONDS)
+    microseconds = min(max(round(report.seconds * 1e6), 0), _MAX_MICROSECONDS)
     high, low = divmod(report.sent_bytes, _HALF)
     start = REPORT_INTS * (rank - 1)
     region[start : start + REPORT_INTS] = (report.steps, microseconds, high, low)

@@ -65,7 +65,7 @@ class StageCollector(Collector):
     the counter `mlxcel:step_channel_bytes` (bytes rank 0 sent over the step channel), the
     histogram `mlxcel:stage_step_seconds{rank}` (each rank's own time on each step, as it
     reports it; see `StageReport`) and, for a pipeline, the counter
-    `mlxcel:stage_sent_bytes{rank}` (the hidden states or logits each rank sent on).
+    `mlxcel:stage_sent_bytes_total{rank}` (the hidden states or logits each rank sent on).
     """
 
     def __init__(self, metrics: StageMetrics) -> None:
