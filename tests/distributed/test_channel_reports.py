@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from ring_hostfile import write_ring_hostfile
+from ring_ranks import run_ranks, write_ring_hostfile
 
 RANK_SCRIPT = Path(__file__).with_name("channel_rank.py")
 NUM_RANKS = 3
@@ -25,25 +24,11 @@ def _report(rank: int, step: int) -> list[float]:
 def _run(tmp_path: Path, kind: str) -> list[dict[str, list[float]]]:
     hostfile = write_ring_hostfile(tmp_path / "hosts.json", NUM_RANKS)
     output = tmp_path / "reports.json"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), kind, str(output)],
-            env={**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    environments = [
+        {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
         for rank in range(NUM_RANKS)
     ]
-    try:
-        for process in processes:
-            log, _ = process.communicate(timeout=TIMEOUT_SECONDS)
-            assert process.returncode == 0, log
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    run_ranks([sys.executable, str(RANK_SCRIPT), kind, str(output)], environments, TIMEOUT_SECONDS)
     return json.loads(output.read_text())
 
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ring_hostfile import write_ring_hostfile
+from ring_ranks import run_ranks, write_ring_hostfile
 
 RANK_SCRIPT = Path(__file__).with_name("pipeline_rank.py")
 NUM_MODEL_LAYERS = 30
@@ -32,26 +31,7 @@ def run_script(
     # Several processes share few cores here: one BLAS thread each, so none spins waiting.
     base = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     command = [sys.executable, str(RANK_SCRIPT), str(output), "--cache", cache, *options]
-    processes = []
-    try:
-        for extra in ranks:
-            processes.append(
-                subprocess.Popen(
-                    command,
-                    env={**base, **extra},
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
-        for process in processes:
-            log, _ = process.communicate(timeout=TIMEOUT_SECONDS)
-            assert process.returncode == 0, log
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    run_ranks(command, [{**base, **extra} for extra in ranks], TIMEOUT_SECONDS)
     return dict(np.load(output))
 
 
