@@ -23,6 +23,7 @@ it reports:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -94,14 +95,24 @@ def stored(cache_type: str, x: mx.array) -> mx.array:
     """(1, H, T, D) keys or values as a paged cache of `cache_type` gives them back, the T
     positions written as one row."""
     _, H, T, D = x.shape
-    num_blocks = math.ceil(T / BLOCK_SIZE) + 1
-    geometry = LayerGeometry(num_kv_heads=H, key_dim=D, value_dim=D, dtype=x.dtype)
-    storage = PagedKVStorage([geometry], BLOCK_SIZE, num_blocks, cache_type_k=cache_type)
-    storage.ensure_capacity(num_blocks)
-    batch = PagedBatch([BatchRow(list(range(1, num_blocks)), 0, T)], BLOCK_SIZE)
+    storage, batch = _one_row_storage(cache_type, H, T, D, x.dtype)
     rows = x[0].transpose(1, 0, 2)
     storage.write(0, batch.write_slots, rows, rows, batch.anchors)
     return storage.gather(0, batch.read_slots, batch.anchors)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def _one_row_storage(
+    cache_type: str, heads: int, length: int, dim: int, dtype: mx.Dtype
+) -> tuple[PagedKVStorage, PagedBatch]:
+    """A one-layer paged storage of `cache_type` and one row of `length` positions over
+    it; kept, as making a storage makes (and compiles) its codecs, and every write of the
+    row overwrites all of it."""
+    num_blocks = math.ceil(length / BLOCK_SIZE) + 1
+    geometry = LayerGeometry(num_kv_heads=heads, key_dim=dim, value_dim=dim, dtype=dtype)
+    storage = PagedKVStorage([geometry], BLOCK_SIZE, num_blocks, cache_type_k=cache_type)
+    storage.ensure_capacity(num_blocks)
+    return storage, PagedBatch([BatchRow(list(range(1, num_blocks)), 0, length)], BLOCK_SIZE)
 
 
 def split_types(cache_type: str) -> tuple[str, str]:
