@@ -2,12 +2,15 @@
 
 import io
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from mlxcel import serve_command
 from mlxcel.cli import main, make_parser
 from mlxcel.flags import UsageError, resolve_defaults
 from mlxcel.serve_command import FLAGS, settings_from
+from mlxcel.store_flags import resolve_store_flags
 
 
 def settings(argv, environ):
@@ -46,3 +49,28 @@ def test_a_port_in_use_is_reported_before_serving(tiny_gguf):
     assert code == 1
     assert err.getvalue().startswith(f"mlxcel: error: cannot listen on 127.0.0.1:{port}")
     assert "listening" not in err.getvalue()
+
+
+def test_chat_template_flags_replace_the_models_template_for_every_request(tiny_gguf, tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
+    args = make_parser("serve").parse_args(
+        ["serve", "-m", str(tiny_gguf), "--chat-template-file", str(template)]
+    )
+    resolve_defaults(args, FLAGS, {})
+    resolve_store_flags(args, {})
+    load = serve_command._loader(args, settings_from(args), io.StringIO())
+    # On a thread of its own, as the server loads: it sets up that thread's MLX stream.
+    with ThreadPoolExecutor(1) as pool:
+        loaded, _, _ = pool.submit(load).result()
+    rendered = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert rendered == "<<hi>>"
+
+
+def test_an_unknown_chat_template_name_stops_the_server_before_loading(tiny_gguf):
+    err = io.StringIO()
+    argv = ["serve", "-m", str(tiny_gguf), "--chat-template", "no-such-template"]
+    assert main(argv, environ={}, out=io.StringIO(), err=err) == 2
+    assert err.getvalue().count("\n") == 1 and "chat_template must be a built-in name" in (
+        err.getvalue()
+    )

@@ -17,6 +17,7 @@ from mlxcel_core.engine import (
     EngineRequest,
     OutputQueue,
     RequestCancelledError,
+    SchedulerConfig,
 )
 from mlxcel_core.generate import FinishReason, GenerationConfig
 from mlxcel_core.sampling import SamplingParams
@@ -162,6 +163,23 @@ def test_full_waiting_queue_raises_overloaded_with_a_retry_hint():
             engine.submit([make_request()], OutputQueue())
         assert caught.value.retry_after_seconds == 3
         assert engine.num_waiting == 2 and engine.num_running == 1
+    finally:
+        gate.release(100)
+        engine.shutdown(timeout=TIMEOUT)
+
+
+def test_a_burst_on_an_idle_engine_fills_the_free_slots_before_the_queue():
+    config = EngineConfig(SchedulerConfig(max_num_seqs=2), max_waiting=2)
+    engine, _, gate = gated_engine(config)
+    try:
+        sinks = [OutputQueue() for _ in range(4)]
+        for sink in sinks:  # two run at once, two wait
+            engine.submit([make_request()], sink)
+        with pytest.raises(EngineOverloadedError, match="2 requests are waiting"):
+            engine.submit([make_request()], OutputQueue())
+        gate.release(100)
+        for sink in sinks:
+            assert drain(sink, 1)[-1].finish_reason is FinishReason.LENGTH
     finally:
         gate.release(100)
         engine.shutdown(timeout=TIMEOUT)

@@ -103,6 +103,28 @@ def test_completions_with_prompt_list_n_and_echo(client):
     assert events[0]["choices"][0]["text"].startswith("hello") and events[-1] == "[DONE]"
 
 
+def test_completions_take_token_id_prompts_as_openai_does(client):
+    ids = client.post("/tokenize", {"content": "hello"}).json()["tokens"]
+    greedy = {"temperature": 0, "max_tokens": 3}
+    by_text = client.post("/v1/completions", {"prompt": "hello", **greedy}).json()
+    by_ids = client.post("/v1/completions", {"prompt": ids, "echo": True, **greedy}).json()
+    assert by_ids["choices"][0]["text"] == "hello" + by_text["choices"][0]["text"]
+    assert by_ids["usage"] == by_text["usage"]
+    both = client.post("/v1/completions", {"prompt": [ids, ids], **greedy}).json()
+    assert [c["text"] for c in both["choices"]] == [by_text["choices"][0]["text"]] * 2
+    assert_error(client.post("/v1/completions", {"prompt": [ids, [10**6]]}), 400, "prompt[1]")
+    assert_error(client.post("/v1/completions", {"prompt": [10**6]}), 400, "prompt")
+    assert_error(client.post("/v1/completions", {"prompt": [[]]}), 400, "prompt[0]")
+
+
+def test_more_prompts_than_the_queue_holds_names_the_prompts(make_client, tiny_loaded):
+    client = make_client(engine=Engine(tiny_loaded.model, EngineConfig(max_waiting=2)))
+    reply = client.post("/v1/completions", {"prompt": ["a", "b", "c"], "max_tokens": 1})
+    assert_error(reply, 400, "prompt", text="3 prompts of 1 choices each make 3 sequences")
+    reply = client.post("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 1})
+    assert reply.status == 200
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "text"),
     [
@@ -166,6 +188,9 @@ def test_body_errors(client):
     assert_error(client.post(CHAT, data=lone_surrogate, headers=json_headers), 400)
     deep = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     assert_error(client.post(CHAT, data=deep, headers=json_headers), 400, text="nested too deeply")
+    # Python refuses to convert an integer of over 4,300 digits (CVE-2020-10735).
+    huge = b'{"messages": [], "max_tokens": ' + b"9" * 4301 + b"}"
+    assert_error(client.post(CHAT, data=huge, headers=json_headers), 400, text="not valid JSON")
     assert_error(client.get("/nowhere"), 404)
 
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from mlxcel_server.schemas import ToolCall
 from mlxcel_server.tool_calls import (
     ParsedReply,
     ParsedToolCall,
@@ -47,6 +48,9 @@ def test_hermes_unclosed_last_call_and_string_arguments():
         '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
         f"<tool_call>{PARIS}</tool_call><tool_call>oops</tool_call>",
         "no calls at all ",
+        # Python refuses to convert an integer of over 4,300 digits: not a call either.
+        '<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 4301 + "}}</tool_call>",
+        '<tool_call>{"name": "f", "arguments": "{\\"x\\": ' + "9" * 4301 + '}"}</tool_call>',
     ],
 )
 def test_hermes_malformed_markup_is_plain_text(text):
@@ -98,3 +102,15 @@ def test_stream_llama3_holds_json_and_passes_prose():
     json_call = ToolCallStream(ToolCallFormat.LLAMA3_JSON)
     assert feed_chars(json_call, '<|python_tag|>{"name": "f", "parameters": {}}') == ""
     assert json_call.finish().tool_calls == (ParsedToolCall("f", "{}"),)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [('{"city": "Paris"}', {"city": "Paris"}), ("{not json", "{not json"),
+     ('{"x": ' + "9" * 4301 + "}", '{"x": ' + "9" * 4301 + "}")],
+)  # fmt: skip
+def test_request_tool_call_arguments_reach_templates_as_objects_where_they_parse(
+    arguments, expected
+):
+    tool_call = ToolCall(id="c1", type="function", function={"name": "f", "arguments": arguments})
+    assert tool_call.template_dict()["function"]["arguments"] == expected

@@ -11,14 +11,17 @@ from typing import Any
 from mlxcel.flags import Flag, InputError, UsageError, pick_one
 from mlxcel_models.tokenizer import Tokenizer, resolve_chat_template
 
-CHAT_FLAGS = (
-    Flag(("-sys", "--system-prompt"), "system_prompt", str, None,
-         "system message for the chat template"),
+TEMPLATE_FLAGS = (
     Flag(("--chat-template",), "chat_template", str, None,
          "a built-in template name or Jinja text (default: the model's own)",
          env="LLAMA_ARG_CHAT_TEMPLATE"),
     Flag(("--chat-template-file",), "chat_template_file", str, None,
          "read the Jinja chat template from a file", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
+)  # fmt: skip
+CHAT_FLAGS = (
+    Flag(("-sys", "--system-prompt"), "system_prompt", str, None,
+         "system message for the chat template"),
+    *TEMPLATE_FLAGS,
 )  # fmt: skip
 
 

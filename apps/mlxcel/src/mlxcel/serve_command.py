@@ -25,6 +25,7 @@ from hypercorn.config import Config
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.audio_flags import AUDIO_FLAGS, serving_audio, speech_model_paths
 from mlxcel.autotune_settings import apply_autotune
+from mlxcel.chat_prompt import TEMPLATE_FLAGS, chat_template_from
 from mlxcel.disaggregate_flags import (
     DISAGGREGATE_FLAG,
     DisaggregatedRank,
@@ -120,6 +121,7 @@ FLAGS = (
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
     *SERVER_FLAGS,
+    *TEMPLATE_FLAGS,
     *AUDIO_FLAGS,
     *MEDIA_FLAGS,
     *SAMPLING_FLAGS,
@@ -243,13 +245,17 @@ def _loader(
 ) -> Callable[[], Models]:
     """Checks that the models fit in memory (`check_memory`, its estimate on `err`), then
     loads the model and adapters the flags name (keeping `rank`'s part of it under
-    `--tp`/`--pp`), then the draft model, on the calling thread's stream, then the speech models.
+    `--tp`/`--pp`, its chat template replaced by `--chat-template(-file)`'s), then the
+    draft model, on the calling thread's stream, then the speech models.
 
     Raises:
-        UsageError: the adapter or speech flags conflict.
-        InputError: an adapter folder, the draft model or a speech model does not exist.
+        UsageError: the adapter, chat template or speech flags conflict, or the template
+            name is unknown.
+        InputError: an adapter folder, the template file, the draft model or a speech
+            model does not exist.
         SurgeryError: the `--surgery` file cannot be read or is invalid.
     """
+    template = chat_template_from(args)
     adapters = adapter_specs_from(args)
     check_draft_model_path(args)
     surgery = surgery_plan_from(args)
@@ -259,6 +265,8 @@ def _loader(
         check_memory(args, err)
         with thread_stream():
             loaded = load_target_model(args, adapters, surgery)
+            if template is not None:
+                loaded.tokenizer.chat_template = template
             if rank is not None:
                 loaded = rank.prepare(loaded)
             draft = load_draft_model(args, loaded)

@@ -65,7 +65,7 @@ class ToolCall(_Strict):
         (templates such as Qwen's write them with `tojson`)."""
         try:
             arguments = json.loads(self.function.arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             arguments = self.function.arguments
         return {
             "id": self.id,
@@ -273,9 +273,12 @@ class ChatCompletionRequest(GenerationFields):
 
 
 class CompletionRequest(GenerationFields):
-    """A completion; `logprobs` (0-5) counts the alternatives reported per token."""
+    """A completion; `logprobs` (0-5) counts the alternatives reported per token.
 
-    prompt: str | list[str]
+    `prompt` is one prompt (text, or token ids used as they are) or a list of them.
+    """
+
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
 

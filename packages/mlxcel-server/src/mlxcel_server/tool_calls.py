@@ -83,7 +83,7 @@ def _make_call(data: object, arguments_key: str) -> ParsedToolCall | None:
         # Some models write the arguments as JSON text rather than an object.
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
@@ -93,7 +93,7 @@ def _make_call(data: object, arguments_key: str) -> ParsedToolCall | None:
 def _loads(text: str) -> object:
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
         return None
 
 

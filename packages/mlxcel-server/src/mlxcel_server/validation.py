@@ -100,7 +100,7 @@ async def _json_body() -> object:
         body = json.loads(data)
         # A lone surrogate escape ("\ud800") parses, but is no text a tokenizer can take.
         json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except (UnicodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # also UnicodeError, and an integer of over 4,300 digits
         raise invalid(f"the request body is not valid JSON: {error}") from error
     except RecursionError as error:
         raise invalid("the request body is not valid JSON: it is nested too deeply") from error

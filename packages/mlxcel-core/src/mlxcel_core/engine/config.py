@@ -29,7 +29,8 @@ class EngineConfig:
             cache may take together, in (0, 1].
         device_memory: the device's memory (bytes); None asks MLX (RAM on the CPU).
         enable_prefix_caching: reuse the KV of full blocks seen before.
-        max_waiting: most sequences waiting to run; a submission that would exceed it
+        max_waiting: most sequences waiting to run, beyond those the free running slots
+            (`scheduler.max_num_seqs`) take at once; a submission that would exceed it
             raises `EngineOverloadedError`.
         retry_after_seconds: the retry hint carried by `EngineOverloadedError`.
         max_consecutive_failures: failing steps in a row after which the engine stops.

@@ -274,10 +274,12 @@ class Engine:
         with self._condition:
             if self._closing:
                 raise EngineClosedError("the engine is shutting down")
-            waiting = len(self._inbox) + self._num_held_waiting
+            # Sequences that free running slots will take at once do not wait in the queue.
+            free_slots = max(0, self._config.scheduler.max_num_seqs - self._stats.num_running)
+            waiting = len(self._inbox) + self._num_held_waiting - free_slots
             if waiting + len(requests) > self._config.max_waiting:
                 raise EngineOverloadedError(
-                    f"the server is busy: {waiting} requests are waiting "
+                    f"the server is busy: {max(0, waiting)} requests are waiting "
                     f"(limit {self._config.max_waiting}); retry later",
                     retry_after_seconds=self._config.retry_after_seconds,
                 )

@@ -153,9 +153,17 @@ def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+# The sampler computes in float32: a larger magnitude would become infinite there.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _is_float32_finite(value: object) -> bool:
+    return _is_number(value) and math.isfinite(value) and abs(value) <= FLOAT32_MAX
+
+
 def _check_finite(name: str, value: object) -> None:
-    if not _is_number(value) or not math.isfinite(value):
-        _fail(name, "a finite number", value)
+    if not _is_float32_finite(value):
+        _fail(name, f"a finite number of magnitude <= {FLOAT32_MAX:.7g}", value)
 
 
 def _check_positive(name: str, value: object, *, allow_zero: bool) -> None:
@@ -178,8 +186,10 @@ def _check_logit_bias(logit_bias: Mapping[int, float]) -> None:
     for token, bias in logit_bias.items():
         if not _is_int(token) or token < 0:
             _fail("logit_bias token id", "an integer >= 0", token)
-        if not _is_number(bias) or math.isnan(bias) or bias == math.inf:
-            _fail(f"logit_bias[{token}]", "a finite number or -inf", bias)
+        if not (_is_float32_finite(bias) or bias == -math.inf):
+            _fail(
+                f"logit_bias[{token}]", f"-inf or a number of magnitude <= {FLOAT32_MAX:.7g}", bias
+            )
 
 
 @dataclass(frozen=True)

@@ -192,11 +192,16 @@ class Tokenizer:
 
     @property
     def chat_template(self) -> str | None:
-        """The model's default chat template (Jinja), or None when it ships none."""
+        """The default chat template (Jinja): the model's own, or None when it ships none,
+        until one is set in its place."""
         template = self._hf.chat_template
         if isinstance(template, dict):
             return template.get("default")
         return template
+
+    @chat_template.setter
+    def chat_template(self, template: str) -> None:
+        self._hf.chat_template = template
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special tokens written in the text are matched whole.

@@ -18,15 +18,62 @@ from mlxcel_server.responses import Completion, CompletionChoice, make_timings, 
 from mlxcel_server.schemas import CompletionRequest
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import DONE, encode_event, sse_response
-from mlxcel_server.state import ServerState
+from mlxcel_server.state import ServerState, ServingModel
 from mlxcel_server.validation import parse_body
 
 
-def _prompts(body: CompletionRequest) -> list[str]:
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if not prompts:
-        raise invalid("prompt must be a string or a non-empty list of strings", "prompt")
-    return prompts
+def _prompts(body: CompletionRequest) -> tuple[list[str] | list[list[int]], bool]:
+    """The request's prompts (texts, or token-id lists), and whether it gave one prompt
+    rather than a list of them."""
+    prompt = body.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt], True
+    if not prompt:
+        raise invalid(
+            "prompt must be a string, a list of token ids, or a non-empty list of either",
+            "prompt",
+        )
+    return prompt, False
+
+
+def _check_group_size(num_prompts: int, n: int, model: ServingModel) -> None:
+    """Raises: ApiError: 400 for more prompts, times `n`, than the waiting queue holds,
+    before any prompt is tokenized."""
+    limit = model.engine.config.max_waiting
+    if num_prompts > 1 and num_prompts * n > limit:
+        raise invalid(
+            f"prompt: {num_prompts} prompts of {n} choices each make {num_prompts * n} "
+            f"sequences; a request may hold at most {limit} (the server's --max-queue)",
+            "prompt",
+        )
+
+
+def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise invalid(
+            f"{param}: token ids {bad[:8]} are outside the vocabulary [0, {vocab_size})", param
+        )
+
+
+async def _prompt_ids(
+    prompts: list[str] | list[list[int]], tokenizer: Tokenizer, single: bool
+) -> tuple[list[list[int]], list[str]]:
+    """Each prompt's token ids and its text (what `echo` repeats).
+
+    Raises:
+        ApiError: 400 for a token id outside the vocabulary.
+    """
+    ids, texts = [], []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            ids.append(await asyncio.to_thread(tokenizer.encode, prompt))
+            texts.append(prompt)
+        else:
+            _check_token_ids(prompt, tokenizer.vocab_size, "prompt" if single else f"prompt[{i}]")
+            ids.append(list(prompt))
+            texts.append(await asyncio.to_thread(tokenizer.decode, prompt))
+    return ids, texts
 
 
 def _chunk(prepared: generation.Prepared, choices: list[CompletionChoice]) -> Completion:
@@ -91,17 +138,19 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         body = await parse_body(CompletionRequest)
         model = state.require_model()
         generation.check_model_name(model, body.model)
-        prompts = _prompts(body)
+        prompts, single = _prompts(body)
+        _check_group_size(len(prompts), body.n, model)
         tokenizer = model.loaded.tokenizer
-        ids = [await asyncio.to_thread(tokenizer.encode, text) for text in prompts]
+        ids, texts = await _prompt_ids(prompts, tokenizer, single)
         for i, prompt_ids in enumerate(ids):
-            param = "prompt" if isinstance(body.prompt, str) else f"prompt[{i}]"
-            generation.check_prompt(prompt_ids, model.context_size, param)
+            generation.check_prompt(
+                prompt_ids, model.context_size, "prompt" if single else f"prompt[{i}]"
+            )
         num_logprobs = completion_num_logprobs(body)
         prepared = generation.prepare(
             ids, body, model, settings, id_prefix="cmpl", num_top_logprobs=num_logprobs
         )
-        echoes = prompts if body.echo else [""] * len(prompts)
+        echoes = texts if body.echo else [""] * len(prompts)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             outputs = await generation.stream(model, prepared)
