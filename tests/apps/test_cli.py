@@ -34,6 +34,19 @@ def test_generate_streams_text_and_reports_timings(tiny_gguf):
     assert out.endswith("\n")
     assert "prompt: " in err and " tokens/s" in err
     assert "generated: " in err and "peak memory: " in err and "load time: " in err
+    assert "end of the context" not in err
+
+
+def test_a_known_short_flag_takes_its_number_attached(tiny_gguf):
+    argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0")
+    assert run_cli(*argv, "-n3")[1] == run_cli(*argv, "-n", "3")[1]
+
+
+def test_a_reply_cut_by_the_context_says_so(tiny_gguf):
+    argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0", "-c", "8")
+    code, _, err = run_cli(*argv, "-n", "100")
+    assert code == 0
+    assert "the reply stopped at the end of the context; raise -c/--ctx-size" in err
 
 
 def test_raw_and_chat_prompts_differ_in_length(tiny_gguf):
@@ -77,10 +90,17 @@ def test_model_from_environment(tiny_gguf):
         (("--repeat-last-n", "-5"), {}, 2, "repeat_last_n"),
         (("-n", "-3"), {}, 2, "-n/--n-predict"),
         (("--no-such-flag",), {}, 2, "unrecognized arguments"),
+        # llama.cpp's flags mlxcel lacks, not read as a known short flag and its value.
+        (("-ngl", "99"), {}, 2, "unrecognized arguments: -ngl"),
+        (("-hf", "owner/model"), {}, 2, "unrecognized arguments: -hf"),
+        (("-fa",), {}, 2, "unrecognized arguments: -fa"),
+        (("--tem", "0.5"), {}, 2, "unrecognized arguments: --tem"),
         (("-c", "4"), {}, 1, "the context size is 4"),
+        (("--block-size", "100000"), {}, 2, "--block-size must be <= 256, got 100000"),
         (("--chat-template", "nonsense"), {}, 2, "chatml"),
         (("--chat-template", "{{ 1 / 0 }}"), {}, 1, "chat template cannot render"),
         (("-sys", "be brief", "-no-cnv"), {}, 2, "-sys/--system-prompt needs the chat template"),
+        (("--chat-template", "chatml", "-no-cnv"), {}, 2, "a chat template needs chat mode"),
         (("-p", "\udcff"), {}, 1, "not valid UTF-8"),
         (("-p", "", "-no-cnv"), {}, 1, "encodes to no tokens"),
     ],

@@ -73,6 +73,7 @@ def test_batch_generation_applies_the_adapters(tiny_safetensors, adapter, tmp_pa
         (("--lora", "/no/such/adapter"), 1, "LoRA adapter /no/such/adapter: no such folder"),
         (("--lora-scaled", "x"), 2, "expected 2 arguments"),
         (("--lora-fuse",), 2, "--lora-fuse needs adapters"),
+        (("--lora-init-without-apply",), 2, "--lora-init-without-apply needs adapters"),
     ],
 )
 def test_bad_adapter_flags_get_one_line_and_an_exit_code(tiny_safetensors, flags, code, message):

@@ -12,6 +12,8 @@ from mlxcel.flags import UsageError, resolve_defaults
 from mlxcel.serve_command import FLAGS, settings_from
 from mlxcel.store_flags import resolve_store_flags
 
+from live_server import free_port
+
 
 def settings(argv, environ):
     args = make_parser("serve").parse_args(["serve", *argv])
@@ -74,3 +76,15 @@ def test_an_unknown_chat_template_name_stops_the_server_before_loading(tiny_gguf
     assert err.getvalue().count("\n") == 1 and "chat_template must be a built-in name" in (
         err.getvalue()
     )
+
+
+def test_an_unexpected_loading_error_stops_the_server_instead_of_leaving_it_loading(
+    tiny_gguf, monkeypatch
+):
+    def broken_loader(*args, **kwargs):
+        raise RuntimeError("a defect while loading")
+
+    monkeypatch.setattr(serve_command, "load_target_model", broken_loader)
+    argv = ["serve", "-m", str(tiny_gguf), "--port", str(free_port())]
+    with pytest.raises(RuntimeError, match="a defect while loading"):
+        main(argv, environ={}, out=io.StringIO(), err=io.StringIO())

@@ -52,6 +52,9 @@ def test_drafters_leave_greedy_text_unchanged_and_report_their_drafts(tiny_safet
         (("-md", "DRAFT", "--draft-p-min", "1.5"), "--draft-p-min must be in [0, 1]"),
         (("--prompt-lookup-max", "-1"), "--prompt-lookup-max must be >= 0"),
         (("--prompt-lookup-max", "2", "--prompt-lookup-min", "3"), "--prompt-lookup-max must"),
+        # Refused with speculation off too, rather than kept unused.
+        (("--spec-acceptance", "bogus"), "rejection, exact"),
+        (("--draft-p-min", "5"), "--draft-p-min must be in [0, 1]"),
     ],
 )
 def test_bad_speculative_flags_are_usage_errors(tiny_safetensors, flags, message):

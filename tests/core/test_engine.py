@@ -243,3 +243,5 @@ def test_request_and_config_validation():
         make_request(prompt=())
     with pytest.raises(ValueError, match="max_waiting"):
         EngineConfig(max_waiting=0)
+    with pytest.raises(ValueError, match="block_size must be <= 256, got 257"):
+        EngineConfig(block_size=257)

@@ -45,8 +45,12 @@ def adapter_specs_from(args: argparse.Namespace) -> tuple[AdapterSpec, ...]:
         InputError: an adapter folder does not exist.
     """
     given = [(path, 1.0) for path in args.lora or ()] + list(args.lora_scaled or ())
-    if args.lora_fuse and not given:
-        raise UsageError("--lora-fuse needs adapters: give --lora or --lora-scaled")
+    for flag, name in (
+        ("--lora-fuse", "lora_fuse"),
+        ("--lora-init-without-apply", "lora_init_without_apply"),
+    ):
+        if getattr(args, name) and not given:
+            raise UsageError(f"{flag} needs adapters: give --lora or --lora-scaled")
     if args.lora_fuse and args.lora_init_without_apply:
         raise UsageError("--lora-fuse with --lora-init-without-apply would fuse nothing")
     for path, _ in given:

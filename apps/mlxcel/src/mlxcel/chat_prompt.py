@@ -34,7 +34,7 @@ def check_text(text: str, what: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise InputError(f"the {what} is not valid UTF-8 text ({error.reason})") from error
+        raise InputError(f"the {what} is not valid UTF-8 text") from error
     return text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -35,8 +36,34 @@ EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 
 
+# A single-dash word such as llama.cpp's `-ngl` or `-hf`.
+_SHORT_WORD = re.compile(r"-[A-Za-z][A-Za-z0-9-]+")
+_NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?")
+
+
 class _Parser(argparse.ArgumentParser):
-    """Raises instead of exiting, so `main` returns an exit code."""
+    """Raises instead of exiting, so `main` returns an exit code; takes flags whole, as
+    llama.cpp does: no abbreviated long flags (`--tem` for `--temp`), and an unknown
+    single-dash word (`-ngl`, `-hf`) is not read as a known short flag and its value
+    (`-n gl`, `-h -f`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._subparsers is None:
+            for arg in args or ():
+                if self._is_unknown_short_word(arg):
+                    self.error(f"unrecognized arguments: {arg}")
+        return super().parse_known_args(args, namespace)
+
+    def _is_unknown_short_word(self, arg: str) -> bool:
+        """`arg` looks like a flag of its own and is none of this parser's; a known short
+        flag with its number attached (`-n128`) is one."""
+        if not _SHORT_WORD.fullmatch(arg) or arg in self._option_string_actions:
+            return False
+        action = self._option_string_actions.get(arg[:2])
+        return not (action is not None and action.nargs != 0 and _NUMBER.fullmatch(arg[2:]))
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)

@@ -113,13 +113,16 @@ def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) ->
     """Token ids of the prompt: through the chat template unless raw mode is asked for.
 
     Raises:
-        UsageError: chat mode is asked for but the model has no chat template.
+        UsageError: chat mode is asked for but the model has no chat template, or raw mode
+            is asked for with a system prompt or a chat template.
     """
     tokenizer = loaded.tokenizer
     template = chat_template_from(args)
     if args.raw:
         if args.system_prompt is not None:
             raise UsageError("-sys/--system-prompt needs the chat template: drop -no-cnv")
+        if template is not None:
+            raise UsageError("a chat template needs chat mode, which -no-cnv turns off")
         return tokenizer.encode(prompt)
     messages = [*system_messages(args), {"role": "user", "content": prompt}]
     kwargs = thinking_template_kwargs(tokenizer, template, args.reasoning_budget)
@@ -330,7 +333,10 @@ def generate_one(
         engine.shutdown()
     display.finish()
     _write_now(out, "\n")
-    print(format_stats(final.stats, loaded.load_seconds), file=err)
+    stats = final.stats
+    if stats.prompt_tokens + stats.generated_tokens >= context_size:
+        print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
+    print(format_stats(stats, loaded.load_seconds), file=err)
     return 0
 
 

@@ -295,12 +295,13 @@ async def serve_until_stopped(
             the model's head dim.
         RunError: the models and one sequence of the context size do not fit in memory
             (estimated before loading), or the KV cache cannot hold one such sequence.
+        Exception: whatever else loading raised, once the server has stopped.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    failures: list[ModelLoadError | RunError | UsageError] = []
+    failures: list[Exception] = []
 
     def load() -> None:
         try:
@@ -326,6 +327,11 @@ async def serve_until_stopped(
         # model's head dim (CacheTypeError).
         except ValueError as error:
             failures.append(UsageError(str(error)))
+            loop.call_soon_threadsafe(stop.set)
+        except Exception as error:
+            # Anything else is a defect: the server stops and reports it rather than
+            # answering "the model is loading" for ever.
+            failures.append(error)
             loop.call_soon_threadsafe(stop.set)
 
     async def end_requests_after_grace() -> None:

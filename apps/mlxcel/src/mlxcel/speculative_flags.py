@@ -48,8 +48,6 @@ def speculative_config_from(args: argparse.Namespace) -> SpeculativeConfig | Non
         raise UsageError("-md/--model-draft and --prompt-lookup-max are two drafters: pick one")
     if args.prompt_lookup_max < 0:
         raise UsageError(f"--prompt-lookup-max must be >= 0, got {args.prompt_lookup_max}")
-    if args.model_draft is None and args.prompt_lookup_max == 0:
-        return None
     try:
         acceptance = AcceptanceRule(args.spec_acceptance)
     except ValueError as error:
@@ -57,7 +55,9 @@ def speculative_config_from(args: argparse.Namespace) -> SpeculativeConfig | Non
         raise UsageError(
             f"--spec-acceptance must be one of {names}, got {args.spec_acceptance!r}"
         ) from error
-    if args.model_draft is not None:
+    if args.model_draft is not None or args.prompt_lookup_max == 0:
+        # With speculation off, the draft model's settings are still checked, so a bad
+        # value is refused rather than kept unused.
         method = {"method": SpeculativeMethod.DRAFT_MODEL}
     else:
         method = {
@@ -66,7 +66,7 @@ def speculative_config_from(args: argparse.Namespace) -> SpeculativeConfig | Non
             "prompt_lookup_max": args.prompt_lookup_max,
         }
     try:
-        return SpeculativeConfig(
+        config = SpeculativeConfig(
             num_draft_tokens=args.draft_max,
             min_draft_tokens=args.draft_min,
             draft_p_min=args.draft_p_min,
@@ -75,6 +75,9 @@ def speculative_config_from(args: argparse.Namespace) -> SpeculativeConfig | Non
         )
     except ValueError as error:
         raise flag_error(str(error), _FLAG_NAMES) from error
+    if args.model_draft is None and args.prompt_lookup_max == 0:
+        return None
+    return config
 
 
 def check_draft_model_path(args: argparse.Namespace) -> None:

@@ -11,6 +11,10 @@ from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_nu
 from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.speculative import SpeculativeConfig
 
+# vLLM's largest block size. The KV pools grow by whole blocks, at least 16 at a time, so a
+# far larger block costs gigabytes before the first token.
+MAX_BLOCK_SIZE = 256
+
 
 class InsufficientMemoryError(ValueError):
     """The KV cache budget cannot hold even one sequence of the context size."""
@@ -23,7 +27,7 @@ class EngineConfig:
     Attributes:
         scheduler: step limits (sequences at once, tokens per step, prefill chunk).
         context_size: the longest sequence (tokens) the KV cache must be able to hold.
-        block_size: tokens per KV block.
+        block_size: tokens per KV block, at most `MAX_BLOCK_SIZE`.
         num_kv_blocks: KV blocks to use, null block included; None plans them from memory.
         memory_utilization: the fraction of device memory weights, activations and the KV
             cache may take together, in (0, 1].
@@ -65,6 +69,8 @@ class EngineConfig:
         for name in ("context_size", "block_size", "max_waiting", "max_consecutive_failures"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block_size > MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be <= {MAX_BLOCK_SIZE}, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be None or >= 2, got {self.num_kv_blocks}")
         if not 0.0 < self.memory_utilization <= 1.0:
