@@ -1,4 +1,6 @@
 import importlib
+import re
+import struct
 from pathlib import Path
 
 import gguf
@@ -9,6 +11,7 @@ import pytest
 from mlxcel_models.detection import detect_model
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.loader import load_model
+from mlxcel_models.memory import read_model_inventory
 from mlxcel_models.metadata import ModelKind, WeightFormat
 
 from factories import TinyConfig, reference_weights, write_gguf_model
@@ -170,3 +173,36 @@ def test_inconsistent_vocabulary_is_a_load_error(tmp_path):
     path.write_bytes(broken)
     with pytest.raises(ModelLoadError, match="inconsistent GGUF vocabulary"):
         load_model(path)
+
+
+def with_uint32_metadata(path: Path, key: str, value: int) -> Path:
+    """Overwrite the uint32 value of GGUF metadata `key` in the file at `path`."""
+    data = bytearray(path.read_bytes())
+    name = key.encode()
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    assert struct.unpack_from("<I", data, at)[0] == gguf.GGUFValueType.UINT32
+    struct.pack_into("<I", data, at + 4, value)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("attention.head_count", 0, "attention.head_count must be a positive integer, got 0"),
+        ("attention.head_count_kv", 0, "head_count_kv must be a positive integer, got 0"),
+        ("attention.head_count_kv", 3, r"head_count \(4\) must be a multiple of .*\(3\)"),
+        ("embedding_length", 0, "embedding_length must be a positive integer, got 0"),
+        ("block_count", 0, "block_count must be a positive integer, got 0"),
+        ("feed_forward_length", 0, "feed_forward_length must be a positive integer, got 0"),
+    ],
+)
+def test_hyperparameters_that_shape_no_model_are_named(tmp_path, key, value, message):
+    path = with_uint32_metadata(
+        write_gguf_model(tmp_path / "m.gguf", TinyConfig(), "F16"), f"llama.{key}", value
+    )
+    where = rf"{re.escape(str(path))}: llama\..*{message}"
+    with pytest.raises(ModelLoadError, match=where):
+        load_model(path)
+    with pytest.raises(ModelLoadError, match=where):
+        read_model_inventory(path)

@@ -169,6 +169,23 @@ def test_missing_and_corrupt_models_are_model_load_errors(tmp_path, tiny_gguf):
         read_model_inventory(folder)
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        # The first 8 bytes read as a header length of about 7.9e18 bytes.
+        (b"this is not safetensors", "corrupt or truncated safetensors header"),
+        (struct.pack("<Q", 100) + b"{}", "corrupt or truncated safetensors header"),
+        (struct.pack("<Q", 2) + b"[]", "the safetensors header is not a JSON object"),
+    ],
+    ids=["garbage", "length-beyond-the-file", "json-array"],
+)
+def test_a_corrupt_safetensors_header_is_named(tmp_path, content, message):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "model.safetensors").write_bytes(content)
+    with pytest.raises(ModelLoadError, match=rf"model\.safetensors: {message}"):
+        read_model_inventory(tmp_path)
+
+
 def test_the_budget_is_the_engines_share_capped_by_what_is_available():
     assert MemoryBudget(100, 1000, 0.9).usable_bytes == 90
     assert MemoryBudget(100, 50, 0.9).usable_bytes == 50

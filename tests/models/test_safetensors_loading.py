@@ -1,4 +1,5 @@
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -8,6 +9,7 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 from mlxcel_models.detection import detect_model
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.loader import load_model
+from mlxcel_models.memory import read_model_inventory
 from mlxcel_models.metadata import WeightFormat
 
 from factories import TinyConfig, write_safetensors_model
@@ -83,3 +85,26 @@ def test_corrupt_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="cannot parse"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("num_attention_heads", 0, "num_attention_heads must be a positive integer, got 0"),
+        ("num_key_value_heads", 0, "num_key_value_heads must be a positive integer, got 0"),
+        ("num_key_value_heads", 3, r"num_attention_heads \(4\) must be a multiple of .*\(3\)"),
+        ("hidden_size", 0, "hidden_size must be a positive integer, got 0"),
+        ("num_hidden_layers", -1, "num_hidden_layers must be a positive integer, got -1"),
+        ("intermediate_size", "128", "intermediate_size must be a positive integer, got '128'"),
+        ("vocab_size", 0, "vocab_size must be a positive integer, got 0"),
+    ],
+)
+def test_config_sizes_that_shape_no_model_are_named(tmp_path, field, value, message):
+    folder = write_safetensors_model(tmp_path / "m", TinyConfig())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, field: value}))
+    where = rf"{re.escape(str(folder / 'config.json'))}: {message}"
+    with pytest.raises(ModelLoadError, match=where):
+        load_model(folder)
+    with pytest.raises(ModelLoadError, match=where):
+        read_model_inventory(folder)

@@ -7,10 +7,13 @@ The ids in `data/*_llama_cpp_ids.json` were produced by llama.cpp (through llama
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import models
 
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_file import read_gguf
@@ -182,6 +185,30 @@ def test_folder_chat_template_from_tokenizer_config(smollm2: Tokenizer, tmp_path
 
 def test_folder_without_tokenizer_json_is_a_load_error(tmp_path: Path):
     with pytest.raises(ModelLoadError, match=r"tokenizer\.json"):
+        Tokenizer.from_folder(tmp_path)
+
+
+def _word_level_without_its_unknown_token(folder: Path) -> None:
+    backend = BackendTokenizer(models.WordLevel({"<s>": 0, "hello": 1}, unk_token="[UNK]"))
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+
+
+@pytest.mark.parametrize(
+    ("write", "cause"),
+    [
+        # transformers' KeyError 'added_tokens'
+        (lambda folder: (folder / "tokenizer.json").write_text("{}"), "added_tokens"),
+        # tokenizers' bare Exception, raised while probing whether BOS is added
+        (_word_level_without_its_unknown_token, r"Missing \[UNK\] token"),
+    ],
+    ids=["empty-json", "unknown-token-not-in-vocabulary"],
+)
+def test_folder_tokenizer_that_cannot_be_built_is_a_load_error(tmp_path: Path, write, cause):
+    write(tmp_path)
+    with pytest.raises(
+        ModelLoadError, match=rf"cannot load the tokenizer in {re.escape(str(tmp_path))}: .*{cause}"
+    ):
         Tokenizer.from_folder(tmp_path)
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.dimensions import check_head_counts, positive_int
 from mlxcel_models.metadata import FamilyMetadata
 from mlxcel_models.rope import FrequencyFactorRoPE
 
@@ -35,36 +37,63 @@ _TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias|scales|bia
 
 
 def gguf_model_config(
-    metadata: dict[str, Any], tensor_names: set[str], family: FamilyMetadata
+    metadata: dict[str, Any],
+    tensor_names: set[str],
+    family: FamilyMetadata,
+    *,
+    where: str | Path = "GGUF metadata",
 ) -> dict[str, Any]:
     """A Hugging Face-style config for mlx-lm's model class, from GGUF metadata.
 
+    Args:
+        metadata: the GGUF key/value metadata.
+        tensor_names: the names of the file's tensors.
+        family: the family `general.architecture` names.
+        where: the file the metadata comes from, for error messages.
+
     Raises:
-        ModelLoadError: a required hyperparameter is missing.
+        ModelLoadError: a required hyperparameter is missing, a count or size is not a
+            positive integer, or the query heads do not group over the KV heads.
     """
     arch = family.model_type
 
     def required(key: str) -> Any:
         value = metadata.get(f"{arch}.{key}")
         if value is None:
-            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+            raise ModelLoadError(f"{where} lacks {arch}.{key}")
         return value
 
-    num_heads = int(required("attention.head_count"))
-    hidden_size = int(required("embedding_length"))
+    def size(key: str, default: int | None = None) -> int:
+        value = required(key) if default is None else metadata.get(f"{arch}.{key}", default)
+        return positive_int(value, f"{arch}.{key}", where)
+
+    num_heads = size("attention.head_count")
+    num_kv_heads = size("attention.head_count_kv", num_heads)
+    check_head_counts(
+        num_heads,
+        num_kv_heads,
+        names=(f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"),
+        where=where,
+    )
+    hidden_size = size("embedding_length")
+    if f"{arch}.attention.key_length" not in metadata and hidden_size < num_heads:
+        raise ModelLoadError(
+            f"{where}: {arch}.embedding_length ({hidden_size}) is smaller than "
+            f"{arch}.attention.head_count ({num_heads}), leaving no features per head"
+        )
     vocab = metadata.get("tokenizer.ggml.tokens")
     config: dict[str, Any] = {
         "model_type": arch,
         "hidden_size": hidden_size,
-        "num_hidden_layers": int(required("block_count")),
-        "intermediate_size": int(required("feed_forward_length")),
+        "num_hidden_layers": size("block_count"),
+        "intermediate_size": size("feed_forward_length"),
         "num_attention_heads": num_heads,
-        "num_key_value_heads": int(metadata.get(f"{arch}.attention.head_count_kv", num_heads)),
+        "num_key_value_heads": num_kv_heads,
         "rms_norm_eps": float(required("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-        "vocab_size": len(vocab) if isinstance(vocab, list) else int(required("vocab_size")),
-        "max_position_embeddings": int(metadata.get(f"{arch}.context_length", 2048)),
-        "head_dim": int(metadata.get(f"{arch}.attention.key_length", hidden_size // num_heads)),
+        "vocab_size": len(vocab) if isinstance(vocab, list) else size("vocab_size"),
+        "max_position_embeddings": size("context_length", 2048),
+        "head_dim": size("attention.key_length", hidden_size // num_heads),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
     }

@@ -12,10 +12,11 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_models.compute import ComputeOptions, apply_compute_options
-from mlxcel_models.detection import ModelSource, detect_model
+from mlxcel_models.detection import CONFIG_FILE, ModelSource, detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.loaded import LoadedModel, ModelConfig
+from mlxcel_models.loading.dimensions import check_config_dimensions
 from mlxcel_models.loading.gguf_file import read_gguf
 from mlxcel_models.loading.gguf_model import (
     ROPE_FACTORS_TENSOR,
@@ -95,7 +96,9 @@ def _read_model(
 def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, Tokenizer, int]:
     contents = read_gguf(source.path)
     try:
-        config = gguf_model_config(contents.metadata, set(contents.tensors), family)
+        config = gguf_model_config(
+            contents.metadata, set(contents.tensors), family, where=source.path
+        )
         weights = gguf_weights_to_mlx_lm(contents.tensors, family, config)
         module = make_mlx_lm_model(config)
         nn.quantize(module, class_predicate=lambda path, _: quantization_of(weights, path) or False)
@@ -113,6 +116,8 @@ def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, 
 
 
 def _load_safetensors(source: ModelSource) -> tuple[nn.Module, Tokenizer, int]:
+    # mlx-lm's model classes divide by the head counts; zeros are refused before they run.
+    check_config_dimensions(read_config(source.path), source.path / CONFIG_FILE)
     try:
         module, config = mlx_lm_load_model(source.path, lazy=True)
     # mlx-lm reports a bad config as the ModelArgs constructor's TypeError, unreadable

@@ -16,8 +16,15 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel_models.detection import ModelSource, detect_model, model_type_from_config, read_config
+from mlxcel_models.detection import (
+    CONFIG_FILE,
+    ModelSource,
+    detect_model,
+    model_type_from_config,
+    read_config,
+)
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.dimensions import check_config_dimensions
 from mlxcel_models.loading.gguf_file import check_tensor_types, read_gguf_header
 from mlxcel_models.loading.gguf_model import gguf_model_config
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat, family_for
@@ -148,7 +155,7 @@ def _read_gguf(
     # Array metadata (the token list) is not kept by the header reader; the embedding's rows
     # are the vocabulary.
     metadata = {**header.metadata, f"{family.model_type}.vocab_size": embedding[0]}
-    config = gguf_model_config(metadata, set(header.tensor_types), family)
+    config = gguf_model_config(metadata, set(header.tensor_types), family, where=source.path)
     tensors = []
     for name, type_name in header.tensor_types.items():
         # llama.cpp's RoPE factors become a RoPE module's constant, not a parameter.
@@ -183,12 +190,23 @@ def _architecture(config: dict[str, Any]) -> Architecture:
 def read_safetensors_header(path: Path) -> dict[str, Any]:
     """The JSON header of one safetensors file: tensor name to dtype, shape and offsets.
 
+    The file starts with the header's length in bytes (a little-endian u64); a length
+    beyond the end of the file means the file is corrupt, and is refused before any of it
+    is read.
+
     Raises:
-        ModelLoadError: the file is unreadable or its header is truncated or not JSON.
+        ModelLoadError: the file is unreadable or its header is truncated, too long for
+            the file, or not a JSON object.
     """
     try:
         with path.open("rb") as file:
             (length,) = struct.unpack("<Q", file.read(8))
+            available = path.stat().st_size - 8
+            if length > available:
+                raise ModelLoadError(
+                    f"{path}: corrupt or truncated safetensors header (it claims {length} "
+                    f"bytes; the file holds {max(available, 0)} after its length)"
+                )
             header = json.loads(file.read(length))
     except (OSError, struct.error, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelLoadError(
@@ -208,6 +226,7 @@ def _read_safetensors(
     # A vision-language model's KV cache and activations are its text model's.
     if family.kind is ModelKind.VLM:
         config = vlm_text_config(config, source.path)
+    check_config_dimensions(config, source.path / CONFIG_FILE)
     files = sorted(source.path.glob("model*.safetensors"))
     if not files:
         raise ModelLoadError(f"{source.path} holds no model*.safetensors weights")

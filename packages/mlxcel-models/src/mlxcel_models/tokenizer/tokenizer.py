@@ -144,15 +144,27 @@ class Tokenizer:
         or a list) to the tokenizer's EOS. Nothing is downloaded.
 
         Raises:
-            ModelLoadError: the folder has no `tokenizer.json`, or a file cannot be read.
+            ModelLoadError: the folder has no `tokenizer.json`, or its files cannot be read
+                or do not describe a usable tokenizer.
         """
         folder = Path(path)
         if not (folder / "tokenizer.json").is_file():
             raise ModelLoadError(f"no tokenizer.json in {folder}")
         try:
-            hf_tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError) as error:
-            raise ModelLoadError(f"cannot load the tokenizer in {folder}: {error}") from error
+            return cls._from_folder_files(folder)
+        except ModelLoadError:
+            raise
+        # transformers and tokenizers raise whatever their parsing meets in a malformed file
+        # (KeyError for a missing field, tokenizers' bare Exception for a vocabulary without
+        # its unknown token), so at this boundary any error means an unusable tokenizer.
+        except Exception as error:
+            raise ModelLoadError(
+                f"cannot load the tokenizer in {folder}: {type(error).__name__}: {error}"
+            ) from error
+
+    @classmethod
+    def _from_folder_files(cls, folder: Path) -> Tokenizer:
+        hf_tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
         if hf_tokenizer.chat_template is None:
             hf_tokenizer.chat_template = _processor_chat_template(folder)
         backend = hf_tokenizer.backend_tokenizer
