@@ -87,7 +87,9 @@ def test_storage_gathers_what_the_codec_decodes_across_growth_and_block_copies(
     got_keys, got_values = storage.gather(1, read)
     assert got_keys.shape == (2, 2, 8, 64) and got_keys.dtype == mx.float32
     assert mx.array_equal(got_keys[0].transpose(1, 0, 2), expected_keys)
-    assert mx.array_equal(got_values[0].transpose(1, 0, 2), expected_values)
+    # TurboQuant decodes through a product with its rotation, which a BLAS may round
+    # differently over another number of rows.
+    assert mx.allclose(got_values[0].transpose(1, 0, 2), expected_values, rtol=0, atol=1e-5)
     assert mx.array_equal(got_keys[1], got_keys[0])  # block 30 is block 1's copy
     assert not mx.array_equal(expected_keys, keys)  # the type really changed what is kept
 

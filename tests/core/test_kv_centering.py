@@ -70,7 +70,9 @@ def test_positions_past_the_first_block_decode_to_its_mean_plus_the_decoded_diff
     first = codec.decode(codec.encode(keys[:BLOCK_SIZE]), mx.float32)
     mean = mx.mean(first[1:], axis=0)  # position 0, the sink, left out
     rest = codec.decode(codec.encode(keys[BLOCK_SIZE:] - mean), mx.float32) + mean
-    assert mx.array_equal(got[:BLOCK_SIZE], first)
+    # Decoding multiplies by the rotation, and a BLAS may round a product over another
+    # number of rows differently (OpenBLAS on AMD EPYC does).
+    assert mx.allclose(got[:BLOCK_SIZE], first, rtol=0, atol=1e-5)
     assert mx.allclose(got[BLOCK_SIZE:], rest, rtol=0, atol=1e-5)
 
 
