@@ -50,7 +50,10 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
-    def parse_known_args(self, args=None, namespace=None):
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # The parser of a command sees the command's own arguments (the top one sees all).
         if self._subparsers is None:
             for arg in args or ():
                 if self._is_unknown_short_word(arg):
