@@ -236,10 +236,31 @@ def report(
         )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_model_and_text_flags(parser: argparse.ArgumentParser) -> None:
+    """`-m/--model` and `--text`, which `model_and_text_tokens` reads."""
     parser.add_argument("-m", "--model", default=None, help="GGUF file or folder")
     parser.add_argument("--text", default=str(TEXT), help="UTF-8 text file")
+
+
+def check_type_names(parser: argparse.ArgumentParser, cache_types: Sequence[str]) -> None:
+    """Exit through `parser.error` on a name `split_types` refuses."""
+    for cache_type in cache_types:
+        try:
+            split_types(cache_type)
+        except ValueError as error:
+            parser.error(str(error))
+
+
+def model_and_text_tokens(args: argparse.Namespace) -> tuple[LanguageModel, list[int]]:
+    """The model `--model` names (the embedded one by default) and the token ids of
+    `--text`."""
+    loaded = load_model(args.model or default_model_path())
+    return loaded.model, loaded.tokenizer.encode(Path(args.text).read_text(encoding="utf-8"))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_and_text_flags(parser)
     parser.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens)")
     parser.add_argument(
         "--attention-tokens", type=int, default=512, help="tokens whose attention is compared"
@@ -250,19 +271,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--types", nargs="+", default=types, help="cache types, TYPE or KEYS/VALUES"
     )
     args = parser.parse_args(argv)
-    for cache_type in args.types:
-        try:
-            split_types(cache_type)
-        except ValueError as error:
-            parser.error(str(error))
-    loaded = load_model(args.model or default_model_path())
-    token_ids = loaded.tokenizer.encode(Path(args.text).read_text(encoding="utf-8"))
+    check_type_names(parser, args.types)
+    model, token_ids = model_and_text_tokens(args)
     print(
         f"{len(token_ids)} tokens, prefill chunks of {args.chunk}, attention compared on "
         f"the first {min(args.attention_tokens, len(token_ids))}",
         flush=True,
     )
-    for line in report(loaded.model, token_ids, args.types, args.chunk, args.attention_tokens):
+    for line in report(model, token_ids, args.types, args.chunk, args.attention_tokens):
         print(line, flush=True)
 
 

@@ -24,15 +24,21 @@ import argparse
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 
 import mlx.core as mx
 import mlx_lm.models.llama as mlx_lm_llama
-from kv_quality import REFERENCE, TEXT, kv_bytes_per_token, perplexity_change, split_types, stored
+from kv_quality import (
+    REFERENCE,
+    add_model_and_text_flags,
+    check_type_names,
+    kv_bytes_per_token,
+    model_and_text_tokens,
+    perplexity_change,
+    split_types,
+    stored,
+)
 
 from mlxcel_core.generate import LanguageModel
-from mlxcel_models.default_model import default_model_path
-from mlxcel_models.loading.loader import load_model
 
 EXACT = "exact"
 
@@ -142,8 +148,7 @@ def report(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-m", "--model", default=None, help="GGUF file or folder")
-    parser.add_argument("--text", default=str(TEXT), help="UTF-8 text file")
+    add_model_and_text_flags(parser)
     parser.add_argument(
         "--types", nargs="+", default=["turbo4", "turbo3"], help="TYPE or KEYS/VALUES"
     )
@@ -151,17 +156,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--windows", nargs="+", type=int, default=[0, 16, 32], help="exact positions"
     )
     args = parser.parse_args(argv)
-    for cache_type in args.types:
-        try:
-            split_types(cache_type)
-        except ValueError as error:
-            parser.error(str(error))
+    check_type_names(parser, args.types)
     if any(window < 0 for window in args.windows):
         parser.error(f"windows must be >= 0, got {args.windows}")
-    loaded = load_model(args.model or default_model_path())
-    token_ids = loaded.tokenizer.encode(Path(args.text).read_text(encoding="utf-8"))
+    model, token_ids = model_and_text_tokens(args)
     print(f"{len(token_ids)} tokens, read in one forward pass", flush=True)
-    for line in report(loaded.model, token_ids, args.types, args.windows):
+    for line in report(model, token_ids, args.types, args.windows):
         print(line, flush=True)
 
 
