@@ -37,6 +37,11 @@ def test_generate_streams_text_and_reports_timings(tiny_gguf):
     assert "end of the context" not in err
 
 
+def test_after_a_double_dash_a_word_with_a_dash_is_an_argument():
+    code, _, err = run_cli("rm", "--", "-weird")
+    assert code == 1 and "-weird is not a model id" in err
+
+
 def test_a_known_short_flag_takes_its_number_attached(tiny_gguf):
     argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0")
     assert run_cli(*argv, "-n3")[1] == run_cli(*argv, "-n", "3")[1]
@@ -47,6 +52,15 @@ def test_a_reply_cut_by_the_context_says_so(tiny_gguf):
     code, _, err = run_cli(*argv, "-n", "100")
     assert code == 0
     assert "the reply stopped at the end of the context; raise -c/--ctx-size" in err
+    # A reply that -n ends just as it fills the context was cut by -n, not the context.
+    prompt_tokens = int(err.split("prompt: ")[1].split(" tokens")[0])
+    _, _, err = run_cli(*argv, "-n", str(8 - prompt_tokens))
+    assert "end of the context" not in err
+
+
+def test_a_chat_template_from_the_environment_leaves_raw_runs_alone(tiny_gguf):
+    argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "-n", "2")
+    assert run_cli(*argv, environ={"LLAMA_ARG_CHAT_TEMPLATE": "chatml"})[0] == 0
 
 
 def test_raw_and_chat_prompts_differ_in_length(tiny_gguf):

@@ -108,3 +108,10 @@ def test_config_sizes_that_shape_no_model_are_named(tmp_path, field, value, mess
         load_model(folder)
     with pytest.raises(ModelLoadError, match=where):
         read_model_inventory(folder)
+
+
+def test_config_sizes_written_as_whole_floats_still_load(tmp_path):
+    folder = write_safetensors_model(tmp_path / "m", TinyConfig())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048.0}))
+    assert load_model(folder).config.context_length == 2048

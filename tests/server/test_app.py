@@ -120,7 +120,7 @@ def test_completions_take_token_id_prompts_as_openai_does(client):
 def test_more_prompts_than_the_queue_holds_names_the_prompts(make_client, tiny_loaded):
     client = make_client(engine=Engine(tiny_loaded.model, EngineConfig(max_waiting=2)))
     reply = client.post("/v1/completions", {"prompt": ["a", "b", "c"], "max_tokens": 1})
-    assert_error(reply, 400, "prompt", text="3 prompts of 1 choices each make 3 sequences")
+    assert_error(reply, 400, "prompt", text="3 prompts with n=1 make 3 sequences")
     reply = client.post("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 1})
     assert reply.status == 200
 
@@ -166,6 +166,8 @@ def test_more_prompts_than_the_queue_holds_names_the_prompts(make_client, tiny_l
         ),
         ({"messages": [{"role": "system", "content": []}]}, "messages[0]", "needs content"),
         ({"logit_bias": {"": 5}}, "logit_bias", "names no token"),
+        ({"logit_bias": {"9" * 5000: 5}}, "logit_bias", "is not a token id"),
+        ({"logit_bias": {"²": 5}}, "logit_bias", "is not a token id"),
     ],
 )
 def test_invalid_fields_are_400s_naming_the_field(client, fields, param, text):

@@ -67,7 +67,7 @@ def chat_template_from(args: argparse.Namespace) -> str | None:
         try:
             return resolve_chat_template(args.chat_template)
         except ValueError as error:
-            raise UsageError(str(error)) from error
+            raise UsageError(f"--chat-template: {error}") from error
     return None
 
 

@@ -45,7 +45,8 @@ class _Parser(argparse.ArgumentParser):
     """Raises instead of exiting, so `main` returns an exit code; takes flags whole, as
     llama.cpp does: no abbreviated long flags (`--tem` for `--temp`), and an unknown
     single-dash word (`-ngl`, `-hf`) is not read as a known short flag and its value
-    (`-n gl`, `-h -f`)."""
+    (`-n gl`, `-h -f`). So only a number may be attached to a short flag (`-n128`);
+    other values go apart or after `=` (`-m model`, `-m=model`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
@@ -56,6 +57,8 @@ class _Parser(argparse.ArgumentParser):
         # The parser of a command sees the command's own arguments (the top one sees all).
         if self._subparsers is None:
             for arg in args or ():
+                if arg == "--":  # what follows is positional, dashes and all
+                    break
                 if self._is_unknown_short_word(arg):
                     self.error(f"unrecognized arguments: {arg}")
         return super().parse_known_args(args, namespace)

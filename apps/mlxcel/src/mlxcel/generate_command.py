@@ -55,7 +55,7 @@ from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.engine import EngineConfig, RunnerFactory
-from mlxcel_core.generate import GenerationStats
+from mlxcel_core.generate import FinishReason, GenerationStats
 from mlxcel_core.images import PromptImage
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.image_prompt import ImagePrompt
@@ -121,7 +121,8 @@ def prompt_tokens(loaded: LoadedModel, args: argparse.Namespace, prompt: str) ->
     if args.raw:
         if args.system_prompt is not None:
             raise UsageError("-sys/--system-prompt needs the chat template: drop -no-cnv")
-        if template is not None:
+        # One set in the environment for chat runs is left unused by a raw one.
+        if {"chat_template", "chat_template_file"} & args.from_command_line:
             raise UsageError("a chat template needs chat mode, which -no-cnv turns off")
         return tokenizer.encode(prompt)
     messages = [*system_messages(args), {"role": "user", "content": prompt}]
@@ -334,7 +335,11 @@ def generate_one(
     display.finish()
     _write_now(out, "\n")
     stats = final.stats
-    if stats.prompt_tokens + stats.generated_tokens >= context_size:
+    if (
+        final.finish_reason is FinishReason.LENGTH
+        and stats.prompt_tokens + stats.generated_tokens >= context_size
+        and not 0 <= args.n_predict <= stats.generated_tokens
+    ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
     print(format_stats(stats, loaded.load_seconds), file=err)
     return 0

@@ -28,6 +28,19 @@ _MAX_COMPLETION_LOGPROBS = 5
 _BAN = -100.0
 
 
+def _token_id(key: str) -> int:
+    """A `logit_bias` key of digits as a token id.
+
+    Raises:
+        ApiError: 400 for digits Python will not convert (superscripts, or over 4,300).
+    """
+    try:
+        return int(key)
+    except ValueError as error:
+        shown = key if len(key) <= 20 else f"{key[:20]}..."
+        raise invalid(f"logit_bias: {shown!r} is not a token id", "logit_bias") from error
+
+
 def _logit_bias(fields: GenerationFields, tokenizer: Tokenizer) -> dict[int, float]:
     bias: dict[int, float] = {}
     for key, value in (fields.logit_bias or {}).items():
@@ -36,7 +49,7 @@ def _logit_bias(fields: GenerationFields, tokenizer: Tokenizer) -> dict[int, flo
         if value is not False and not -100 <= value <= 100:
             raise invalid(f"logit_bias[{key!r}] must be in [-100, 100], got {value}", "logit_bias")
         # Digits name a token id (OpenAI); other text names the tokens it encodes to.
-        ids = [int(key)] if key.isdigit() else tokenizer.encode(key, add_special_tokens=False)
+        ids = [_token_id(key)] if key.isdigit() else tokenizer.encode(key, add_special_tokens=False)
         if not ids:
             raise invalid(f"logit_bias[{key!r}] names no token", "logit_bias")
         for token_id in ids:

@@ -267,8 +267,8 @@ class Engine:
             raise ImagesNotSupportedError(self._images_refusal)
         if len(requests) > self._config.max_waiting:
             raise ValueError(
-                f"a group of {len(requests)} sequences can never fit the waiting queue "
-                f"(at most {self._config.max_waiting})"
+                f"a group of {len(requests)} sequences is larger than the waiting queue's "
+                f"bound ({self._config.max_waiting})"
             )
         handle = RequestHandle(next(self._handle_ids))
         with self._condition:

@@ -28,7 +28,8 @@ _CONFIG_SIZES = (
 
 
 def positive_int(value: Any, name: str, where: str | Path) -> int:
-    """`value` when it is a positive integer.
+    """`value` when it is a positive integer (written as one, or as a whole float such as
+    2048.0, which some configs hold).
 
     Args:
         value: the number as read from the file.
@@ -38,6 +39,8 @@ def positive_int(value: Any, name: str, where: str | Path) -> int:
     Raises:
         ModelLoadError: naming `where`, `name` and the value it holds.
     """
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ModelLoadError(f"{where}: {name} must be a positive integer, got {value!r}")
     return value

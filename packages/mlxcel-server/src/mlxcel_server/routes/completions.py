@@ -42,8 +42,8 @@ def _check_group_size(num_prompts: int, n: int, model: ServingModel) -> None:
     limit = model.engine.config.max_waiting
     if num_prompts > 1 and num_prompts * n > limit:
         raise invalid(
-            f"prompt: {num_prompts} prompts of {n} choices each make {num_prompts * n} "
-            f"sequences; a request may hold at most {limit} (the server's --max-queue)",
+            f"prompt: {num_prompts} prompts with n={n} make {num_prompts * n} sequences; "
+            f"a request may hold at most {limit} (the server's --max-queue)",
             "prompt",
         )
 
@@ -72,7 +72,8 @@ async def _prompt_ids(
         else:
             _check_token_ids(prompt, tokenizer.vocab_size, "prompt" if single else f"prompt[{i}]")
             ids.append(list(prompt))
-            texts.append(await asyncio.to_thread(tokenizer.decode, prompt))
+            text = await asyncio.to_thread(tokenizer.decode, prompt, skip_special_tokens=False)
+            texts.append(text)
     return ids, texts
 
 
