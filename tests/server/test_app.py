@@ -110,6 +110,9 @@ def test_completions_take_token_id_prompts_as_openai_does(client):
     by_ids = client.post("/v1/completions", {"prompt": ids, "echo": True, **greedy}).json()
     assert by_ids["choices"][0]["text"] == "hello" + by_text["choices"][0]["text"]
     assert by_ids["usage"] == by_text["usage"]
+    # The echo shows what the model read, special tokens included (id 1 is <|im_start|>).
+    special = client.post("/v1/completions", {"prompt": [1, *ids], "echo": True, **greedy})
+    assert special.json()["choices"][0]["text"].startswith("<|im_start|>hello")
     both = client.post("/v1/completions", {"prompt": [ids, ids], **greedy}).json()
     assert [c["text"] for c in both["choices"]] == [by_text["choices"][0]["text"]] * 2
     assert_error(client.post("/v1/completions", {"prompt": [ids, [10**6]]}), 400, "prompt[1]")
