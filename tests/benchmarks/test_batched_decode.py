@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from mlxcel_core.speculative import SpeculativeConfig
 from mlxcel_models.loading.loader import load_model
 
-_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmark_scripts import load_benchmark
 
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, _BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-random_model = _load_script("random_model")
-batched_decode = _load_script("batched_decode")
+random_model = load_benchmark("random_model")
+batched_decode = load_benchmark("batched_decode")
 
 
 @pytest.fixture(scope="module")

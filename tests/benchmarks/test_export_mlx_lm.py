@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,10 +13,9 @@ from mlx_lm.utils import load_tokenizer
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "export_mlx_lm.py"
-_spec = importlib.util.spec_from_file_location("export_mlx_lm", _SCRIPT)
-export_mlx_lm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export_mlx_lm)
+from benchmark_scripts import load_benchmark
+
+export_mlx_lm = load_benchmark("export_mlx_lm")
 
 
 def test_export_loads_in_mlx_lm_with_equal_logits(tiny_gguf: Path, tmp_path: Path) -> None:

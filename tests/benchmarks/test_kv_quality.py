@@ -3,9 +3,7 @@ attention errors order by bits, and the table has one row per cache type."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,14 +11,10 @@ import pytest
 
 from mlxcel_models.loading.loader import load_model
 
+from benchmark_scripts import load_benchmark
 from factories import TinyConfig, write_safetensors_model
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kv_quality.py"
-_spec = importlib.util.spec_from_file_location("kv_quality", _SCRIPT)
-kv_quality = importlib.util.module_from_spec(_spec)
-# Dataclasses look their module up by name while the script loads.
-sys.modules["kv_quality"] = kv_quality
-_spec.loader.exec_module(kv_quality)
+kv_quality = load_benchmark("kv_quality")
 
 TOKENS = [(7 * i * i + 3 * i) % 250 + 5 for i in range(40)]
 

@@ -3,8 +3,6 @@ and the rest as the type stores them, and the table has a row per type and windo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,23 +10,12 @@ import pytest
 
 from mlxcel_models.loading.loader import load_model
 
+from benchmark_scripts import load_benchmark
 from factories import TinyConfig, write_safetensors_model
 
-_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, _BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    # Dataclasses look their module up by name while the script loads, and the window
-    # script imports kv_quality by name as it does when run from benchmarks/.
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_load("kv_quality")
-kv_recent_window = _load("kv_recent_window")
+# The window script imports kv_quality by name, as it does when run from benchmarks/.
+load_benchmark("kv_quality")
+kv_recent_window = load_benchmark("kv_recent_window")
 
 TOKENS = [(7 * i * i + 3 * i) % 250 + 5 for i in range(40)]
 

@@ -4,16 +4,14 @@ generate."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "pipeline_throughput.py"
-_SPEC = importlib.util.spec_from_file_location("pipeline_throughput", _PATH)
-pipeline_throughput = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(pipeline_throughput)
+from benchmark_scripts import load_benchmark
+
+pipeline_throughput = load_benchmark("pipeline_throughput")
 
 
 def test_the_workloads_hold_sixteen_prompts_of_their_kind() -> None:

@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import httpx
 import pytest
 
-_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmark_scripts import load_benchmark
 
-
-def _load(name: str) -> ModuleType:
-    # serve_bench imports load_gen by its bare name, as it does when run as a script.
-    spec = importlib.util.spec_from_file_location(name, _BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-load_gen = _load("load_gen")
-serve_bench = _load("serve_bench")
+# serve_bench imports load_gen by its bare name, as it does when run as a script.
+load_gen = load_benchmark("load_gen")
+serve_bench = load_benchmark("serve_bench")
 
 
 def make_timing(sent: float, deltas: list[float], tokens: int, error: str | None = None):

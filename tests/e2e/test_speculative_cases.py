@@ -8,7 +8,6 @@ paths of the verification run. The reference is plain greedy decoding.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmark_scripts import load_benchmark
 from live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -30,10 +30,7 @@ DRAFT_LAYERS = 8
 # pass of several tokens and single-token decoding.
 SELF_DRAFT_MIN_ACCEPTANCE = 0.9
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "export_mlx_lm.py"
-_spec = importlib.util.spec_from_file_location("export_mlx_lm", _SCRIPT)
-export_mlx_lm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export_mlx_lm)
+export_mlx_lm = load_benchmark("export_mlx_lm")
 
 
 @pytest.fixture(scope="module")

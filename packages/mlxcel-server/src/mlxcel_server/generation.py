@@ -102,6 +102,15 @@ def check_model_name(model: ServingModel, name: str | None) -> None:
         )
 
 
+def check_token_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
+    """Raises: ApiError: 400 naming up to 8 ids outside the vocabulary [0, `vocab_size`)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise invalid(
+            f"{param}: token ids {bad[:8]} are outside the vocabulary [0, {vocab_size})", param
+        )
+
+
 def check_prompt(ids: Sequence[int], context_size: int, param: str) -> None:
     """Raises: ApiError: 400 for an empty prompt or one that does not fit the context."""
     if not ids:

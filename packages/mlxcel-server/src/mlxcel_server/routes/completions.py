@@ -48,32 +48,30 @@ def _check_group_size(num_prompts: int, n: int, model: ServingModel) -> None:
         )
 
 
-def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise invalid(
-            f"{param}: token ids {bad[:8]} are outside the vocabulary [0, {vocab_size})", param
-        )
-
-
 async def _prompt_ids(
-    prompts: list[str] | list[list[int]], tokenizer: Tokenizer, single: bool
+    prompts: list[str] | list[list[int]], single: bool, model: ServingModel
 ) -> tuple[list[list[int]], list[str]]:
-    """Each prompt's token ids and its text (what `echo` repeats).
+    """Each prompt's token ids, checked against the vocabulary and the context, and its
+    text (what `echo` repeats).
 
     Raises:
-        ApiError: 400 for a token id outside the vocabulary.
+        ApiError: 400 for a token id outside the vocabulary, or an empty prompt or one
+            that does not fit the context, naming `prompt` or `prompt[i]`.
     """
+    tokenizer = model.loaded.tokenizer
     ids, texts = [], []
     for i, prompt in enumerate(prompts):
+        param = "prompt" if single else f"prompt[{i}]"
         if isinstance(prompt, str):
-            ids.append(await asyncio.to_thread(tokenizer.encode, prompt))
-            texts.append(prompt)
+            prompt_ids = await asyncio.to_thread(tokenizer.encode, prompt)
+            text = prompt
         else:
-            _check_token_ids(prompt, tokenizer.vocab_size, "prompt" if single else f"prompt[{i}]")
-            ids.append(list(prompt))
+            generation.check_token_ids(prompt, tokenizer.vocab_size, param)
+            prompt_ids = list(prompt)
             text = await asyncio.to_thread(tokenizer.decode, prompt, skip_special_tokens=False)
-            texts.append(text)
+        generation.check_prompt(prompt_ids, model.context_size, param)
+        ids.append(prompt_ids)
+        texts.append(text)
     return ids, texts
 
 
@@ -142,11 +140,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         prompts, single = _prompts(body)
         _check_group_size(len(prompts), body.n, model)
         tokenizer = model.loaded.tokenizer
-        ids, texts = await _prompt_ids(prompts, tokenizer, single)
-        for i, prompt_ids in enumerate(ids):
-            generation.check_prompt(
-                prompt_ids, model.context_size, "prompt" if single else f"prompt[{i}]"
-            )
+        ids, texts = await _prompt_ids(prompts, single, model)
         num_logprobs = completion_num_logprobs(body)
         prepared = generation.prepare(
             ids, body, model, settings, id_prefix="cmpl", num_top_logprobs=num_logprobs

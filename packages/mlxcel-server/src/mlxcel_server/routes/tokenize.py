@@ -7,6 +7,7 @@ import asyncio
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_server.errors import invalid
+from mlxcel_server.generation import check_token_ids
 from mlxcel_server.image_prompts import require_prompter
 from mlxcel_server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 from mlxcel_server.state import ServerState
@@ -29,12 +30,7 @@ def make_blueprint(state: ServerState) -> Blueprint:
     async def detokenize() -> Response:
         body = await parse_body(DetokenizeRequest)
         tokenizer = state.require_model().loaded.tokenizer
-        bad = [t for t in body.tokens if not 0 <= t < tokenizer.vocab_size]
-        if bad:
-            raise invalid(
-                f"tokens {bad[:8]} are outside the vocabulary [0, {tokenizer.vocab_size})",
-                "tokens",
-            )
+        check_token_ids(body.tokens, tokenizer.vocab_size, "tokens")
         content = await asyncio.to_thread(tokenizer.decode, body.tokens)
         return jsonify({"content": content})
 
