@@ -473,7 +473,15 @@ def test_a_full_queue_answers_503_with_retry_after(single_server):
             "POST", server.url + "/v1/chat/completions", json=counting, timeout=TIMEOUT
         ) as running:
             assert running.status_code == 200
-            next(line for line in running.iter_lines() if line.startswith("data: "))
+            # The line iterator stays referenced: once collected it would close the stream,
+            # and the server would cancel the running request.
+            lines = running.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            wait_for(
+                lambda: metrics(server)["llamacpp:requests_processing"] == 1,
+                10,
+                "a running request",
+            )
             waiting = pool.submit(post_chat, server, waiting_body, timeout=TIMEOUT)
             wait_for(
                 lambda: metrics(server)["llamacpp:requests_deferred"] == 1, 10, "a queued request"

@@ -234,13 +234,14 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        """Sequences submitted and not running."""
+        """Sequences submitted and not running: the latest step's waiting ones plus every
+        arrival since, counted as waiting until the step that admits it ends."""
         with self._condition:
             return len(self._inbox) + self._num_held_waiting
 
     @property
     def num_running(self) -> int:
-        """Sequences being generated now."""
+        """Sequences running after the latest step."""
         return self._stats.num_running
 
     @property
