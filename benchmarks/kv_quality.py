@@ -39,6 +39,8 @@ from mlxcel_core.cache.paged import (
     PagedBatch,
     PagedKVStorage,
     make_layer_caches,
+    residual_blocks_per_row,
+    residual_dtype,
 )
 from mlxcel_core.cache.quant import CACHE_TYPES
 from mlxcel_core.engine.memory import profile_model
@@ -148,10 +150,15 @@ def attention_error(layers: Sequence[LayerActivations], cache_type: str) -> floa
 
 
 def token_nlls(
-    model: LanguageModel, token_ids: Sequence[int], cache_type: str, chunk_size: int
+    model: LanguageModel,
+    token_ids: Sequence[int],
+    cache_type: str,
+    chunk_size: int,
+    residual: int = 0,
 ) -> mx.array:
     """(T - 1,) float32 negative log-likelihoods of tokens 2..T, prefilled in `chunk_size`
-    chunks through a paged KV cache storing keys and values as `cache_type`; their mean's
+    chunks through a paged KV cache storing keys and values as `cache_type`, keeping the
+    last `residual` positions exact (`PagedKVStorage`'s residual window); their mean's
     exponential is the perplexity.
 
     Raises:
@@ -165,7 +172,13 @@ def token_nlls(
     num_blocks = math.ceil(len(token_ids) / BLOCK_SIZE) + 1
     key_type, value_type = split_types(cache_type)
     storage = PagedKVStorage(
-        profile.layers, BLOCK_SIZE, num_blocks, cache_type_k=key_type, cache_type_v=value_type
+        profile.layers,
+        BLOCK_SIZE,
+        num_blocks,
+        cache_type_k=key_type,
+        cache_type_v=value_type,
+        residual_window=residual,
+        num_residual_blocks=residual_blocks_per_row(residual, BLOCK_SIZE),
     )
     storage.ensure_capacity(num_blocks)
     block_table = list(range(1, num_blocks))
@@ -199,10 +212,21 @@ def perplexity_change(nlls: mx.array, reference_nlls: mx.array) -> tuple[float, 
     return math.expm1(mean), math.exp(mean) * spread / math.sqrt(differences.size)
 
 
-def kv_bytes_per_token(model: LanguageModel, cache_type: str) -> int:
-    """Key and value bytes one token takes over all layers, stored as `cache_type`."""
+def kv_bytes_per_token(
+    model: LanguageModel, cache_type: str, residual: int = 0, num_tokens: int = 1
+) -> float:
+    """Key and value bytes one token takes over all layers, stored as `cache_type`, with
+    the exact copies of a `residual`-position window spread over a `num_tokens` sequence:
+    every block the window can touch (`residual_blocks_per_row`), as the cache keeps
+    whole blocks."""
     layers = profile_model(model, 1).layers
-    return sum(layer.bytes_per_token(*split_types(cache_type)) for layer in layers)
+    stored = sum(layer.bytes_per_token(*split_types(cache_type)) for layer in layers)
+    exact = sum(
+        layer.num_kv_heads * (layer.key_dim + layer.value_dim) * residual_dtype(layer.dtype).size
+        for layer in layers
+    )
+    exact_positions = residual_blocks_per_row(residual, BLOCK_SIZE) * BLOCK_SIZE
+    return stored + exact * exact_positions / num_tokens
 
 
 def report(
@@ -211,8 +235,10 @@ def report(
     cache_types: Sequence[str],
     chunk_size: int,
     attention_tokens: int,
+    residual: int = 0,
 ) -> Iterator[str]:
-    """The table's lines, as each is measured: a header, then one row per cache type."""
+    """The table's lines, as each is measured: a header, then one row per cache type
+    (every type but the f16 reference with a `residual`-position window)."""
     layers = capture_activations(model, token_ids[:attention_tokens])
     reference_bytes = kv_bytes_per_token(model, REFERENCE)
     reference_nlls = token_nlls(model, token_ids, REFERENCE, chunk_size)
@@ -222,15 +248,16 @@ def report(
     )
     yield "|---|---:|---:|---:|---:|---:|---:|"
     for cache_type in cache_types:
-        size = kv_bytes_per_token(model, cache_type)
+        window = 0 if cache_type == REFERENCE else residual
+        size = kv_bytes_per_token(model, cache_type, window, len(token_ids))
         nlls = (
             reference_nlls
             if cache_type == REFERENCE
-            else token_nlls(model, token_ids, cache_type, chunk_size)
+            else token_nlls(model, token_ids, cache_type, chunk_size, window)
         )
         change, error = perplexity_change(nlls, reference_nlls)
         yield (
-            f"| {cache_type} | {size} | {size / reference_bytes:.3f}x "
+            f"| {cache_type} | {size:.0f} | {size / reference_bytes:.3f}x "
             f"| {attention_error(layers, cache_type):.2e} | {math.exp(mx.mean(nlls).item()):.4f} "
             f"| {100 * change:+.3f}% | {100 * error:.3f}% |"
         )
@@ -263,6 +290,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_model_and_text_flags(parser)
     parser.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens)")
     parser.add_argument(
+        "--residual",
+        type=int,
+        default=0,
+        help="positions kept exact at the end of the sequence (a residual window); the "
+        "bytes of the blocks it can touch are spread over the text's tokens",
+    )
+    parser.add_argument(
         "--attention-tokens", type=int, default=512, help="tokens whose attention is compared"
     )
     # "auto" is the model's dtype: float32 on the CPU, the f32 row.
@@ -274,11 +308,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     check_type_names(parser, args.types)
     model, token_ids = model_and_text_tokens(args)
     print(
-        f"{len(token_ids)} tokens, prefill chunks of {args.chunk}, attention compared on "
-        f"the first {min(args.attention_tokens, len(token_ids))}",
+        f"{len(token_ids)} tokens, prefill chunks of {args.chunk}, residual window of "
+        f"{args.residual}, attention compared on the first "
+        f"{min(args.attention_tokens, len(token_ids))} (stored without a window)",
         flush=True,
     )
-    for line in report(model, token_ids, args.types, args.chunk, args.attention_tokens):
+    if args.residual < 0:
+        parser.error(f"--residual must be >= 0, got {args.residual}")
+    lines = report(model, token_ids, args.types, args.chunk, args.attention_tokens, args.residual)
+    for line in lines:
         print(line, flush=True)
 
 

@@ -50,12 +50,22 @@ def test_an_unknown_cache_type_is_a_usage_error_listing_the_names(argv, environ,
     assert str(raised.value).startswith(f"{flag} must be one of {ACCEPTED}")
 
 
+def test_the_residual_window_comes_from_its_flag_and_needs_a_stored_type():
+    assert engine_config([], {}).cache_residual == 0
+    windowed = engine_config(["-ctk", "turbo4", "--cache-residual", "16"], {})
+    assert windowed.cache_residual == 16 and windowed.num_residual_blocks == 2 * 4 * 2
+    with pytest.raises(UsageError, match=r"^--cache-residual keeps .* needs -ctk/--cache-type-k"):
+        engine_config(["--cache-residual", "16"], {})
+    with pytest.raises(UsageError, match=r"^--cache-residual must be >= 0, got -1"):
+        engine_config(["-ctv", "q8_0", "--cache-residual", "-1"], {})
+
+
 def test_batch_generate_runs_on_a_quantized_cache(tiny_gguf, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\nthere\n")
     code, out, err = run_cli(
         "generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "3",
-        "-ctk", "turbo4", "-ctv", "f16",
+        "-ctk", "turbo4", "-ctv", "f16", "--cache-residual", "8",
     )  # fmt: skip
     assert code == 0, err
     assert len([json.loads(line) for line in out.splitlines()]) == 2

@@ -69,13 +69,29 @@ def test_the_perplexity_change_and_its_standard_error_follow_the_token_differenc
     assert kv_quality.perplexity_change(reference, reference) == (0.0, 0.0)
 
 
+def test_a_residual_window_over_the_whole_text_gives_f16_perplexity(model):
+    """Every position is then read from its exact (float16) copy: turbo2 equals f16, and
+    a shorter window lies between them."""
+    f16 = perplexity(model, TOKENS, "f16", 8)
+    whole = kv_quality.token_nlls(model, TOKENS, "turbo2", 8, residual=len(TOKENS))
+    assert math.exp(mx.mean(whole).item()) == pytest.approx(f16, rel=1e-6)
+    short = math.exp(mx.mean(kv_quality.token_nlls(model, TOKENS, "turbo2", 1, 4)).item())
+    assert short != pytest.approx(f16, rel=1e-6)
+    assert short != pytest.approx(perplexity(model, TOKENS, "turbo2", 1), rel=1e-6)
+    # 2 layers x 2 KV heads x 2 x 32 float16 features per exact position; a window of 10
+    # can touch two blocks of 16, spread over 40 tokens.
+    exact = 2 * 2 * 2 * 32 * 2
+    stored = kv_quality.kv_bytes_per_token(model, "turbo2")
+    assert kv_quality.kv_bytes_per_token(model, "turbo2", 10, 40) == stored + exact * 32 / 40
+
+
 def test_the_table_has_a_row_per_type_with_its_bytes(folder, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("The bridge was painted green. Owls hunt at night.")
     kv_quality.main(["-m", str(folder), "--text", str(text), "--chunk", "16",
                      "--types", "f16", "q8_0", "turbo4", "q8_0/turbo4"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    assert " tokens, prefill chunks of 16, attention compared on the first " in lines[0]
+    assert " tokens, prefill chunks of 16, residual window of 0, attention " in lines[0]
     rows = [line.split("|")[1:-1] for line in lines[3:]]
     assert [r[0].strip() for r in rows] == ["f16", "q8_0", "turbo4", "q8_0/turbo4"]
     # 2 layers x 2 KV heads x (keys + values) x bytes per 32-feature vector.

@@ -47,6 +47,10 @@ ENGINE_FLAGS = (
          f"KV cache type for keys {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_K"),
     Flag(("-ctv", "--cache-type-v"), "cache_type_v", str, "auto",
          f"KV cache type for values {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_V"),
+    Flag(("--cache-residual",), "cache_residual", int, 0,
+         "positions at the end of each sequence also kept in the model's dtype beside a "
+         "quantized cache (a KIVI-style residual window; decode then reads through the "
+         "gather path); 0 = none"),
     *SPECULATIVE_FLAGS,
 )  # fmt: skip
 
@@ -110,6 +114,7 @@ def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineC
             speculative=speculative_config_from(args),
             cache_type_k=args.cache_type_k,
             cache_type_v=args.cache_type_v,
+            cache_residual=args.cache_residual,
         )
     except ValueError as error:
         raise flag_error(str(error), _FLAG_NAMES) from error
@@ -125,4 +130,5 @@ _FLAG_NAMES = {
     "max_waiting": "--max-queue",
     "cache_type_k": "-ctk/--cache-type-k",
     "cache_type_v": "-ctv/--cache-type-v",
+    "cache_residual": "--cache-residual",
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mlxcel_core.cache.paged import PagedKVStorage
+from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row, residual_dtype
 from mlxcel_core.cache.quant import AUTO, check_cache_type
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
 from mlxcel_core.engine.scheduler import SchedulerConfig
@@ -42,6 +42,9 @@ class EngineConfig:
         cache_type_k: how the KV cache stores keys, one of
             `mlxcel_core.cache.quant.CACHE_TYPES`; "auto" keeps the model's own dtype.
         cache_type_v: how the KV cache stores values.
+        cache_residual: positions at the end of each sequence also kept in the model's
+            dtype beside their stored copies (a residual window, `cache.paged.residual`);
+            0 keeps none. Needs a cache type other than "auto".
         paged_decode_kernel: decode passes attend straight from the KV pools where a
             kernel serves the device (`PagedKVStorage`'s `decode_kernel`); False keeps
             gathering each row's keys and values, then attending.
@@ -62,6 +65,7 @@ class EngineConfig:
     max_consecutive_failures: int = 3
     cache_type_k: str = AUTO
     cache_type_v: str = AUTO
+    cache_residual: int = 0
     paged_decode_kernel: bool = True
     speculative: SpeculativeConfig | None = None
 
@@ -79,6 +83,32 @@ class EngineConfig:
             raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
         check_cache_type("cache_type_k", self.cache_type_k)
         check_cache_type("cache_type_v", self.cache_type_v)
+        if self.cache_residual < 0:
+            raise ValueError(f"cache_residual must be >= 0, got {self.cache_residual}")
+        if self.cache_residual and self.cache_type_k == AUTO and self.cache_type_v == AUTO:
+            raise ValueError(
+                "cache_residual keeps positions exact beside a stored cache type; it needs "
+                "cache_type_k or cache_type_v other than auto"
+            )
+
+    @property
+    def num_residual_blocks(self) -> int:
+        """Residual blocks the KV storage allocates: twice what every running sequence's
+        window can touch, so that those of finished sequences are not the only spare."""
+        per_row = residual_blocks_per_row(self.cache_residual, self.block_size)
+        return 2 * self.scheduler.max_num_seqs * per_row
+
+    def residual_bytes(self, profile: ModelProfile) -> int:
+        """Bytes the residual blocks take (`cache.paged.residual_dtype` of the model's)."""
+        if not self.cache_residual:
+            return 0
+        positions = (self.num_residual_blocks + 1) * self.block_size
+        return positions * sum(
+            layer.num_kv_heads
+            * (layer.key_dim + layer.value_dim)
+            * residual_dtype(layer.dtype).size
+            for layer in profile.layers
+        )
 
 
 def plan_kv_blocks(
@@ -101,12 +131,13 @@ def plan_kv_blocks(
             layer.bytes_per_token(config.cache_type_k, config.cache_type_v)
             for layer in profile.layers
         )
+        residual_bytes = config.residual_bytes(profile)
         if draft is not None:
             bytes_per_token += sum(layer.bytes_per_token() for layer in draft.layers)
             profile = profile.beside(draft)
         block_bytes = config.block_size * bytes_per_token
         num_blocks = plan_num_blocks(
-            usable_bytes=int(memory * config.memory_utilization),
+            usable_bytes=int(memory * config.memory_utilization) - residual_bytes,
             profile=profile,
             bytes_per_block=block_bytes,
         )
@@ -136,4 +167,6 @@ def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int
         cache_type_k=config.cache_type_k,
         cache_type_v=config.cache_type_v,
         decode_kernel=config.paged_decode_kernel,
+        residual_window=config.cache_residual,
+        num_residual_blocks=config.num_residual_blocks,
     )

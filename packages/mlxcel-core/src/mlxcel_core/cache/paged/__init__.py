@@ -22,6 +22,12 @@ from mlxcel_core.cache.paged.prefix import (
     hash_block_tokens,
     hash_token_blocks,
 )
+from mlxcel_core.cache.paged.residual import (
+    ResidualPlanner,
+    ResidualSlots,
+    residual_blocks_per_row,
+    residual_dtype,
+)
 from mlxcel_core.cache.paged.storage import LayerGeometry, PagedKVStorage
 
 __all__ = [
@@ -39,8 +45,12 @@ __all__ = [
     "PagedBatch",
     "PagedKVStorage",
     "PagedLayerCache",
+    "ResidualPlanner",
+    "ResidualSlots",
     "block_extra",
     "hash_block_tokens",
     "hash_token_blocks",
     "make_layer_caches",
+    "residual_blocks_per_row",
+    "residual_dtype",
 ]

@@ -14,6 +14,7 @@ from mlxcel_core.cache.paged.prefill_lengths import (
     causal_attention_at_rounded_length,
     rounds_prefill_lengths,
 )
+from mlxcel_core.cache.paged.residual import ResidualSlots
 from mlxcel_core.cache.paged.storage import PagedKVStorage
 from mlxcel_core.cache.protocol import AttentionMask
 from mlxcel_core.cache.quant.turbo import TurboQuantCodec
@@ -142,6 +143,8 @@ class PagedBatch:
             writes_past_first_blocks=bool(write_centered.any()),
         )
         self._block_size = block_size
+        self._tables = tables
+        self._offsets = offsets
         self._query_positions = query_positions
         self._lengths = lengths
         self._masks: dict[int | None, mx.array] = {}
@@ -162,6 +165,11 @@ class PagedBatch:
                 allowed &= keys > queries - window_size
             self._masks[window_size] = mx.array(allowed[:, None])
         return self._masks[window_size]
+
+    def residual_slots(self, storage: PagedKVStorage) -> ResidualSlots | None:
+        """Plan the storage's residual blocks for this pass (`PagedKVStorage.plan_residual`);
+        None when it keeps none."""
+        return storage.plan_residual(self._tables, self._offsets, self._lengths)
 
     def length_groups(self) -> tuple[list[LengthGroup], mx.array] | None:
         """A decode pass's rows in groups by context length, and the (B,) int32 order that
@@ -231,10 +239,18 @@ class PagedLayerCache:
     nothing.
     """
 
-    def __init__(self, storage: PagedKVStorage, layer: int, batch: PagedBatch) -> None:
+    def __init__(
+        self,
+        storage: PagedKVStorage,
+        layer: int,
+        batch: PagedBatch,
+        residual: ResidualSlots | None = None,
+    ) -> None:
         self._storage = storage
         self._layer = layer
         self._batch = batch
+        self._residual = residual
+        self._new_kv: tuple[mx.array, mx.array] | None = None
         self._context_fetched = True
 
     @property
@@ -249,14 +265,28 @@ class PagedLayerCache:
             keys.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
             values.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
             self._batch.anchors,
+            None if self._residual is None else self._residual.write_slots,
         )
+        if self._residual is not None and L > 1:
+            self._new_kv = (keys, values)
         if self._batch.num_queries == 1 and self._layer in self._storage.layers_attending_in_cache:
             self._context_fetched = False
             return keys, values
         return self._fetch_context()
 
     def _fetch_context(self) -> tuple[mx.array, mx.array]:
-        return self._storage.gather(self._layer, self._batch.read_slots, self._batch.anchors)
+        residual = self._residual
+        keys, values = self._storage.gather(
+            self._layer,
+            self._batch.read_slots,
+            self._batch.anchors,
+            None if residual is None else (residual.read_slots, residual.exact),
+        )
+        if residual is not None and self._new_kv is not None:
+            new_keys, new_values = self._new_kv
+            keys = residual.with_new_positions(keys, new_keys)
+            values = residual.with_new_positions(values, new_values)
+        return keys, values
 
     def make_mask(
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
@@ -336,7 +366,11 @@ class PagedLayerCache:
         context gathered to its own longest row."""
         outputs = []
         for group in groups:
-            keys, values = self._storage.gather(self._layer, group.read_slots, group.anchors)
+            residual = self._residual
+            exact = None
+            if residual is not None:
+                exact = residual.rows(group.rows, group.read_slots.shape[1])
+            keys, values = self._storage.gather(self._layer, group.read_slots, group.anchors, exact)
             outputs.append(
                 mx.fast.scaled_dot_product_attention(
                     queries[group.rows], keys, values, scale=scale, mask=group.mask
@@ -345,10 +379,13 @@ class PagedLayerCache:
         return mx.concatenate(outputs)[order]
 
     def _decodes_from_pools(self, mask: AttentionMask) -> bool:
-        """A decode pass under the batch's own unwindowed mask, with kernels allowed."""
+        """A decode pass under the batch's own unwindowed mask, with kernels allowed: the
+        kernels read the pools alone, so not where exact copies stand in for some
+        positions."""
         batch = self._batch
         return (
             self._storage.decode_kernel
+            and self._residual is None
             and batch.num_queries == 1
             and (mask is None or mask is batch.mask())
         )
@@ -419,5 +456,9 @@ def _turbo_pool(pool: Sequence[mx.array], codec: TurboQuantCodec) -> TurboPool:
 
 
 def make_layer_caches(storage: PagedKVStorage, batch: PagedBatch) -> list[PagedLayerCache]:
-    """One view per layer, for the model's `cache` argument."""
-    return [PagedLayerCache(storage, layer, batch) for layer in range(len(storage.layers))]
+    """One view per layer, for the model's `cache` argument; plans the pass's residual
+    blocks, so call it once per pass, in the order the passes write."""
+    residual = batch.residual_slots(storage)
+    return [
+        PagedLayerCache(storage, layer, batch, residual) for layer in range(len(storage.layers))
+    ]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from mlxcel_core.cache.paged.centering import (
     RowAnchors,
@@ -14,6 +15,7 @@ from mlxcel_core.cache.paged.centering import (
     store_parts,
 )
 from mlxcel_core.cache.paged.manager import BlockCopy
+from mlxcel_core.cache.paged.residual import ResidualPlanner, ResidualSlots, residual_dtype
 from mlxcel_core.cache.quant import (
     AUTO,
     KVCodec,
@@ -78,6 +80,11 @@ class PagedKVStorage:
         decode_kernel: let decode passes attend straight from the pools with
             `mlxcel_core.kernels.paged_attention` where a kernel serves the device and the
             pools' types; False keeps the gather-then-attend path everywhere.
+        residual_window: positions at the end of each row also kept exact, in
+            `residual_dtype` of the layer's (`residual`); 0 keeps none. Decode passes
+            then attend through the gather path, since the kernels read the pools alone.
+        num_residual_blocks: blocks of exact copies to allocate for that (>= 1 with a
+            window).
 
     Attributes:
         bytes_per_block: key and value bytes of one block over all layers, as stored.
@@ -87,8 +94,9 @@ class PagedKVStorage:
             needs it.
 
     Raises:
-        ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, or a cache type
-            is unknown or cannot take a layer's head dim.
+        ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, a cache type
+            is unknown or cannot take a layer's head dim, or a residual window is asked
+            for without residual blocks or with both cache types "auto".
     """
 
     def __init__(
@@ -100,6 +108,8 @@ class PagedKVStorage:
         cache_type_k: str = AUTO,
         cache_type_v: str = AUTO,
         decode_kernel: bool = True,
+        residual_window: int = 0,
+        num_residual_blocks: int = 0,
     ) -> None:
         if not layers:
             raise ValueError("layers must describe at least one attention layer")
@@ -123,6 +133,20 @@ class PagedKVStorage:
         self.bytes_per_block = block_size * sum(
             g.bytes_per_token(cache_type_k, cache_type_v) for g in layers
         )
+        self._residual: ResidualPlanner | None = None
+        self.exact_keys: list[mx.array] = []
+        self.exact_values: list[mx.array] = []
+        if residual_window:
+            if cache_type_k == AUTO and cache_type_v == AUTO:
+                raise ValueError("a residual window needs a cache type other than auto")
+            self._residual = ResidualPlanner(residual_window, block_size, num_residual_blocks)
+            # Residual block 0 is the null one, which positions without a copy write to.
+            slots = (num_residual_blocks + 1) * block_size
+            for g in layers:
+                dtype = residual_dtype(g.dtype)
+                self.exact_keys.append(mx.zeros((slots, g.num_kv_heads, g.key_dim), dtype))
+                self.exact_values.append(mx.zeros((slots, g.num_kv_heads, g.value_dim), dtype))
+            mx.eval(self.exact_keys, self.exact_values)
         self.keys: list[Pool] = [
             self._zeros(g, g.key_dim, codec, 0)
             for g, codec in zip(layers, self._key_codecs, strict=True)
@@ -140,8 +164,23 @@ class PagedKVStorage:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the pools hold now."""
-        return self.capacity_blocks * self.bytes_per_block
+        """Bytes the pools and the residual blocks hold now."""
+        exact = sum(array.nbytes for array in (*self.exact_keys, *self.exact_values))
+        return self.capacity_blocks * self.bytes_per_block + exact
+
+    @property
+    def residual_window(self) -> int:
+        """Positions at the end of each row kept exact (0 for none)."""
+        return 0 if self._residual is None else self._residual.window
+
+    def plan_residual(
+        self, tables: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
+    ) -> ResidualSlots | None:
+        """Update the residual blocks for one pass (`residual.ResidualPlanner.plan`) and
+        return its slots; None when the storage keeps none."""
+        if self._residual is None:
+            return None
+        return self._residual.plan(tables, offsets, lengths)
 
     def ensure_capacity(self, num_blocks: int) -> None:
         """Grow every pool to hold at least `num_blocks` blocks (ids 0 .. num_blocks - 1).
@@ -174,6 +213,7 @@ class PagedKVStorage:
         keys: mx.array,
         values: mx.array,
         anchors: RowAnchors | None = None,
+        residual_slots: mx.array | None = None,
     ) -> None:
         """Store new positions.
 
@@ -184,18 +224,30 @@ class PagedKVStorage:
             anchors: the rows' first blocks, for keys of centered codecs (values are
                 never centered); None stores every position on its own, as if each lay
                 in its row's first block.
+            residual_slots: (N,) int32 residual slots of the positions (`ResidualSlots`),
+                with a residual window.
         """
         _store(self.keys[layer], self._key_codecs[layer], slots, keys, anchors)
         _store(self.values[layer], self._value_codecs[layer], slots, values, None)
+        if residual_slots is not None:
+            exact_keys, exact_values = self.exact_keys[layer], self.exact_values[layer]
+            exact_keys[residual_slots] = keys.astype(exact_keys.dtype)
+            exact_values[residual_slots] = values.astype(exact_values.dtype)
 
     def gather(
-        self, layer: int, slots: mx.array, anchors: RowAnchors | None = None
+        self,
+        layer: int,
+        slots: mx.array,
+        anchors: RowAnchors | None = None,
+        exact: tuple[mx.array, mx.array] | None = None,
     ) -> tuple[mx.array, mx.array]:
         """Read positions by slot id.
 
         Args:
             slots: (B, S) int32 slot ids.
             anchors: the rows' first blocks, as `write` was given them.
+            exact: (B, S) int32 residual slots and (B, S) bool, True where a position is
+                read from its exact copy instead (`ResidualSlots`).
 
         Returns:
             Keys (B, H_kv, S, D_k) and values (B, H_kv, S, D_v), in the layer's dtype.
@@ -203,6 +255,13 @@ class PagedKVStorage:
         dtype = self.layers[layer].dtype
         keys = _load(self.keys[layer], self._key_codecs[layer], slots, dtype, anchors)
         values = _load(self.values[layer], self._value_codecs[layer], slots, dtype, None)
+        if exact is not None:
+            residual_slots, is_exact = exact
+            is_exact = is_exact[..., None, None]
+            exact_keys = self.exact_keys[layer][residual_slots].astype(dtype)
+            exact_values = self.exact_values[layer][residual_slots].astype(dtype)
+            keys = mx.where(is_exact, exact_keys, keys)
+            values = mx.where(is_exact, exact_values, values)
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
     def codecs(self, layer: int) -> tuple[KVCodec | None, KVCodec | None]:
@@ -211,15 +270,23 @@ class PagedKVStorage:
         return self._key_codecs[layer], self._value_codecs[layer]
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
-        """Copy whole blocks (copy-on-write), every layer, before the step that writes them."""
+        """Copy whole blocks (copy-on-write), every layer, before the step that writes
+        them; with their exact copies where they have residual blocks."""
         if not copies:
             return
-        offsets = mx.arange(self.block_size)
-        src = mx.array([c.src_block_id for c in copies])[:, None] * self.block_size + offsets
-        dst = mx.array([c.dst_block_id for c in copies])[:, None] * self.block_size + offsets
-        src, dst = src.reshape(-1), dst.reshape(-1)
-        for pool in self.arrays():
+        src = self._block_slots([c.src_block_id for c in copies])
+        dst = self._block_slots([c.dst_block_id for c in copies])
+        for pool in self._pool_arrays():
             pool[dst] = pool[src]
+        if self._residual is None:
+            return
+        pairs = [self._residual.copy(c.src_block_id, c.dst_block_id) for c in copies]
+        residual_pairs = [pair for pair in pairs if pair is not None]
+        if residual_pairs:
+            src = self._block_slots([pair[0] for pair in residual_pairs])
+            dst = self._block_slots([pair[1] for pair in residual_pairs])
+            for array in (*self.exact_keys, *self.exact_values):
+                array[dst] = array[src]
 
     def read_blocks(self, block_ids: Sequence[int]) -> list[mx.array]:
         """The stored contents of whole blocks, to hand to another storage of the same
@@ -230,15 +297,17 @@ class PagedKVStorage:
             (len(block_ids) * block_size, H_kv, W) in that array's dtype.
         """
         slots = self._block_slots(block_ids)
-        return [array[slots] for array in self.arrays()]
+        return [array[slots] for array in self._pool_arrays()]
 
     def write_blocks(self, block_ids: Sequence[int], contents: Sequence[mx.array]) -> None:
         """Overwrite whole blocks with contents `read_blocks` returned elsewhere.
 
+        The blocks lose their exact copies: the contents are the stored ones alone.
+
         Raises:
             ValueError: `contents` does not match the pools in number, shape or dtype.
         """
-        arrays = self.arrays()
+        arrays = self._pool_arrays()
         if len(contents) != len(arrays):
             raise ValueError(f"contents must hold {len(arrays)} arrays, got {len(contents)}")
         slots = self._block_slots(block_ids)
@@ -250,13 +319,19 @@ class PagedKVStorage:
                     f"got {tuple(content.shape)} {content.dtype}"
                 )
             array[slots] = content
+        if self._residual is not None:
+            self._residual.drop(list(block_ids))
 
     def _block_slots(self, block_ids: Sequence[int]) -> mx.array:
         offsets = mx.arange(self.block_size)
         return (mx.array(list(block_ids))[:, None] * self.block_size + offsets).reshape(-1)
 
     def arrays(self) -> list[mx.array]:
-        """Every pool's arrays, to evaluate with a step's outputs so writes do not pile up."""
+        """Every pool's arrays and the exact copies, to evaluate with a step's outputs so
+        writes do not pile up."""
+        return [*self._pool_arrays(), *self.exact_keys, *self.exact_values]
+
+    def _pool_arrays(self) -> list[mx.array]:
         return [array for pool in (*self.keys, *self.values) for array in pool]
 
 
