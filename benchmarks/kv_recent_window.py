@@ -1,13 +1,14 @@
 """What keeping each sequence's most recent positions exact would gain a KV cache type.
 
-A simulation, not a cache mlxcel has: the model reads the text in one forward pass in
+A simulation, to choose a window: the model reads the text in one forward pass in
 which every query sees the keys and values of its own last `W` positions (itself
 included) exactly, and every earlier position as a paged cache of the type stores it
 (`kv_quality.stored`: the whole text written as one row, so TurboQuant keys are centered
 on the first block as in the real cache). This is the view a decode step would have if the
 cache kept a sliding window of W positions per sequence in the model's dtype on top of the
 type's blocks (KIVI's full-precision residual: Liu et al., "KIVI: A Tuning-Free Asymmetric
-2bit Quantization for KV Cache", 2024). Window 0 is the type alone.
+2bit Quantization for KV Cache", 2024). Window 0 is the type alone. The paged cache's own
+window (`--cache-residual`, whole blocks) is measured by `kv_quality.py --residual`.
 
 For each type and window it reports the KV bytes per token over the text (the window's
 positions at float16's bytes, the rest at the type's), and the perplexity change against

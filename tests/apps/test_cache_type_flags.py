@@ -54,8 +54,11 @@ def test_the_residual_window_comes_from_its_flag_and_needs_a_stored_type():
     assert engine_config([], {}).cache_residual == 0
     windowed = engine_config(["-ctk", "turbo4", "--cache-residual", "16"], {})
     assert windowed.cache_residual == 16 and windowed.num_residual_blocks == 2 * 4 * 2
-    with pytest.raises(UsageError, match=r"^--cache-residual keeps .* needs -ctk/--cache-type-k"):
-        engine_config(["--cache-residual", "16"], {})
+    for argv in (["--cache-residual", "16"], ["-ctk", "f16", "--cache-residual", "16"]):
+        with pytest.raises(
+            UsageError, match=r"^--cache-residual keeps .* needs -ctk/--cache-type-k"
+        ):
+            engine_config(argv, {})
     with pytest.raises(UsageError, match=r"^--cache-residual must be >= 0, got -1"):
         engine_config(["-ctv", "q8_0", "--cache-residual", "-1"], {})
 

@@ -34,7 +34,9 @@ from mlxcel_core.cache.paged import (
     make_layer_caches,
     residual_blocks_per_row,
 )
-from mlxcel_core.engine import EngineConfig
+from mlxcel_core.engine import EngineConfig, InsufficientMemoryError
+from mlxcel_core.engine.config import plan_kv_blocks
+from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.generate import LanguageModel
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
@@ -140,12 +142,14 @@ def test_copies_carry_the_residual_block_or_drop_a_stale_one():
 GEOMETRY = LayerGeometry(num_kv_heads=2, key_dim=64, value_dim=64, dtype=mx.float32)
 
 
-def storage_with(window: int, num_residual_blocks: int = 4) -> PagedKVStorage:
+def storage_with(
+    window: int, num_residual_blocks: int = 4, cache_type_k: str = "turbo2"
+) -> PagedKVStorage:
     storage = PagedKVStorage(
         [GEOMETRY],
         BLOCK_SIZE,
         16,
-        cache_type_k="turbo2",
+        cache_type_k=cache_type_k,
         cache_type_v="turbo2",
         residual_window=window,
         num_residual_blocks=num_residual_blocks,
@@ -227,12 +231,40 @@ def test_block_copies_carry_exact_copies_and_transfers_drop_them():
     assert np.array(after.exact)[0].tolist() == [True] * 4 + [False] * 2
 
 
-def test_the_storage_counts_the_exact_copies_and_refuses_a_window_over_auto():
+def test_an_unquantized_side_is_read_from_its_pool_as_it_is():
+    rng = np.random.default_rng(3)
+    keys = mx.array(rng.standard_normal((6, 2, 64)).astype(np.float32))
+    values = mx.array(rng.standard_normal((6, 2, 64)).astype(np.float32))
+    storage = storage_with(window=8, cache_type_k="auto")
+    assert storage.exact_sides == (False, True)
+    batch, residual = write_row(storage, BatchRow([1, 2], 0, 6), keys, values)
+    exact = (residual.read_slots, residual.exact)
+    got_k, got_v = storage.gather(0, batch.read_slots, batch.anchors, exact)
+    assert mx.array_equal(got_k, keys.transpose(1, 0, 2)[None])  # float32, not rounded
+    assert mx.array_equal(
+        got_v, values.astype(mx.float16).astype(mx.float32).transpose(1, 0, 2)[None]
+    )
+
+
+def test_the_storage_counts_the_exact_copies_of_quantized_sides_only():
     storage = storage_with(window=6, num_residual_blocks=4)
     exact = 2 * (4 + 1) * BLOCK_SIZE * 2 * 64 * 2  # keys and values, float16
     assert storage.nbytes == storage.capacity_blocks * storage.bytes_per_block + exact
-    with pytest.raises(ValueError, match="other than auto"):
-        PagedKVStorage([GEOMETRY], BLOCK_SIZE, 16, residual_window=4, num_residual_blocks=2)
+    values_only = storage_with(window=6, num_residual_blocks=4, cache_type_k="f16")
+    assert (
+        values_only.nbytes == values_only.capacity_blocks * values_only.bytes_per_block + exact // 2
+    )
+    for cache_type in ("auto", "f16", "bf16", "f32"):
+        with pytest.raises(ValueError, match="needs a quantized cache type"):
+            PagedKVStorage(
+                [GEOMETRY],
+                BLOCK_SIZE,
+                16,
+                cache_type_k=cache_type,
+                cache_type_v=cache_type,
+                residual_window=4,
+                num_residual_blocks=2,
+            )
 
 
 # Through the engine
@@ -296,9 +328,28 @@ def test_a_draft_model_and_its_rollback_keep_the_window_exact(model):
     assert run(model, typed("turbo2", CONTEXT_SIZE, speculative=spec), groups, model) == f16
 
 
-def test_the_engine_refuses_a_window_without_a_stored_type():
-    with pytest.raises(ValueError, match="other than auto"):
-        typed("auto", 16)
+def test_the_engine_refuses_a_window_without_a_quantized_type():
+    for cache_type in ("auto", "f16"):
+        with pytest.raises(ValueError, match="beside a quantized cache"):
+            typed(cache_type, 16)
     with pytest.raises(ValueError, match="cache_residual must be >= 0"):
         typed("turbo4", -1)
     assert replace(typed("turbo4", 16), cache_residual=0).num_residual_blocks == 0
+
+
+def test_the_window_is_capped_by_the_context_and_its_bytes_by_the_budget(model):
+    # 4 sequences x 2 x the blocks of a 48-position context (13 blocks of 4), not of 10**6.
+    assert typed("turbo4", 10**6).num_residual_blocks == 4 * 2 * 13
+    profile = profile_model(model, 8)
+    per_position = sum(
+        layer.num_kv_heads * (layer.key_dim + layer.value_dim) * 2 for layer in profile.layers
+    )
+    assert typed("q4_0", 8).residual_bytes(profile) == (4 * 2 * 3 + 1) * BLOCK_SIZE * per_position
+    budget = 16 * 2**20 + typed("q4_0", 8).residual_bytes(profile)
+    config = typed(
+        "q4_0", CONTEXT_SIZE, num_kv_blocks=None, device_memory=budget, memory_utilization=1.0
+    )
+    with pytest.raises(InsufficientMemoryError, match=r"cache_residual window's exact copies take"):
+        plan_kv_blocks(
+            replace(config, scheduler=replace(config.scheduler, max_num_seqs=4096)), profile
+        )

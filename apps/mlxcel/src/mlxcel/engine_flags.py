@@ -48,9 +48,9 @@ ENGINE_FLAGS = (
     Flag(("-ctv", "--cache-type-v"), "cache_type_v", str, "auto",
          f"KV cache type for values {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_V"),
     Flag(("--cache-residual",), "cache_residual", int, 0,
-         "positions at the end of each sequence also kept in the model's dtype beside a "
-         "quantized cache (a KIVI-style residual window; decode then reads through the "
-         "gather path); 0 = none"),
+         "positions at the end of each sequence whose quantized keys/values are also kept "
+         "exact, float16 for a float32 model (a KIVI-style residual window; decode then "
+         "reads through the gather path); 0 = none"),
     *SPECULATIVE_FLAGS,
 )  # fmt: skip
 
@@ -85,7 +85,7 @@ def open_engine(
             make_runner=make_runner,
         )
     except InsufficientMemoryError as error:
-        raise RunError(str(error)) from error
+        raise RunError(str(flag_error(str(error), _FLAG_NAMES))) from error
     except ValueError as error:
         raise UsageError(str(error)) from error
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row, residual_dtype
-from mlxcel_core.cache.quant import AUTO, check_cache_type
+from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
 from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.speculative import SpeculativeConfig
@@ -42,9 +42,9 @@ class EngineConfig:
         cache_type_k: how the KV cache stores keys, one of
             `mlxcel_core.cache.quant.CACHE_TYPES`; "auto" keeps the model's own dtype.
         cache_type_v: how the KV cache stores values.
-        cache_residual: positions at the end of each sequence also kept in the model's
-            dtype beside their stored copies (a residual window, `cache.paged.residual`);
-            0 keeps none. Needs a cache type other than "auto".
+        cache_residual: positions at the end of each sequence whose quantized keys and
+            values are also kept exact (a residual window, `cache.paged.residual`); 0
+            keeps none. Needs a quantized `cache_type_k` or `cache_type_v`.
         paged_decode_kernel: decode passes attend straight from the KV pools where a
             kernel serves the device (`PagedKVStorage`'s `decode_kernel`); False keeps
             gathering each row's keys and values, then attending.
@@ -85,27 +85,33 @@ class EngineConfig:
         check_cache_type("cache_type_v", self.cache_type_v)
         if self.cache_residual < 0:
             raise ValueError(f"cache_residual must be >= 0, got {self.cache_residual}")
-        if self.cache_residual and self.cache_type_k == AUTO and self.cache_type_v == AUTO:
+        if self.cache_residual and not (
+            is_quantized(self.cache_type_k) or is_quantized(self.cache_type_v)
+        ):
             raise ValueError(
-                "cache_residual keeps positions exact beside a stored cache type; it needs "
-                "cache_type_k or cache_type_v other than auto"
+                "cache_residual keeps exact copies beside a quantized cache; it needs "
+                "cache_type_k or cache_type_v to be q8_0, q4_0, turbo2, turbo3 or turbo4"
             )
 
     @property
     def num_residual_blocks(self) -> int:
         """Residual blocks the KV storage allocates: twice what every running sequence's
-        window can touch, so that those of finished sequences are not the only spare."""
-        per_row = residual_blocks_per_row(self.cache_residual, self.block_size)
+        window (at most the context) can touch, so that those of finished sequences are
+        not the only spare."""
+        window = min(self.cache_residual, self.context_size)
+        per_row = residual_blocks_per_row(window, self.block_size)
         return 2 * self.scheduler.max_num_seqs * per_row
 
     def residual_bytes(self, profile: ModelProfile) -> int:
-        """Bytes the residual blocks take (`cache.paged.residual_dtype` of the model's)."""
+        """Bytes the residual blocks take: exact copies of the quantized sides, in
+        `cache.paged.residual_dtype` of the model's."""
         if not self.cache_residual:
             return 0
         positions = (self.num_residual_blocks + 1) * self.block_size
+        exact_keys, exact_values = is_quantized(self.cache_type_k), is_quantized(self.cache_type_v)
         return positions * sum(
             layer.num_kv_heads
-            * (layer.key_dim + layer.value_dim)
+            * (exact_keys * layer.key_dim + exact_values * layer.value_dim)
             * residual_dtype(layer.dtype).size
             for layer in profile.layers
         )
@@ -125,6 +131,7 @@ def plan_kv_blocks(
         CacheTypeError: a cache type cannot take a layer's head dim.
     """
     num_blocks = config.num_kv_blocks
+    residual_bytes = 0
     if num_blocks is None:
         memory = device_memory_bytes() if config.device_memory is None else config.device_memory
         bytes_per_token = sum(
@@ -143,9 +150,15 @@ def plan_kv_blocks(
         )
     needed = math.ceil(config.context_size / config.block_size) + 1
     if num_blocks < needed:
+        residual = ""
+        if residual_bytes:
+            residual = (
+                f" (the cache_residual window's exact copies take {residual_bytes / 2**20:.1f} "
+                "MiB of its memory: lower cache_residual or max_num_seqs)"
+            )
         raise InsufficientMemoryError(
             f"the KV cache has room for {max(num_blocks - 1, 0) * config.block_size} tokens "
-            f"({num_blocks} blocks of {config.block_size}, one reserved) "
+            f"({num_blocks} blocks of {config.block_size}, one reserved){residual} "
             f"but one sequence of the context size ({config.context_size} tokens) needs "
             f"{(needed - 1) * config.block_size}; lower the context size or give the "
             "cache more memory"
@@ -168,5 +181,6 @@ def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int
         cache_type_v=config.cache_type_v,
         decode_kernel=config.paged_decode_kernel,
         residual_window=config.cache_residual,
-        num_residual_blocks=config.num_residual_blocks,
+        # More than one per block is never used.
+        num_residual_blocks=min(config.num_residual_blocks, num_blocks),
     )

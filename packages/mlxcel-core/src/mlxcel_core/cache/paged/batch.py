@@ -284,8 +284,11 @@ class PagedLayerCache:
         )
         if residual is not None and self._new_kv is not None:
             new_keys, new_values = self._new_kv
-            keys = residual.with_new_positions(keys, new_keys)
-            values = residual.with_new_positions(values, new_values)
+            exact_keys, exact_values = self._storage.exact_sides
+            if exact_keys:
+                keys = residual.with_new_positions(keys, new_keys)
+            if exact_values:
+                values = residual.with_new_positions(values, new_values)
         return keys, values
 
     def make_mask(
@@ -364,9 +367,9 @@ class PagedLayerCache:
     ) -> mx.array:
         """Decode attention group by group (`PagedBatch.length_groups`), each group's
         context gathered to its own longest row."""
+        residual = self._residual
         outputs = []
         for group in groups:
-            residual = self._residual
             exact = None
             if residual is not None:
                 exact = residual.rows(group.rows, group.read_slots.shape[1])

@@ -12,12 +12,12 @@ exactly, from the keys and values it has just made, and keeps the blocks holding
 query's window; so each of its queries sees at least its own last `window` positions
 exact, as a decode pass does.
 
-Only that attaches a residual block, so a block's copy holds every position written since:
-later positions are written by `PagedKVStorage.write` with their exact copies, and
+Nothing else attaches a residual block, so a block's copy holds every position written
+since: later positions are written by `PagedKVStorage.write` with their exact copies, and
 whole-block copies (copy-on-write) carry it along; a block a pass starts writing may keep
-a copy it had, as the pass writes it again from its first position. A block overwritten whole from
-elsewhere (`PagedKVStorage.write_blocks`) loses it. A block its row has moved past (wholly
-before the first query's window) gives its residual block back.
+a copy it had, as the pass writes it again from its first position. A block overwritten
+whole from elsewhere (`PagedKVStorage.write_blocks`) loses its copy. A block its row has
+moved past (wholly before the first query's window) gives its residual block back.
 
 Residual blocks are a fixed set, handed out least recently used first: one whose block was
 freed, or whose row stopped, is never seen in a window again and is the first taken. A
@@ -137,7 +137,7 @@ class ResidualPlanner:
             table = tables[row]
             first_kept = max(0, offset + 1 - self.window) // size
             first_in_window = max(0, length - self.window) // size
-            # Blocks the row has moved past, including any the pass starts writing there.
+            # Blocks the row has moved past.
             before = table[:first_kept]
             for block_id in before[had_residual[row, :first_kept]].tolist():
                 self._drop(block_id)

@@ -20,6 +20,7 @@ from mlxcel_core.cache.quant import (
     AUTO,
     KVCodec,
     check_cache_type,
+    is_quantized,
     kv_bytes_per_vector,
     make_kv_codec,
 )
@@ -80,9 +81,10 @@ class PagedKVStorage:
         decode_kernel: let decode passes attend straight from the pools with
             `mlxcel_core.kernels.paged_attention` where a kernel serves the device and the
             pools' types; False keeps the gather-then-attend path everywhere.
-        residual_window: positions at the end of each row also kept exact, in
-            `residual_dtype` of the layer's (`residual`); 0 keeps none. Decode passes
-            then attend through the gather path, since the kernels read the pools alone.
+        residual_window: positions at the end of each row whose quantized keys and
+            values are also kept exact, in `residual_dtype` of the layer's (`residual`);
+            0 keeps none. Decode passes then attend through the gather path, since the
+            kernels read the pools alone.
         num_residual_blocks: blocks of exact copies to allocate for that (>= 1 with a
             window).
 
@@ -96,7 +98,7 @@ class PagedKVStorage:
     Raises:
         ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, a cache type
             is unknown or cannot take a layer's head dim, or a residual window is asked
-            for without residual blocks or with both cache types "auto".
+            for without residual blocks or with neither cache type quantized.
     """
 
     def __init__(
@@ -137,15 +139,17 @@ class PagedKVStorage:
         self.exact_keys: list[mx.array] = []
         self.exact_values: list[mx.array] = []
         if residual_window:
-            if cache_type_k == AUTO and cache_type_v == AUTO:
-                raise ValueError("a residual window needs a cache type other than auto")
+            if not (is_quantized(cache_type_k) or is_quantized(cache_type_v)):
+                raise ValueError("a residual window needs a quantized cache type")
             self._residual = ResidualPlanner(residual_window, block_size, num_residual_blocks)
             # Residual block 0 is the null one, which positions without a copy write to.
             slots = (num_residual_blocks + 1) * block_size
             for g in layers:
                 dtype = residual_dtype(g.dtype)
-                self.exact_keys.append(mx.zeros((slots, g.num_kv_heads, g.key_dim), dtype))
-                self.exact_values.append(mx.zeros((slots, g.num_kv_heads, g.value_dim), dtype))
+                if is_quantized(cache_type_k):
+                    self.exact_keys.append(mx.zeros((slots, g.num_kv_heads, g.key_dim), dtype))
+                if is_quantized(cache_type_v):
+                    self.exact_values.append(mx.zeros((slots, g.num_kv_heads, g.value_dim), dtype))
             mx.eval(self.exact_keys, self.exact_values)
         self.keys: list[Pool] = [
             self._zeros(g, g.key_dim, codec, 0)
@@ -172,6 +176,12 @@ class PagedKVStorage:
     def residual_window(self) -> int:
         """Positions at the end of each row kept exact (0 for none)."""
         return 0 if self._residual is None else self._residual.window
+
+    @property
+    def exact_sides(self) -> tuple[bool, bool]:
+        """Whether the keys, and the values, have exact copies (their type is quantized
+        and there is a residual window)."""
+        return bool(self.exact_keys), bool(self.exact_values)
 
     def plan_residual(
         self, tables: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
@@ -229,9 +239,13 @@ class PagedKVStorage:
         """
         _store(self.keys[layer], self._key_codecs[layer], slots, keys, anchors)
         _store(self.values[layer], self._value_codecs[layer], slots, values, None)
-        if residual_slots is not None:
-            exact_keys, exact_values = self.exact_keys[layer], self.exact_values[layer]
+        if residual_slots is None:
+            return
+        if self.exact_keys:
+            exact_keys = self.exact_keys[layer]
             exact_keys[residual_slots] = keys.astype(exact_keys.dtype)
+        if self.exact_values:
+            exact_values = self.exact_values[layer]
             exact_values[residual_slots] = values.astype(exact_values.dtype)
 
     def gather(
@@ -246,8 +260,8 @@ class PagedKVStorage:
         Args:
             slots: (B, S) int32 slot ids.
             anchors: the rows' first blocks, as `write` was given them.
-            exact: (B, S) int32 residual slots and (B, S) bool, True where a position is
-                read from its exact copy instead (`ResidualSlots`).
+            exact: (B, S) int32 residual slots and (B, S) bool, True where a position of
+                a quantized side is read from its exact copy instead (`ResidualSlots`).
 
         Returns:
             Keys (B, H_kv, S, D_k) and values (B, H_kv, S, D_v), in the layer's dtype.
@@ -258,10 +272,12 @@ class PagedKVStorage:
         if exact is not None:
             residual_slots, is_exact = exact
             is_exact = is_exact[..., None, None]
-            exact_keys = self.exact_keys[layer][residual_slots].astype(dtype)
-            exact_values = self.exact_values[layer][residual_slots].astype(dtype)
-            keys = mx.where(is_exact, exact_keys, keys)
-            values = mx.where(is_exact, exact_values, values)
+            if self.exact_keys:
+                exact_keys = self.exact_keys[layer][residual_slots].astype(dtype)
+                keys = mx.where(is_exact, exact_keys, keys)
+            if self.exact_values:
+                exact_values = self.exact_values[layer][residual_slots].astype(dtype)
+                values = mx.where(is_exact, exact_values, values)
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
     def codecs(self, layer: int) -> tuple[KVCodec | None, KVCodec | None]:

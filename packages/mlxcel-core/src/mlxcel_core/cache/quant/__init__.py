@@ -11,6 +11,7 @@ from mlxcel_core.cache.quant.factory import (
     CACHE_TYPES,
     CacheTypeError,
     check_cache_type,
+    is_quantized,
     kv_bytes_per_vector,
     make_kv_codec,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "KVCodec",
     "bytes_per_vector",
     "check_cache_type",
+    "is_quantized",
     "kv_bytes_per_vector",
     "make_kv_codec",
 ]

@@ -25,6 +25,11 @@ def check_cache_type(name: str, cache_type: str) -> None:
         raise ValueError(f"{name} must be one of {', '.join(CACHE_TYPES)}; got {cache_type!r}")
 
 
+def is_quantized(cache_type: str) -> bool:
+    """Whether `cache_type` stores codes rather than floats (q8_0, q4_0 and TurboQuant)."""
+    return cache_type != AUTO and cache_type not in _FLOAT_TYPES
+
+
 def make_kv_codec(cache_type: str, head_dim: int) -> KVCodec | None:
     """The codec of `cache_type` for head-vectors of `head_dim` features; None for "auto".
 
