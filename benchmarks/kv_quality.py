@@ -40,7 +40,6 @@ from mlxcel_core.cache.paged import (
     PagedKVStorage,
     make_layer_caches,
     residual_blocks_per_row,
-    residual_dtype,
 )
 from mlxcel_core.cache.quant import CACHE_TYPES
 from mlxcel_core.engine.memory import profile_model
@@ -220,11 +219,9 @@ def kv_bytes_per_token(
     every block the window can touch (`residual_blocks_per_row`), as the cache keeps
     whole blocks."""
     layers = profile_model(model, 1).layers
-    stored = sum(layer.bytes_per_token(*split_types(cache_type)) for layer in layers)
-    exact = sum(
-        layer.num_kv_heads * (layer.key_dim + layer.value_dim) * residual_dtype(layer.dtype).size
-        for layer in layers
-    )
+    types = split_types(cache_type)
+    stored = sum(layer.bytes_per_token(*types) for layer in layers)
+    exact = sum(layer.exact_bytes_per_token(*types) for layer in layers)
     exact_positions = residual_blocks_per_row(residual, BLOCK_SIZE) * BLOCK_SIZE
     return stored + exact * exact_positions / num_tokens
 
@@ -306,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     check_type_names(parser, args.types)
+    if args.residual < 0:
+        parser.error(f"--residual must be >= 0, got {args.residual}")
     model, token_ids = model_and_text_tokens(args)
     print(
         f"{len(token_ids)} tokens, prefill chunks of {args.chunk}, residual window of "
@@ -313,8 +312,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{min(args.attention_tokens, len(token_ids))} (stored without a window)",
         flush=True,
     )
-    if args.residual < 0:
-        parser.error(f"--residual must be >= 0, got {args.residual}")
     lines = report(model, token_ids, args.types, args.chunk, args.attention_tokens, args.residual)
     for line in lines:
         print(line, flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row, residual_dtype
+from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row
 from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
 from mlxcel_core.engine.scheduler import SchedulerConfig
@@ -103,16 +103,12 @@ class EngineConfig:
         return 2 * self.scheduler.max_num_seqs * per_row
 
     def residual_bytes(self, profile: ModelProfile) -> int:
-        """Bytes the residual blocks take: exact copies of the quantized sides, in
-        `cache.paged.residual_dtype` of the model's."""
+        """Bytes the residual blocks take (`LayerGeometry.exact_bytes_per_token`)."""
         if not self.cache_residual:
             return 0
         positions = (self.num_residual_blocks + 1) * self.block_size
-        exact_keys, exact_values = is_quantized(self.cache_type_k), is_quantized(self.cache_type_v)
         return positions * sum(
-            layer.num_kv_heads
-            * (exact_keys * layer.key_dim + exact_values * layer.value_dim)
-            * residual_dtype(layer.dtype).size
+            layer.exact_bytes_per_token(self.cache_type_k, self.cache_type_v)
             for layer in profile.layers
         )
 

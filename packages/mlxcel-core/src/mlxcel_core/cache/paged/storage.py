@@ -56,6 +56,13 @@ class LayerGeometry:
         value_bytes = kv_bytes_per_vector(cache_type_v, self.value_dim, self.dtype)
         return self.num_kv_heads * (key_bytes + value_bytes)
 
+    def exact_bytes_per_token(self, cache_type_k: str, cache_type_v: str) -> int:
+        """Bytes one position's exact copies take in this layer under a residual window:
+        the quantized sides' keys or values in `residual_dtype` of the layer's."""
+        features = is_quantized(cache_type_k) * self.key_dim
+        features += is_quantized(cache_type_v) * self.value_dim
+        return self.num_kv_heads * features * residual_dtype(self.dtype).size
+
 
 # One pool: a layer's keys (or values) as the arrays their codec stores, each (slots, H, W).
 Pool = tuple[mx.array, ...]
