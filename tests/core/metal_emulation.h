@@ -17,6 +17,28 @@ typedef _Float16 float16_t;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 
+// Metal's bfloat: float in, rounded to nearest even; float out, exactly.
+struct bfloat16_t {
+  uint16_t bits;
+  bfloat16_t() = default;
+  bfloat16_t(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      bits = static_cast<uint16_t>((u >> 16) | 0x40u);
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);
+      bits = static_cast<uint16_t>(u >> 16);
+    }
+  }
+  operator float() const {
+    uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
 struct Threadgroup {
   pthread_barrier_t barrier;
   pthread_barrier_t simd_barriers[32];
@@ -44,6 +66,7 @@ inline float exp2(float x) { return ::exp2f(x); }
 inline float rsqrt(float x) { return 1.0f / ::sqrtf(x); }
 inline float sqrt(float x) { return ::sqrtf(x); }
 inline float abs(float x) { return ::fabsf(x); }
+inline float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
 inline int popcount(int x) { return __builtin_popcount(static_cast<unsigned>(x)); }
 enum class mem_flags { mem_none, mem_threadgroup };
 inline void threadgroup_barrier(mem_flags) { pthread_barrier_wait(&current_group->barrier); }

@@ -24,8 +24,10 @@ _SHIM = Path(__file__).with_name("metal_emulation.h")
 _TYPES = {
     mx.float32: ("float", np.float32),
     mx.float16: ("float16_t", np.float16),
+    mx.bfloat16: ("bfloat16_t", np.uint16),
     mx.uint8: ("uint8_t", np.uint8),
     mx.uint16: ("uint16_t", np.uint16),
+    mx.uint32: ("uint32_t", np.uint32),
     mx.int32: ("int32_t", np.int32),
     mx.bool_: ("bool", np.bool_),
 }
@@ -36,6 +38,13 @@ _ATTRIBUTES = {
     "threadgroups_per_grid": "groups",
     "thread_position_in_grid": "global",
 }
+
+
+def _raw(x: mx.array) -> bytes:
+    """The array's bytes; bfloat16 through its uint16 view, which numpy can hold."""
+    if x.dtype == mx.bfloat16:
+        x = x.view(mx.uint16)
+    return np.array(x).tobytes()
 
 
 def _for_cpu(text: str) -> str:
@@ -65,14 +74,15 @@ class EmulatedKernel:
             (work / "kernel.cpp").write_text(program)
             command = [COMPILER, "-std=c++20", "-O1", "-w", "-pthread", "-I", str(_SHIM.parent)]
             subprocess.run([*command, "kernel.cpp", "-o", "kernel"], cwd=work, check=True)
-        (work / "inputs.bin").write_bytes(b"".join(np.array(x).tobytes() for x in inputs))
+        (work / "inputs.bin").write_bytes(b"".join(_raw(x) for x in inputs))
         subprocess.run(["./kernel"], cwd=work, check=True)
         raw = (work / "outputs.bin").read_bytes()
         outputs, offset = [], 0
         for shape, dtype in zip(output_shapes, output_dtypes, strict=True):
             numpy_type = np.dtype(_TYPES[dtype][1])
             size = int(np.prod(shape))
-            outputs.append(mx.array(np.frombuffer(raw, numpy_type, size, offset).reshape(shape)))
+            values = mx.array(np.frombuffer(raw, numpy_type, size, offset).reshape(shape))
+            outputs.append(values.view(mx.bfloat16) if dtype == mx.bfloat16 else values)
             offset += size * numpy_type.itemsize
         return outputs
 

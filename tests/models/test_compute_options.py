@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlxcel_models.compute import ComputeOptions, PrefillDequantizingLinear
+from mlxcel_models.compute import (
+    CUDA_DEQUANTIZE_MIN_ROWS,
+    ComputeOptions,
+    PrefillDequantizingLinear,
+)
 from mlxcel_models.loading.loader import load_model
 
 TOKENS = mx.array([[5, 80, 81, 200, 17, 42, 9, 260] * 5])
@@ -18,7 +22,12 @@ def test_cpu_defaults_are_float32_with_dense_weights_up_to_a_quarter_of_memory()
     assert options == ComputeOptions(
         float_dtype=mx.float32, dequantize_min_rows=4, dense_weights_max_bytes=memory // 4
     )
-    assert ComputeOptions.for_device(mx.Device(mx.gpu)) == ComputeOptions()
+    on_gpu = (
+        ComputeOptions(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
+        if mx.cuda.is_available()
+        else ComputeOptions()
+    )
+    assert ComputeOptions.for_device(mx.Device(mx.gpu)) == on_gpu
 
 
 def test_dense_weights_replace_every_quantized_layer_within_the_limit(tiny_gguf):

@@ -15,6 +15,11 @@ from mlxcel_core.kernels import quantized_linear
 CPU_DEQUANTIZE_MIN_ROWS = 4
 # Dense weights may take up to this fraction of the CPU's memory (docs/adr/0004).
 CPU_DENSE_WEIGHTS_MEMORY_FRACTION = 0.25
+# Rows from which quantized layers on a CUDA GPU dequantize for a cuBLAS GEMM: at 64 rows
+# MLX's CUDA `quantized_matmul` took 445 µs for a 4096x14336 weight against 130 µs for
+# its bf16 copy on one H200 (DESIGN.md); dequantizing reads 4 bits and writes 16 per weight
+# once more (docs/adr/0020-quantized-matvec-kernel.md).
+CUDA_DEQUANTIZE_MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,10 @@ class ComputeOptions:
         On the CPU, float16 arithmetic has no fast path and quantized products skip BLAS,
         so activations run in float32 and quantized weights are made dense float32 when
         they fit in a quarter of the memory; larger models keep them quantized and
-        dequantize per prefill chunk. Elsewhere the file's dtypes and MLX's quantized
-        kernels are kept.
+        dequantize per prefill chunk. On a CUDA GPU the file's dtypes are kept, and
+        quantized layers go through `quantized_linear`: its kernel for decode rows, a
+        dequantized GEMM from `CUDA_DEQUANTIZE_MIN_ROWS` rows. Elsewhere (Apple GPUs) the
+        file's dtypes and MLX's quantized kernels are kept.
         """
         if device.type == mx.DeviceType.cpu:
             memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -71,11 +78,14 @@ class ComputeOptions:
                 dequantize_min_rows=CPU_DEQUANTIZE_MIN_ROWS,
                 dense_weights_max_bytes=int(memory * CPU_DENSE_WEIGHTS_MEMORY_FRACTION),
             )
+        if mx.cuda.is_available():
+            return cls(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
         return cls()
 
 
 class PrefillDequantizingLinear(nn.QuantizedLinear):
-    """An affine `QuantizedLinear` that switches to a dense product for long inputs.
+    """An affine `QuantizedLinear` whose product is `quantized_linear`'s: the CUDA kernel
+    for decode rows, a dense product for long inputs.
 
     Parameters and their names are those of `nn.QuantizedLinear`, so anything that walks
     the model's parameters (saving, adapters) sees no difference.

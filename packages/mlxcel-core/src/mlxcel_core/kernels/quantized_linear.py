@@ -1,8 +1,14 @@
-"""Linear layers over affine-quantized weights, with a dense tactic for prefill."""
+"""Linear layers over affine-quantized weights: a kernel for decode rows on CUDA, a dense
+tactic for prefill."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+
+from mlxcel_core.kernels.quantized_matvec import (
+    quantized_matvec_cuda,
+    uses_quantized_matvec_kernel,
+)
 
 
 def quantized_linear(
@@ -18,10 +24,13 @@ def quantized_linear(
 ) -> mx.array:
     """`x @ W.T (+ bias)` for a weight W stored with MLX affine quantization.
 
-    With at least `dequantize_min_rows` rows of input (a prefill chunk), W is dequantized
-    once to x's dtype and multiplied as a dense matrix, which runs as a BLAS GEMM on the CPU;
-    MLX's CPU `quantized_matmul` does not, and is several times slower there at large M.
-    With fewer rows (decode) the quantized product reads 4-8x fewer bytes and wins.
+    Three tactics, by the rows of x (all leading axes together):
+    - on a CUDA GPU, up to `quantized_matvec.MAX_ROWS` rows (decode) of a supported
+      layout: `quantized_matvec_cuda`, which reads each packed weight once;
+    - at least `dequantize_min_rows` rows (a prefill chunk): W is dequantized once to x's
+      dtype and multiplied as a dense matrix, a BLAS GEMM on the CPU and a cuBLAS one on
+      CUDA, where MLX's `quantized_matmul` is several times slower at many rows;
+    - otherwise `mx.quantized_matmul`, which reads 4-8x fewer bytes than a dense product.
 
     Args:
         x: (..., K) activations, float.
@@ -31,14 +40,16 @@ def quantized_linear(
         group_size: quantization group size (elements).
         bits: bits per element.
         bias: optional (N,) output bias.
-        dequantize_min_rows: rows of x (all leading axes together) from which the dense
-            tactic is used; None always uses `mx.quantized_matmul`.
+        dequantize_min_rows: rows of x from which the dense tactic is used; None never
+            uses it.
 
     Returns:
         (..., N) in x's dtype.
     """
     rows = x.size // x.shape[-1]
-    if dequantize_min_rows is not None and rows >= dequantize_min_rows:
+    if uses_quantized_matvec_kernel(mx.default_device(), x.dtype, bits, group_size, rows):
+        y = quantized_matvec_cuda(x, weight, scales, biases, group_size=group_size, bits=bits)
+    elif dequantize_min_rows is not None and rows >= dequantize_min_rows:
         dense = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits)
         y = x @ dense.astype(x.dtype).T
     else:
