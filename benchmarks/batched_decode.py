@@ -83,12 +83,14 @@ def run_mlxcel(
     cache_type_v: str = "auto",
     draft: LoadedModel | None = None,
     speculative: SpeculativeConfig | None = None,
+    max_prefill_chunk: int = 512,
 ) -> Run:
     """Every prompt through one engine with `len(prompts)` slots; no stop token; greedy at
     temperature 0, else sampled at `temperature` without truncation, seeded per request;
     `paged_decode_kernel` False makes decode gather the KV, then attend; `cache_type_k/v`
     are the KV cache's storage types (`mlxcel_core.cache.quant.CACHE_TYPES`); `draft` (a
-    loaded model) drafts for the model as `speculative` says.
+    loaded model) drafts for the model as `speculative` says; `max_prefill_chunk` is the
+    most prompt tokens of one request in one forward pass (the server's `-ub`).
 
     Raises:
         RuntimeError: a request failed.
@@ -100,8 +102,8 @@ def run_mlxcel(
         EngineConfig(
             scheduler=SchedulerConfig(
                 max_num_seqs=len(prompts),
-                max_num_batched_tokens=max(2048, len(prompts)),
-                max_prefill_chunk=512,
+                max_num_batched_tokens=max(2048, len(prompts), max_prefill_chunk),
+                max_prefill_chunk=max_prefill_chunk,
             ),
             context_size=context,
             enable_prefix_caching=False,

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import llama
 from mlx_lm.utils import quantize_model, save_model
@@ -64,20 +65,58 @@ def write_tokenizer(folder: Path, vocab_size: int) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def write_random_model(shape: str, folder: Path, *, bits: int | None, seed: int = 0) -> None:
-    config = {
+def model_config(shape: str) -> dict:
+    """The config.json of a Llama model of `shape` (a key of `SHAPES`)."""
+    return {
         "model_type": "llama",
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
         "max_position_embeddings": 131072,
         **SHAPES[shape],
     }
+
+
+def make_random_model(
+    shape: str, *, bits: int | None = None, seed: int = 0
+) -> tuple[llama.Model, dict]:
+    """A bf16 mlx-lm Llama of `shape` with mlx-lm's random initialization, its weights
+    evaluated one layer at a time (so the float32 initial values of one layer at most are
+    held beside the bf16 ones), quantized to `bits` with group size 64 if given; and its
+    config."""
+    config = model_config(shape)
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     model.update(tree_map(lambda a: a.astype(mx.bfloat16), model.parameters()))
+    for layer in model.model.layers:
+        mx.eval(layer.parameters())
     mx.eval(model.parameters())
     if bits is not None:
-        model, config = quantize_model(model, config, group_size=64, bits=bits)
+        return quantized_copy(model, config, bits=bits)
+    return model, config
+
+
+def quantized_copy(model: llama.Model, config: dict, *, bits: int) -> tuple[llama.Model, dict]:
+    """A copy of `model` with its linear and embedding layers quantized to `bits` (group
+    size 64), evaluated, and its config; `model` keeps its own weights."""
+    copy = twin(model, config)
+    copy, config = quantize_model(copy, config, group_size=64, bits=bits)
+    mx.eval(copy.parameters())
+    return copy, config
+
+
+def twin(model: llama.Model, config: dict) -> llama.Model:
+    """Another module of `model`'s structure holding the very same weight arrays."""
+    copy = llama.Model(llama.ModelArgs.from_dict(config))
+    quantization = config.get("quantization")
+    if quantization is not None:
+        nn.quantize(copy, group_size=quantization["group_size"], bits=quantization["bits"])
+    # The constructor's random values are replaced before anything evaluates them.
+    copy.update(model.parameters())
+    return copy
+
+
+def write_random_model(shape: str, folder: Path, *, bits: int | None, seed: int = 0) -> None:
+    model, config = make_random_model(shape, bits=bits, seed=seed)
     folder.mkdir(parents=True, exist_ok=True)
     save_model(folder, model)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
