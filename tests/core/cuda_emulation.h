@@ -92,6 +92,7 @@ inline unsigned __float_as_uint(float f) {
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<uint64_t>(a) * b) >> 32);
 }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 template <class T> T __ldg(const T* p) { return *p; }
 
 struct Block {

@@ -175,8 +175,14 @@ def test_decode_passes_leave_the_context_to_attention_once_it_comes_through_the_
     assert fetched_shape == (2, 2, 7, 8)
     assert deferred_shape == (2, 2, 1, 8)
     assert mx.allclose(deferred, fetched, **FLOAT32_TOLERANCE)
-    # Passes of several queries per row always fetch the context.
-    shape, _ = attend_through_cache(storages[0], [BatchRow([1, 2, 4], 7, 2)], seed=20)
+    # A few queries per row (a verification) leave it too; more fetch it.
+    verify = [BatchRow([1, 2, 4], 7, 2)]
+    storages[1].layers_attending_in_cache.clear()
+    fetched_shape, fetched = attend_through_cache(storages[1], verify, seed=20)
+    deferred_shape, deferred = attend_through_cache(storages[0], verify, seed=20)
+    assert (fetched_shape, deferred_shape) == ((1, 2, 9, 8), (1, 2, 2, 8))
+    assert mx.allclose(deferred, fetched, **FLOAT32_TOLERANCE)
+    shape, _ = attend_through_cache(storages[0], [BatchRow([1, 2, 4], 0, 9)], seed=30)
     assert shape == (1, 2, 9, 8)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 import pytest
+from turbo_factories import verification
 
 from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
 from mlxcel_core.cache.paged.batch import PagedLayerCache
@@ -263,3 +264,14 @@ def test_kernel_matches_the_reference(kernel, dtype, num_partitions, head_dim, b
     assert out.shape == expected.shape and out.dtype == dtype
     difference = (out.astype(mx.float32) - expected.astype(mx.float32)).abs().max().item()
     assert difference <= KERNEL_TOLERANCE[dtype] * expected.abs().max().item()
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cache_type", ["auto", "turbo4"])
+def test_verification_passes_read_the_pools_on_cuda_as_gathering_attends(cache_type):
+    gpu = mx.Device(mx.gpu)
+    out = verification(cache_type, decode_kernel=True, seed=7, device=gpu)
+    expected = verification(cache_type, decode_kernel=False, seed=7, device=gpu)
+    assert out.shape == expected.shape == (3, 8, 2, 32)
+    difference = (out - expected).abs().max().item()
+    assert difference <= 1e-4 * expected.abs().max().item()

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
+from mlxcel_core.cache.paged.batch import PagedLayerCache
 from mlxcel_core.kernels.paged_attention import TurboPool
 
 
@@ -111,3 +112,39 @@ def attend_from_storage(
         scale=scale,
         num_partitions=num_partitions,
     )
+
+
+# Rows' cached positions, and the new tokens each verifies: a row with fewer than the
+# pass's most has padding queries, whose outputs must still be the gather path's.
+VERIFIED_LENGTHS = [30, 13, 45]
+VERIFIED_TOKENS = [2, 1, 2]
+
+
+def verification(cache_type: str, *, decode_kernel: bool, seed: int, device: mx.Device) -> mx.array:
+    """One pass of `VERIFIED_TOKENS` queries per row after `VERIFIED_LENGTHS` positions
+    through the layer cache of a storage of `cache_type` pools on `device`, as the model's
+    attention calls it; with `decode_kernel`, the layer is one whose attention has come
+    through the cache, so the context is left to `attention`, as the engine's passes do."""
+    storage, tables = written_storage(
+        VERIFIED_LENGTHS, num_kv_heads=2, head_dim=32, block_size=16, key_type=cache_type,
+        value_type=cache_type, dtype=mx.float32, seed=seed, device=device,
+    )  # fmt: skip
+    storage.decode_kernel = decode_kernel
+    storage.layers_attending_in_cache.add(0)
+    rows = [
+        BatchRow(table, length, n)
+        for table, length, n in zip(tables, VERIFIED_LENGTHS, VERIFIED_TOKENS, strict=True)
+    ]
+    batch = PagedBatch(rows, 16)
+    cache = PagedLayerCache(storage, 0, batch)
+    rng = np.random.default_rng(seed + 1)
+    L = batch.num_queries
+    new_keys, new_values = (
+        mx.array(rng.standard_normal((3, 2, L, 32)).astype(np.float32)) for _ in range(2)
+    )
+    queries = mx.array(rng.standard_normal((3, 8, L, 32)).astype(np.float32))
+    with mx.stream(device):
+        keys, values = cache.update_and_fetch(new_keys, new_values)
+        if decode_kernel:
+            assert keys.shape[2] == L  # the context was left to attention
+        return cache.attention(queries, keys, values, scale=0.2, mask=cache.make_mask(L))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -19,7 +19,9 @@ from mlxcel_core.cache.paged.storage import PagedKVStorage
 from mlxcel_core.cache.protocol import AttentionMask
 from mlxcel_core.cache.quant.turbo import TurboQuantCodec
 from mlxcel_core.kernels.paged_attention import (
+    MAX_QUERIES_PER_ROW,
     TurboPool,
+    attend_per_query,
     paged_decode_attention,
     turbo_decode_attention_cuda,
     uses_decode_kernel,
@@ -148,6 +150,7 @@ class PagedBatch:
         self._query_positions = query_positions
         self._lengths = lengths
         self._masks: dict[int | None, mx.array] = {}
+        self._query_tables: tuple[mx.array, mx.array] | None = None
         self._length_groups: tuple[list[LengthGroup], mx.array] | None = None
         self._length_groups_found = False
 
@@ -165,6 +168,17 @@ class PagedBatch:
                 allowed &= keys > queries - window_size
             self._masks[window_size] = mx.array(allowed[:, None])
         return self._masks[window_size]
+
+    def query_tables(self) -> tuple[mx.array, mx.array]:
+        """Each query as a row of its own, for decode kernels that take one query per row
+        (`attend_per_query`): its row's block table, (B * L, max_blocks) int32, and the
+        positions it attends to, (B * L,) int32 (those `mask()` lets it see: up to its
+        own, or up to its row's last for a padding query). Found once per pass."""
+        if self._query_tables is None:
+            seen = np.minimum(self._query_positions, self._lengths[:, None] - 1) + 1
+            tables = np.repeat(np.maximum(self._tables, 0), self.num_queries, axis=0)
+            self._query_tables = (mx.array(tables), mx.array(seen.reshape(-1)))
+        return self._query_tables
 
     def residual_slots(self, storage: PagedKVStorage) -> ResidualSlots | None:
         """Plan the storage's residual blocks for this pass (`PagedKVStorage.plan_residual`);
@@ -269,7 +283,10 @@ class PagedLayerCache:
         )
         if self._residual is not None and L > 1:
             self._new_kv = (keys, values)
-        if self._batch.num_queries == 1 and self._layer in self._storage.layers_attending_in_cache:
+        if (
+            self._batch.num_queries <= MAX_QUERIES_PER_ROW
+            and self._layer in self._storage.layers_attending_in_cache
+        ):
             self._context_fetched = False
             return keys, values
         return self._fetch_context()
@@ -316,10 +333,12 @@ class PagedLayerCache:
     ) -> mx.array:
         """Attention of this pass's queries over the layer's context.
 
-        A decode pass (one query per row) under the batch's own unwindowed mask reads the
-        pools through the block tables when a kernel serves the device and the pools'
-        types (`mlxcel_core.kernels.paged_attention`: unquantized pools of the queries'
-        dtype, or TurboQuant keys and values); any other pass attends to the gathered keys
+        A pass of up to `MAX_QUERIES_PER_ROW` queries per row (decode; a speculative
+        verification; a short prefill chunk) under the batch's own unwindowed causal mask
+        reads the pools through the block tables when a kernel serves the device and the
+        pools' types (`mlxcel_core.kernels.paged_attention`: unquantized pools of the
+        queries' dtype, or TurboQuant keys and values), several queries of a row as rows
+        of their own (`attend_per_query`); any other pass attends to the gathered keys
         and values with `mx.fast.scaled_dot_product_attention`; a one-row pass of several
         queries (a prefill chunk, or a speculative verification) that CUDA would send to
         cuDNN attends at a rounded query count (`prefill_lengths`).
@@ -382,16 +401,28 @@ class PagedLayerCache:
         return mx.concatenate(outputs)[order]
 
     def _decodes_from_pools(self, mask: AttentionMask) -> bool:
-        """A decode pass under the batch's own unwindowed mask, with kernels allowed: the
-        kernels read the pools alone, so not where exact copies stand in for some
-        positions."""
+        """A pass of few queries per row under the batch's own unwindowed causal mask (one
+        row's plain "causal" one included), with kernels allowed: the kernels read the
+        pools alone, so not where exact copies stand in for some positions."""
         batch = self._batch
+        causal = mask is None or mask is batch.mask()
+        one_row_causal = isinstance(mask, str) and mask == "causal" and batch.num_rows == 1
         return (
             self._storage.decode_kernel
             and self._residual is None
-            and batch.num_queries == 1
-            and (mask is None or mask is batch.mask())
+            and batch.num_queries <= MAX_QUERIES_PER_ROW
+            and (causal or one_row_causal)
         )
+
+    def _per_query(
+        self, queries: mx.array, attend: Callable[[mx.array, mx.array, mx.array], mx.array]
+    ) -> mx.array:
+        """`attend(queries, block_tables, context_lengths)` over the batch's rows, or over
+        each query as a row of its own when rows have several."""
+        batch = self._batch
+        if queries.shape[2] == 1:
+            return attend(queries, batch.block_tables, batch.context_lengths)
+        return attend_per_query(attend, queries, *batch.query_tables())
 
     def _attend_from_pools(self, queries: mx.array, scale: float) -> mx.array | None:
         """Decode attention by a kernel reading this layer's pools, or None where no kernel
@@ -404,22 +435,20 @@ class PagedLayerCache:
         return None
 
     def _attend_from_float_pools(self, queries: mx.array, scale: float) -> mx.array | None:
-        storage, batch = self._storage, self._batch
+        storage = self._storage
         _, H_q, _, D = queries.shape
         key_pool, value_pool = storage.keys[self._layer][0], storage.values[self._layer][0]
         if key_pool.dtype != queries.dtype or not uses_decode_kernel(
             mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
         ):
             return None
-        return paged_decode_attention(
+        return self._per_query(
             queries,
-            key_pool,
-            value_pool,
-            batch.block_tables,
-            batch.context_lengths,
-            block_size=storage.block_size,
-            scale=scale,
-        )
+            lambda rows, tables, lengths: paged_decode_attention(
+                rows, key_pool, value_pool, tables, lengths,
+                block_size=storage.block_size, scale=scale,
+            ),
+        )  # fmt: skip
 
     def _attend_from_turbo_pools(
         self,
@@ -428,7 +457,7 @@ class PagedLayerCache:
         key_codec: TurboQuantCodec,
         value_codec: TurboQuantCodec,
     ) -> mx.array | None:
-        storage, batch = self._storage, self._batch
+        storage = self._storage
         geometry = storage.layers[self._layer]
         if not uses_turbo_decode_kernel(
             mx.default_device(),
@@ -440,17 +469,15 @@ class PagedLayerCache:
             value_codec.bits,
         ):
             return None
-        return turbo_decode_attention_cuda(
+        keys = _turbo_pool(storage.keys[self._layer], key_codec)
+        values = _turbo_pool(storage.values[self._layer], value_codec)
+        return self._per_query(
             queries,
-            _turbo_pool(storage.keys[self._layer], key_codec),
-            _turbo_pool(storage.values[self._layer], value_codec),
-            key_codec.rotation,
-            key_codec.signs,
-            batch.block_tables,
-            batch.context_lengths,
-            block_size=storage.block_size,
-            scale=scale,
-        )
+            lambda rows, tables, lengths: turbo_decode_attention_cuda(
+                rows, keys, values, key_codec.rotation, key_codec.signs, tables, lengths,
+                block_size=storage.block_size, scale=scale,
+            ),
+        )  # fmt: skip
 
 
 def _turbo_pool(pool: Sequence[mx.array], codec: TurboQuantCodec) -> TurboPool:

@@ -4,10 +4,14 @@
 and the plain-MLX reference everywhere else (docs/adr/0015-paged-decode-kernel.md).
 `turbo_decode_attention_cuda` reads TurboQuant pools as stored, where
 `uses_turbo_decode_kernel` says it serves the layer. The `_metal` kernels are their
-Metal ports, untested on hardware, to which nothing dispatches.
+Metal ports, untested on hardware, to which nothing dispatches. `attend_per_query` serves
+passes of up to `MAX_QUERIES_PER_ROW` queries per row (a speculative verification, a short
+prefill chunk) with these one-query kernels.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -24,6 +28,40 @@ from mlxcel_core.kernels.paged_attention.turbo_cuda import (
     turbo_decode_attention_cuda,
 )
 from mlxcel_core.kernels.paged_attention.turbo_metal import turbo_decode_attention_metal
+
+# Most queries of one row a pass may have for the kernels to serve it: each reads the row's
+# context once more (from L2 at the lengths a verification meets), so long prefill chunks
+# stay with cuDNN's attention over the gathered context.
+MAX_QUERIES_PER_ROW = 8
+
+
+def attend_per_query(
+    attend: Callable[[mx.array, mx.array, mx.array], mx.array],
+    queries: mx.array,
+    block_tables: mx.array,
+    query_lengths: mx.array,
+) -> mx.array:
+    """Several queries per row through a one-query-per-row kernel: each query becomes a row
+    of its own over its row's block table, attending to the positions it may see (the
+    causal rule among a row's queries), so no context is gathered.
+
+    Args:
+        attend: the kernel, called as `attend(queries, block_tables, context_lengths)`
+            with (R, H_q, 1, D) queries, (R, max_blocks) tables and (R,) lengths, and
+            returning (R, H_q, 1, D_v).
+        queries: (B, H_q, L, D).
+        block_tables: (B * L, max_blocks) int32: row b's table for each of its L queries
+            (`PagedBatch.query_tables`).
+        query_lengths: (B * L,) int32: positions query i of row b attends to, its own
+            included.
+
+    Returns:
+        (B, H_q, L, D_v) in the kernel's output dtype.
+    """
+    B, H_q, L, D = queries.shape
+    rows = queries.transpose(0, 2, 1, 3).reshape(B * L, H_q, 1, D)
+    out = attend(rows, block_tables, query_lengths)
+    return out.reshape(B, L, H_q, -1).transpose(0, 2, 1, 3)
 
 
 def uses_decode_kernel(
@@ -101,7 +139,9 @@ def paged_decode_attention(
 
 
 __all__ = [
+    "MAX_QUERIES_PER_ROW",
     "TurboPool",
+    "attend_per_query",
     "gather_context",
     "paged_decode_attention",
     "paged_decode_attention_cuda",
