@@ -38,11 +38,11 @@ CHUNK_BYTES = 16
 
 HEADER = """
 // The float value of a level q < 2^23: q under 2^23's exponent bits, minus 2^23 (exact).
-__device__ __forceinline__ float level_value(unsigned q) {
+__device__ __forceinline__ float qmv_level_value(unsigned q) {
   return __uint_as_float(0x4B000000u | q) - 8388608.0f;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
+__device__ __forceinline__ float qmv_warp_sum(float x) {
   #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffff, x, offset);
   return x;
@@ -97,7 +97,7 @@ SOURCE = """
         for (int i = 0; i < STEP; ++i) {
           const int v = s * STEP + i;
           const unsigned q = (words[v / PACK] >> ((v % PACK) * BITS)) & LEVEL_MASK;
-          w[r][i] = fmaf(scale[r], level_value(q), bias[r]);
+          w[r][i] = fmaf(scale[r], qmv_level_value(q), bias[r]);
         }
       }
       #pragma unroll
@@ -129,7 +129,7 @@ SOURCE = """
   for (int r = 0; r < ROWS; ++r) {
     #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const float total = warp_sum(acc[r][m]);
+      const float total = qmv_warp_sum(acc[r][m]);
       if (lane == 0) partial[warp][r * M + m] = total;
     }
   }
