@@ -7,7 +7,8 @@
 # From the checkout, on the machine that `../shared/gpu/README.md`'s first call set up:
 #   bash benchmarks/gpu_session.sh            # full table
 #   QUICK=1 bash benchmarks/gpu_session.sh    # one repetition of each row, 64 tokens
-#   CHECKS=core bash benchmarks/gpu_session.sh  # all of tests/core (not slow) as the checks
+#   CHECKS=core STEPS=checks bash benchmarks/gpu_session.sh  # all of tests/core (not slow)
+# STEPS names the steps to run, of "checks matvec targets" (all by default).
 # MLX comes from .gpu-b/activate.sh when that folder was sent along (the setup's second
 # call), else from ~/mlx-cuda-stage/activate.sh. Wheels in .whl/ (gguf, which the tests'
 # fixtures need) are installed to /tmp/site first.
@@ -27,10 +28,12 @@ fi
 export PYTHONUNBUFFERED=1 MLX_ENABLE_CACHE_THRASHING_CHECK=0
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/device.txt" 2>&1
 
-# step NAME SECONDS COMMAND...: run COMMAND under a time limit, its output also in NAME.log.
+# step NAME SECONDS COMMAND...: run COMMAND under a time limit, its output also in NAME.log,
+# if STEPS names it.
 step() {
   local name=$1 limit=$2
   shift 2
+  case " ${STEPS:-checks matvec targets} " in *" $name "*) ;; *) return ;; esac
   echo "== $name (at most ${limit} s): $*"
   timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
   echo "$name: exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
