@@ -164,9 +164,7 @@ class Scheduler:
                 index += 1
                 continue
             num_new = min(sequence.num_uncomputed, budget, self.config.max_prefill_chunk)
-            if sequence in fork_parents:
-                # Stop where the waiting choices fork: its state there is theirs to copy.
-                num_new = min(num_new, sequence.num_prompt_tokens - 1 - sequence.num_computed)
+            num_new = self._stop_at_fork_point(sequence, num_new, fork_parents)
             lookahead = self._lookahead(sequence, budget)
             while not self.kv.allocate_slots(
                 sequence.seq_id, sequence.num_computed, num_new + lookahead
@@ -229,22 +227,31 @@ class Scheduler:
                 remote.append(sequence)
                 continue
             num_new = min(sequence.num_uncomputed, wanted, budget)
+            num_new = self._stop_at_fork_point(sequence, num_new, fork_parents)
             scheduled.append(ScheduledSequence(sequence, num_new, state_source=state_source))
             budget -= num_new
         return SchedulerOutput(tuple(scheduled), tuple(preempted), tuple(remote))
 
     def _fork_parents(self) -> set[Sequence]:
-        """Running sequences short of their prompt's last token whose later choices wait
-        to fork from their recurrent state there (none for a model without one)."""
+        """Sequences short of their prompt's last token whose later choices wait to fork
+        from their recurrent state there (none for a model without one)."""
         if not self.recurrent_state:
             return set()
         return {
             parent
             for sequence in self.waiting
             if (parent := sequence.fork_parent) is not None
-            and parent.status is SequenceStatus.RUNNING
+            and not parent.status.finished
             and parent.num_computed < sequence.num_prompt_tokens - 1
         }
+
+    @staticmethod
+    def _stop_at_fork_point(sequence: Sequence, num_new: int, fork_parents: set[Sequence]) -> int:
+        """`num_new` cut so that a parent of waiting choices stops before its prompt's last
+        token: its state there is the one they copy."""
+        if sequence not in fork_parents:
+            return num_new
+        return min(num_new, sequence.num_prompt_tokens - 1 - sequence.num_computed)
 
     def _can_fork_from(self, parent: Sequence, child: Sequence) -> bool:
         """Whether `child` may still fork from `parent`: the parent runs and, with a
