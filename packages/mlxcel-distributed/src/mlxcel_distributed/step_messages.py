@@ -119,11 +119,12 @@ def decode_message(ints: Sequence[int]) -> Message:
 
 
 def _slot_int(slot: int | None) -> int:
-    return -1 if slot is None else slot
+    """A state slot as a non-negative int: 0 for none, else the slot plus one."""
+    return 0 if slot is None else slot + 1
 
 
 def _int_slot(value: int) -> int | None:
-    return None if value < 0 else value
+    return None if value == 0 else value - 1
 
 
 class _Reader:
