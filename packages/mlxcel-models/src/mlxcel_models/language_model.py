@@ -37,8 +37,9 @@ class MlxLmLanguageModel:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self._layout = mlx_lm_cache_layout(module)
-        self._body = module.get("model") if self._layout.is_plain else None
+        # Whether a layer keeps more than one attention cache: the family's, fixed.
+        self._hybrid = not mlx_lm_cache_layout(module).is_plain
+        self._body = None if self._hybrid else module.get("model")
         self._tied = self._body is not None and bool(module.args.tie_word_embeddings)
         route_attention_through_caches(module)
 
@@ -48,20 +49,21 @@ class MlxLmLanguageModel:
 
     @property
     def cache_layout(self) -> CacheLayout:
-        """What each layer keeps (`mlx_lm_cache_layout`)."""
-        return self._layout
+        """What each layer keeps (`mlx_lm_cache_layout`), read from the module as it is
+        now (weight surgery may have removed layers)."""
+        return mlx_lm_cache_layout(self.module)
 
     def make_cache(self) -> list[KVCache]:
         """A dense KV cache per attention layer; mlx-lm's own caches for a model with
         layers that keep a recurrent state or several caches."""
-        if self._layout.is_plain:
+        if not self._hybrid:
             return [DenseKVCache() for _ in range(self.num_layers)]
         return make_prompt_cache(self.module)
 
     def __call__(
         self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
     ) -> mx.array:
-        if not self._layout.is_plain:
+        if self._hybrid:
             cache = as_mlx_lm_caches(cache)  # type: ignore[assignment]
         if self._body is None:
             logits = self.module(tokens, cache=cache)

@@ -133,16 +133,55 @@ def profile_model(
     """
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    mx.synchronize()
+    resident = mx.get_active_memory()
+    mx.reset_peak_memory()
+    logits, geometry = trace_cache_geometry(model, num_tokens, layout)
+    mx.eval(logits)
+    transient = max(mx.get_peak_memory() - resident, 0)
+    return ModelProfile(
+        geometry.layers, resident, transient, logits.shape[-1], geometry.state_layers
+    )
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """What a model's caches hold per position and per sequence.
+
+    Attributes:
+        layers: each attention part's key/value geometry.
+        state_layers: each state part's array geometry.
+    """
+
+    layers: tuple[LayerGeometry, ...]
+    state_layers: tuple[StateLayerGeometry, ...]
+
+
+def trace_cache_geometry(
+    model: LanguageModel, num_tokens: int = 1, layout: CacheLayout | None = None
+) -> tuple[mx.array, CacheGeometry]:
+    """Build one forward pass of `num_tokens` tokens through recording caches, without
+    evaluating it: MLX infers every array's shape and dtype as the graph is built, so
+    the geometry is known before (and without) any computation.
+
+    Args:
+        model: the model.
+        num_tokens: tokens of the pass (>= 1).
+        layout: what each of the model's layers keeps, in its cache list's order; None
+            takes the model's own (`model_cache_layout`).
+
+    Returns:
+        The pass's (1, 1, V) logits, unevaluated, and the caches' geometry.
+
+    Raises:
+        ValueError: an attention part stored no keys and values, or a state part wrote no
+            state.
+    """
     if layout is None:
         layout = model_cache_layout(model)
     parts = [[_recording_cache(part) for part in layer] for layer in layout.layers]
     caches = [layer[0] if len(layer) == 1 else CompositeCache(layer) for layer in parts]
-    mx.synchronize()
-    resident = mx.get_active_memory()
-    mx.reset_peak_memory()
     logits = model(mx.zeros((1, num_tokens), dtype=mx.int32), caches, last_only=True)
-    mx.eval(logits)
-    transient = max(mx.get_peak_memory() - resident, 0)
     recorded = [cache for layer in parts for cache in layer]
     attention = [cache for cache in recorded if isinstance(cache, _RecordingCache)]
     layers = tuple(cache.geometry for cache in attention if cache.geometry is not None)
@@ -151,7 +190,7 @@ def profile_model(
     states = tuple(c.geometry for c in recorded if isinstance(c, _RecordingStateCache))
     if any(all(array is None for array in state) for state in states):
         raise ValueError("the model wrote no state in some of its state layers")
-    return ModelProfile(layers, resident, transient, logits.shape[-1], states)
+    return logits, CacheGeometry(layers, states)
 
 
 def plan_num_blocks(*, usable_bytes: int, profile: ModelProfile, bytes_per_block: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import cast
 
 import mlx.core as mx
@@ -152,9 +153,6 @@ class ModelRunner:
         storage: the key/value pools the model reads and writes, with the state slots of
             a model with state layers.
         adapters: the model's unfused LoRA adapters, told each forward pass's row scales.
-
-    Attributes:
-        layout: what each of the model's layers keeps (`model_cache_layout`).
     """
 
     steps_in_flight = 1
@@ -170,8 +168,12 @@ class ModelRunner:
         self.model = model
         self.storage = storage
         self.adapters = adapters
-        self.layout: CacheLayout = model_cache_layout(model)
         self._started: deque[StepLogits] = deque()
+
+    @cached_property
+    def layout(self) -> CacheLayout:
+        """What each of the model's layers keeps (`model_cache_layout`)."""
+        return model_cache_layout(self.model)
 
     @property
     def num_started(self) -> int:
