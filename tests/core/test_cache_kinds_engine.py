@@ -29,7 +29,14 @@ from test_engine import drain
 from mlxcel_core.cache import KVCache
 from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.state import state_bytes_per_sequence
-from mlxcel_core.engine import Engine, EngineConfig, EngineOutput, OutputQueue, SchedulerConfig
+from mlxcel_core.engine import (
+    Engine,
+    EngineConfig,
+    EngineOutput,
+    InsufficientMemoryError,
+    OutputQueue,
+    SchedulerConfig,
+)
 from mlxcel_core.engine.config import plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.generate import GenerationConfig
@@ -253,3 +260,14 @@ def test_the_memory_plan_sets_the_state_slots_aside():
     assert without - with_states == pytest.approx(4 * slot_bytes / block_bytes, abs=1)
     with running_engine(model, make_config()) as engine:
         assert engine.stats.kv_cache_bytes == 4 * slot_bytes  # no block grown yet
+
+
+def test_a_model_without_attention_layers_gets_blocks_for_bookkeeping_only():
+    profile = profile_model(make_model("mamba"), 4)
+    assert profile.layers == () and len(profile.state_layers) == 2
+    config = make_config(num_kv_blocks=None, device_memory=2**30, memory_utilization=1.0)
+    # Every running sequence's whole context: 4 of 16 blocks, and the null block.
+    assert plan_kv_blocks(config, profile) == 4 * 16 + 1
+    tight = make_config(num_kv_blocks=None, device_memory=profile.resident_bytes)
+    with pytest.raises(InsufficientMemoryError, match="the recurrent state slots take"):
+        plan_kv_blocks(tight, profile)

@@ -519,3 +519,16 @@ def test_forks_and_adoption_keep_the_null_entries_behind_the_window():
     assert manager.num_used_blocks == 0 < used
     with pytest.raises(ValueError, match="sliding_window must be None or >= 1, got 0"):
         make_manager(sliding_window=0)
+
+
+def test_a_child_forks_only_while_the_parent_holds_the_blocks_its_window_reads():
+    manager = make_manager(num_blocks=32, sliding_window=6)
+    (tokens,) = create_prompts(1, 30)
+    assert manager.admit(0, tokens, 1) == 0
+    decode(manager, 0, tokens, 0)
+    assert manager.allocate_slots(0, 30, 1)  # frees blocks 1-5: position 30 reads 25-30
+    assert manager.can_fork(0, 29)
+    assert not manager.can_fork(0, 9)  # position 9 reads 4-9: blocks 1 and 2, freed
+    plain = make_manager(num_blocks=32)
+    assert plain.admit(0, tokens, 30) == 0
+    assert plain.can_fork(0, 9)

@@ -417,6 +417,11 @@ class Engine:
                     f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
                     f"the model's ({profile.vocab_size}); a draft model must share it"
                 )
+        if config.enable_prefix_caching and not self._layout.supports_prefix_caching:
+            logger.info(
+                "prefix caching is off: the model's recurrent layers keep a state per "
+                "sequence that no cached block can share"
+            )
         kv_window = joint_kv_window(layouts)
         num_blocks = plan_kv_blocks(config, profile, draft_profile, kv_window=kv_window)
         self._kv = KVCacheManager(

@@ -254,13 +254,17 @@ class Scheduler:
         return min(num_new, sequence.num_prompt_tokens - 1 - sequence.num_computed)
 
     def _can_fork_from(self, parent: Sequence, child: Sequence) -> bool:
-        """Whether `child` may still fork from `parent`: the parent runs and, with a
-        recurrent state, has not moved past the prompt's last token nor is in a step
-        in flight that moves it (its state is the one at that token only then)."""
+        """Whether `child` may still fork from `parent`: the parent runs; it still holds
+        the blocks the child reads (a sliding window frees those behind the parent's);
+        and, with a recurrent state, it has not moved past the prompt's last token nor is
+        in a step in flight that moves it (its state is the one at that token only then)."""
         if parent.status is not SequenceStatus.RUNNING:
             return False
         if not self.recurrent_state:
-            return True
+            num_shared = child.num_prompt_tokens - 1
+            return parent.num_computed < num_shared or self.kv.can_fork(
+                parent.seq_id, num_shared
+            )
         return parent.num_computed < child.num_prompt_tokens - 1 or (
             parent.num_computed == child.num_prompt_tokens - 1 and not parent.in_step
         )

@@ -369,6 +369,23 @@ class KVCacheManager:
         self._hashes[child_id] = self._hashes[parent_id][: num_tokens // self._block_size]
         self._keys[child_id] = self._keys[parent_id]
 
+    def can_fork(self, parent_id: int, num_tokens: int) -> bool:
+        """Whether `fork(parent_id, ..., num_tokens)` gives the child every block it reads:
+        under a sliding window, the parent may have freed blocks behind its own window
+        that the child's window, further back, still needs.
+
+        Raises:
+            ValueError: `parent_id` is unknown.
+        """
+        table = self._table(parent_id)
+        if self.sliding_window is None:
+            return True
+        start = self._first_needed(num_tokens, self.sliding_window)
+        return all(
+            block is not self._pool.null_block
+            for block in table[start : _cdiv(num_tokens, self._block_size)]
+        )
+
     def detach(self, seq_id: int) -> DetachedBlocks:
         """Stop tracking the sequence; its blocks keep their references for a new owner.
 
