@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row
 from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
 from mlxcel_core.cache.state import state_bytes_per_sequence
@@ -232,3 +233,25 @@ def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int
         state_layers=profile.state_layers,
         num_state_slots=config.scheduler.max_num_seqs,
     )
+
+
+def check_cache_layout(
+    layout: CacheLayout, config: EngineConfig, *, remote_prefill: bool = False
+) -> None:
+    """Refuse what a model with recurrent state layers cannot do (`CacheLayout`).
+
+    Raises:
+        ValueError: speculative decoding or disaggregated prefill for such a model.
+    """
+    if not layout.has_state:
+        return
+    if config.speculative is not None:
+        raise ValueError(
+            "speculative decoding is not supported for this model: its recurrent layers "
+            "keep a state that cannot be rolled back past rejected draft tokens"
+        )
+    if remote_prefill:
+        raise ValueError(
+            "disaggregated prefill is not supported for this model: the prefill rank "
+            "returns keys and values, not its recurrent layers' state"
+        )

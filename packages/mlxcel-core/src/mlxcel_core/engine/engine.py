@@ -26,9 +26,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
-from mlxcel_core.cache.layout import CacheLayout, joint_kv_window, model_cache_layout
+from mlxcel_core.cache.layout import joint_kv_window, model_cache_layout
 from mlxcel_core.cache.paged import InvariantError, KeyedSpan, KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.config import EngineConfig, make_kv_storage, plan_kv_blocks
+from mlxcel_core.engine.config import (
+    EngineConfig,
+    check_cache_layout,
+    make_kv_storage,
+    plan_kv_blocks,
+)
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import (
     PrefilledKV,
@@ -125,26 +130,6 @@ def _images_refusal(
     return None
 
 
-def _check_cache_layout(layout: CacheLayout, config: EngineConfig, remote_prefill: bool) -> None:
-    """Refuse what a model with recurrent state layers cannot do.
-
-    Raises:
-        ValueError: speculative decoding or disaggregated prefill for such a model.
-    """
-    if not layout.has_state:
-        return
-    if config.speculative is not None:
-        raise ValueError(
-            "speculative decoding is not supported for this model: its recurrent layers "
-            "keep a state that cannot be rolled back past rejected draft tokens"
-        )
-    if remote_prefill:
-        raise ValueError(
-            "disaggregated prefill is not supported for this model: the prefill rank "
-            "returns keys and values, not its recurrent layers' state"
-        )
-
-
 def _log_fatal(error: BaseException) -> None:
     logger.critical("the engine stopped: %s", error, exc_info=error)
 
@@ -210,7 +195,9 @@ class Engine:
         self._images_refusal = _images_refusal(model, make_runner, make_remote_prefill)
         self._config = EngineConfig() if config is None else config
         self._layout = model_cache_layout(model)
-        _check_cache_layout(self._layout, self._config, make_remote_prefill is not None)
+        check_cache_layout(
+            self._layout, self._config, remote_prefill=make_remote_prefill is not None
+        )
         wants_draft = (
             self._config.speculative is not None
             and self._config.speculative.method is SpeculativeMethod.DRAFT_MODEL

@@ -266,7 +266,7 @@ class ModelRunner:
             )
             attention = make_layer_caches(self.storage, batch)
         if self.layout.is_plain:
-            return list(attention)
+            return [*attention]
         states: list[SlotStateCache] = []
         if self.storage.states is not None:
             slots = mx.array([row.state_slot for row in rows], dtype=mx.int32)

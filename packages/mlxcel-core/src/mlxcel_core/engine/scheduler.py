@@ -262,9 +262,7 @@ class Scheduler:
             return False
         if not self.recurrent_state:
             num_shared = child.num_prompt_tokens - 1
-            return parent.num_computed < num_shared or self.kv.can_fork(
-                parent.seq_id, num_shared
-            )
+            return parent.num_computed < num_shared or self.kv.can_fork(parent.seq_id, num_shared)
         return parent.num_computed < child.num_prompt_tokens - 1 or (
             parent.num_computed == child.num_prompt_tokens - 1 and not parent.in_step
         )

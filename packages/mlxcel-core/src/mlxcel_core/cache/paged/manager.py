@@ -9,9 +9,8 @@ With a sliding window (every attention layer of the model reads only its last W
 positions), a sequence's blocks wholly behind the window of its next token are freed as it
 moves on, their table entries set to the null block, so a sequence holds about W positions
 however long it runs; its first block is kept (quantized pools center later keys on it).
-A prefix-cache hit then needs only the blocks the window reaches back to, and the first:
-the cached blocks are searched from the right, as vLLM's `SlidingWindowManager`
-(`vllm/v1/core/single_type_kv_cache_manager.py`) does.
+A prefix-cache hit then needs only the blocks the window reaches back to, and the first
+(`prefix_hit`).
 """
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ from mlxcel_core.cache.paged.prefix import (
     BlockHash,
     BlockHashExtra,
     KeyedSpan,
-    block_extra,
-    hash_block_tokens,
     hash_token_blocks,
 )
+from mlxcel_core.cache.paged.prefix_hit import find_cached_prefix, first_window_block
 
 
 @dataclass(frozen=True)
@@ -164,7 +162,17 @@ class KVCacheManager:
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         keys = _HashKeys(extra, tuple(spans))
-        cached, hashes = self._find_cached_prefix(token_ids, keys)
+        cached: list[KVBlock] = []
+        hashes: list[BlockHash] = []
+        if self.enable_prefix_caching:
+            cached, hashes = find_cached_prefix(
+                self._pool,
+                token_ids,
+                self._block_size,
+                extra=extra,
+                spans=keys.spans,
+                window=self.sliding_window,
+            )
         num_cached = len(cached) * self._block_size
         num_tokens = num_cached + min(num_new_tokens, len(token_ids) - num_cached)
         num_fresh = _cdiv(num_tokens, self._block_size) - len(cached)
@@ -185,59 +193,6 @@ class KVCacheManager:
         self.num_hit_tokens += num_cached
         return num_cached
 
-    def _find_cached_prefix(
-        self, token_ids: Sequence[int], keys: _HashKeys
-    ) -> tuple[list[KVBlock], list[BlockHash]]:
-        """The table entries of the longest usable cached prefix (null entries behind a
-        sliding window) and the hashes of its blocks."""
-        cached: list[KVBlock] = []
-        hashes: list[BlockHash] = []
-        if not self.enable_prefix_caching:
-            return cached, hashes
-        if self.sliding_window is not None:
-            return self._find_cached_window(token_ids, keys, self.sliding_window)
-        size, parent = self._block_size, None
-        for start in range(0, (len(token_ids) - 1) // size * size, size):
-            extra = block_extra(keys.extra, keys.spans, start, size)
-            parent = hash_block_tokens(parent, token_ids[start : start + size], extra)
-            block = self._pool.lookup(parent)
-            if block is None:
-                break
-            cached.append(block)
-            hashes.append(parent)
-        return cached, hashes
-
-    def _find_cached_window(
-        self, token_ids: Sequence[int], keys: _HashKeys, window: int
-    ) -> tuple[list[KVBlock], list[BlockHash]]:
-        """Under a sliding window: the most blocks k such that the first block and every
-        block the window of position k * block_size reaches are cached."""
-        size, parent = self._block_size, None
-        hashes: list[BlockHash] = []
-        found: list[KVBlock | None] = []
-        for start in range(0, (len(token_ids) - 1) // size * size, size):
-            extra = block_extra(keys.extra, keys.spans, start, size)
-            parent = hash_block_tokens(parent, token_ids[start : start + size], extra)
-            hashes.append(parent)
-            found.append(self._pool.lookup(parent))
-        if not found or found[0] is None:
-            return [], []
-        best, run = 0, 0
-        for k in range(1, len(found) + 1):
-            run = run + 1 if found[k - 1] is not None else 0
-            if run >= k - self._first_needed(k * size, window):
-                best = k
-        first_needed = self._first_needed(best * size, window)
-        table = [
-            block if i == 0 or i >= first_needed else self._pool.null_block
-            for i, block in enumerate(found[:best])
-        ]
-        return table, hashes[:best]  # type: ignore[return-value]
-
-    def _first_needed(self, position: int, window: int) -> int:
-        """The first block past a sequence's first that attention at `position` reads."""
-        return max(1, max(0, position - window + 1) // self._block_size)
-
     def _first_held(self, table: list[KVBlock]) -> int:
         return next(
             (i for i in range(1, len(table)) if table[i] is not self._pool.null_block),
@@ -250,7 +205,9 @@ class KVCacheManager:
         if self.sliding_window is None:
             return
         start = self._held_from[seq_id]
-        stop = min(self._first_needed(num_computed, self.sliding_window), len(table))
+        stop = min(
+            first_window_block(num_computed, self.sliding_window, self._block_size), len(table)
+        )
         if stop <= start:
             return
         behind = [block for block in table[start:stop] if block is not self._pool.null_block]
@@ -380,7 +337,7 @@ class KVCacheManager:
         table = self._table(parent_id)
         if self.sliding_window is None:
             return True
-        start = self._first_needed(num_tokens, self.sliding_window)
+        start = first_window_block(num_tokens, self.sliding_window, self._block_size)
         return all(
             block is not self._pool.null_block
             for block in table[start : _cdiv(num_tokens, self._block_size)]
