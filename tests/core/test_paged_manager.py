@@ -431,3 +431,104 @@ def test_freeing_an_unknown_sequence_is_a_no_op():
     manager = make_manager()
     manager.free(42)
     assert manager.num_free_blocks == 15
+
+
+# Sliding window: every attention layer reads only the last `sliding_window` positions
+
+
+def decode(manager: KVCacheManager, seq_id: int, token_ids: list[int], start: int) -> None:
+    """Compute positions start .. len(token_ids) - 1 one at a time, as decode steps do."""
+    for position in range(start, len(token_ids)):
+        assert manager.allocate_slots(seq_id, position, 1)
+        manager.commit(seq_id, token_ids, position + 1)
+
+
+def test_blocks_behind_the_window_are_freed_and_the_first_is_kept():
+    manager = make_manager(num_blocks=32, sliding_window=6)
+    (tokens,) = create_prompts(1, 40)
+    assert manager.admit(0, tokens, 1) == 0
+    decode(manager, 0, tokens, 0)
+    table = manager.block_table(0)
+    # The next token (position 40) reads positions 35-40: blocks 8-10 (and 10 is new).
+    assert manager.allocate_slots(0, 40, 1)
+    table = manager.block_table(0)
+    assert table[0] != NULL_BLOCK_ID
+    assert table[1:8] == [NULL_BLOCK_ID] * 7
+    assert NULL_BLOCK_ID not in table[8:]
+    assert manager.num_used_blocks == 1 + 3
+    assert manager.num_free_blocks == 31 - 4
+    manager.free(0)
+    assert manager.num_free_blocks == 31
+
+
+def prefill_in_chunks(manager: KVCacheManager, seq_id: int, token_ids: list[int]) -> None:
+    """Admit and compute a prompt in chunks of 8, committing each, as the engine does."""
+    assert manager.admit(seq_id, token_ids, 8) == 0
+    manager.commit(seq_id, token_ids, 8)
+    for start in range(8, len(token_ids), 8):
+        num_new = min(8, len(token_ids) - start)
+        assert manager.allocate_slots(seq_id, start, num_new)
+        manager.commit(seq_id, token_ids, start + num_new)
+
+
+def test_a_windowed_prefix_hit_searches_from_the_right():
+    """A hit needs the first block and the blocks the window reaches back from the first
+    position to compute; blocks between them may have been evicted."""
+    manager = make_manager(num_blocks=10, sliding_window=6)
+    tokens, other = create_prompts(2, 30)
+    # Its blocks 1-3 are freed behind the window as the chunks go, oldest first.
+    prefill_in_chunks(manager, 0, tokens)
+    assert manager.block_table(0)[1:4] == [NULL_BLOCK_ID] * 3
+    # Another sequence takes the last unmaterialized block and evicts blocks 1 and 2.
+    assert manager.admit(1, other, 12) == 0
+    manager.free(0)
+    # 7 full blocks before the last token; position 28 reads 23-28: blocks 5 and 6.
+    assert manager.admit(2, tokens, 2) == 28
+    table = manager.block_table(2)
+    assert table[1:5] == [NULL_BLOCK_ID] * 4
+    assert NULL_BLOCK_ID not in (table[0], *table[5:])
+
+
+def test_a_windowed_hit_stops_where_a_window_block_is_missing():
+    manager = make_manager(num_blocks=10, sliding_window=6)
+    tokens, other = create_prompts(2, 30)
+    prefill_in_chunks(manager, 0, tokens)
+    manager.free(0)
+    # The partial block 7 is taken first, then the last free id, then blocks 1-3 (freed
+    # behind the window first) and block 6 (the first of the sequence's freed at its end).
+    assert manager.admit(1, other, 24) == 0
+    manager.free(1)
+    # Without block 6, the best hit is 24 tokens (position 24 reads blocks 4 and 5).
+    assert manager.admit(2, tokens, 2) == 24
+
+
+def test_forks_and_adoption_keep_the_null_entries_behind_the_window():
+    manager = make_manager(num_blocks=32, sliding_window=6)
+    (tokens,) = create_prompts(1, 24)
+    assert manager.admit(0, tokens, 1) == 0
+    decode(manager, 0, tokens, 0)
+    assert manager.allocate_slots(0, 24, 1)
+    manager.fork(0, 1, 24)
+    assert manager.block_table(1) == manager.block_table(0)[:6]
+    used = manager.num_used_blocks
+    detached = manager.detach(1)
+    manager.adopt(2, detached)
+    assert manager.block_table(2) == manager.block_table(0)[:6]
+    manager.free(2)
+    manager.free(0)
+    assert manager.num_used_blocks == 0 < used
+    with pytest.raises(ValueError, match="sliding_window must be None or >= 1, got 0"):
+        make_manager(sliding_window=0)
+
+
+def test_a_child_forks_only_while_the_parent_holds_the_blocks_its_window_reads():
+    manager = make_manager(num_blocks=32, sliding_window=6)
+    (tokens,) = create_prompts(1, 30)
+    assert manager.admit(0, tokens, 1) == 0
+    decode(manager, 0, tokens, 0)
+    assert manager.allocate_slots(0, 30, 1)  # frees blocks 1-5: position 30 reads 25-30
+    assert manager.can_fork(0, 29)
+    assert not manager.can_fork(0, 9)  # position 9 reads 4-9: blocks 1 and 2, freed
+    plain = make_manager(num_blocks=32)
+    assert plain.admit(0, tokens, 30) == 0
+    assert plain.can_fork(0, 9)

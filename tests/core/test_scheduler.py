@@ -282,3 +282,61 @@ def test_finishing_a_waiting_sequence_removes_it_from_the_queue():
 def test_scheduler_config_validates_its_limits():
     with pytest.raises(ValueError, match="max_prefill_chunk must be >= 1, got 0"):
         SchedulerConfig(max_prefill_chunk=0)
+
+
+# Recurrent state: a fork copies the first choice's state at the prompt's last token
+
+
+def make_recurrent_scheduler(**limits: int) -> Scheduler:
+    kv = KVCacheManager(64, BLOCK_SIZE, enable_prefix_caching=False)
+    return Scheduler(SchedulerConfig(**limits), kv, recurrent_state=True)
+
+
+def make_choices(prompt_length: int, num_choices: int) -> list[Sequence]:
+    prompt = list(range(100, 100 + prompt_length))
+    choices = [make_sequence(seq_id, prompt) for seq_id in range(num_choices)]
+    for child in choices[1:]:
+        child.fork_parent = choices[0]
+    return choices
+
+
+def test_a_recurrent_first_choice_stops_before_the_last_prompt_token_for_its_forks():
+    scheduler = make_recurrent_scheduler(max_num_seqs=4, max_prefill_chunk=16)
+    parent, *children = make_choices(10, 3)
+    add_all(scheduler, [parent, *children])
+    # The prompt fits one chunk, but the parent stops at 9 tokens: its state there is the
+    # one its choices start from.
+    first = step(scheduler)
+    assert planned(first) == {0: 9}
+    second = step(scheduler)
+    assert planned(second) == {0: 1, 1: 1, 2: 1}
+    sources = {item.sequence.seq_id: item.state_source for item in second.scheduled}
+    assert sources == {0: None, 1: parent.slot, 2: parent.slot}
+    assert [child.num_cached_tokens for child in children] == [9, 9]
+
+
+def test_a_recurrent_choice_that_misses_the_fork_point_computes_its_prompt_alone():
+    scheduler = make_recurrent_scheduler(max_num_seqs=1, max_prefill_chunk=16)
+    parent, child = make_choices(10, 2)
+    add_all(scheduler, [parent, child])
+    assert planned(step(scheduler)) == {0: 9}
+    # No free slot for the child at the fork point: the parent moves on without it.
+    assert planned(step(scheduler)) == {0: 1}
+    while parent.status is SequenceStatus.RUNNING:
+        output = step(scheduler)
+        if parent.num_generated >= 3:
+            scheduler.finish(parent, SequenceStatus.FINISHED_LENGTH)
+    output = step(scheduler)
+    assert planned(output) == {1: 10}
+    assert output.scheduled[0].state_source is None
+    assert child.fork_parent is None
+
+
+def test_without_recurrent_state_choices_fork_at_once_and_copy_no_state():
+    scheduler = make_scheduler(max_num_seqs=4, max_prefill_chunk=16)
+    parent, *children = make_choices(10, 3)
+    add_all(scheduler, [parent, *children])
+    assert planned(step(scheduler)) == {0: 10}
+    second = step(scheduler)
+    assert planned(second) == {0: 1, 1: 1, 2: 1}
+    assert all(item.state_source is None for item in second.scheduled)

@@ -27,8 +27,19 @@ def _step(*rows: RowInput, copies: tuple[BlockCopy, ...] = ()) -> StepMessage:
             RowInput([5, 6, 7, 8], [8, 9], 14, num_logits=4),
             copies=(BlockCopy(2, 10), BlockCopy(3, 11)),
         ),
+        _step(
+            RowInput([5, 6], [1], 0, state_slot=0),
+            RowInput([9], [2, 3], 6, state_slot=3, state_source=0),
+        ),
     ],
-    ids=["kv-plan", "kv-plan-reports", "shutdown", "decode-row", "prefill-decode-verify-copies"],
+    ids=[
+        "kv-plan",
+        "kv-plan-reports",
+        "shutdown",
+        "decode-row",
+        "prefill-decode-verify-copies",
+        "state-slots",
+    ],
 )
 def test_messages_round_trip(message):
     ints = encode_message(message)

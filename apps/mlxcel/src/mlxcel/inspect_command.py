@@ -177,6 +177,7 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
             "weights": estimate.weights,
             "kv_cache": estimate.kv_cache,
             "activations": estimate.activations,
+            "states": estimate.states,
             "total": estimate.total,
             "total_parallel": all_sequences.total,
             "usable": budget.usable_bytes,
@@ -203,6 +204,7 @@ def _all_sequences(
         estimate.weights,
         kv_cache_bytes(per_token, tokens, request.block_size, parallel),
         estimate.activations,
+        estimate.states * parallel,
     )
 
 
@@ -245,7 +247,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"  {row['type']:<8} {row['bytes_per_token']:>12,} "
             f"{format_bytes(row['context_bytes']):>12} {format_bytes(row['parallel_bytes']):>12}"
         )
-    estimate = MemoryEstimate(memory["weights"], memory["kv_cache"], memory["activations"])
+    estimate = MemoryEstimate(
+        memory["weights"], memory["kv_cache"], memory["activations"], memory["states"]
+    )
     budget = MemoryBudget(memory["device"], memory["available"], memory["utilization"])
     lines += [
         "",

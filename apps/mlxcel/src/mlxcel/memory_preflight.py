@@ -110,10 +110,13 @@ def estimate_for_start(args: argparse.Namespace) -> MemoryEstimate:
 
 
 def breakdown(estimate: MemoryEstimate) -> str:
-    """The estimate as "X (weights A + KV B + activations C)"."""
+    """The estimate as "X (weights A + KV B + activations C)", with "+ states D" for a
+    model with recurrent layers."""
+    states = f" + states {format_bytes(estimate.states)}" if estimate.states else ""
     return (
         f"{format_bytes(estimate.total)} (weights {format_bytes(estimate.weights)} + "
-        f"KV {format_bytes(estimate.kv_cache)} + activations {format_bytes(estimate.activations)})"
+        f"KV {format_bytes(estimate.kv_cache)} + activations {format_bytes(estimate.activations)}"
+        f"{states})"
     )
 
 

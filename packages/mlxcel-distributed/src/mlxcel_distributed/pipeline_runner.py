@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import ModelRunner, RowInput
 from mlxcel_core.engine.runner import StepLogits, pass_groups, pass_tokens
@@ -70,6 +71,8 @@ class StageRunner(ModelRunner):
         report: Callable[[StageReport], np.ndarray | None] | None = None,
     ) -> None:
         super().__init__(stage, storage)
+        # A stage runs the attention layers of its storage, one cache each.
+        self.layout = CacheLayout.all_attention(len(storage.layers))
         self.stage = stage
         self._report = report
         self._num_steps = 0
@@ -114,6 +117,8 @@ class PipelineRunner(LockstepRunner):
         guard: StageGuard | None = None,
     ) -> None:
         super().__init__(stage, storage, channel, guard)
+        # A stage runs the attention layers of its storage, one cache each.
+        self.layout = CacheLayout.all_attention(len(storage.layers))
         self._channel: PipelineChannel = channel
         self.stage = stage
         self.steps_in_flight = stage.num_stages

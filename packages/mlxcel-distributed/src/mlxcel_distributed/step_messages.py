@@ -16,7 +16,7 @@ from mlxcel_core.engine import RowInput
 _KV_PLAN = 1
 _STEP = 2
 _SHUTDOWN = 3
-_ROW_HEADER = 4  # token count, block count, offset, logits count
+_ROW_HEADER = 6  # token count, block count, offset, logits count, state slot, state source
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ def encode_message(message: Message) -> list[int]:
         if row.adapter_scales is not None:
             raise ValueError("rows with LoRA adapter scales cannot be sent to other ranks")
         ints += [len(row.token_ids), len(row.block_table), row.offset, row.num_logits]
+        ints += [_slot_int(row.state_slot), _slot_int(row.state_source)]
         ints += [*row.token_ids, *row.block_table]
     return ints
 
@@ -97,14 +98,33 @@ def decode_message(ints: Sequence[int]) -> Message:
         copies = tuple(BlockCopy(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))
         rows = []
         for _ in range(reader.take(1)[0]):
-            num_tokens, num_table, offset, num_logits = reader.take(_ROW_HEADER)
+            header = reader.take(_ROW_HEADER)
+            num_tokens, num_table, offset, num_logits, state_slot, state_source = header
             tokens = reader.take(num_tokens)
-            rows.append(RowInput(tokens, reader.take(num_table), offset, num_logits))
+            rows.append(
+                RowInput(
+                    tokens,
+                    reader.take(num_table),
+                    offset,
+                    num_logits,
+                    state_slot=_int_slot(state_slot),
+                    state_source=_int_slot(state_source),
+                )
+            )
         message = StepMessage(num_blocks, copies, tuple(rows))
     else:
         raise ValueError(f"unknown step message kind {kind}")
     reader.check_consumed()
     return message
+
+
+def _slot_int(slot: int | None) -> int:
+    """A state slot as a non-negative int: 0 for none, else the slot plus one."""
+    return 0 if slot is None else slot + 1
+
+
+def _int_slot(value: int) -> int | None:
+    return None if value == 0 else value - 1
 
 
 class _Reader:

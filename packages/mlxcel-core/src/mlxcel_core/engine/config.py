@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row
 from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
+from mlxcel_core.cache.state import state_bytes_per_sequence
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
 from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.speculative import SpeculativeConfig
@@ -112,22 +114,56 @@ class EngineConfig:
             for layer in profile.layers
         )
 
+    def state_bytes(self, profile: ModelProfile) -> int:
+        """Bytes the recurrent state slots take: one slot per running sequence."""
+        return self.scheduler.max_num_seqs * state_bytes_per_sequence(profile.state_layers)
+
+    def blocks_per_sequence(self, kv_window: int | None) -> int:
+        """Most blocks one sequence of `context_size` holds at once. With every attention
+        layer windowed (`kv_window` positions), blocks wholly behind the window are freed,
+        so a sequence holds its first block, the window before a step's first new token,
+        and the step's tokens (a prefill chunk, or a token and its drafts)."""
+        whole = math.ceil(self.context_size / self.block_size)
+        if kv_window is None:
+            return whole
+        step_tokens = self.scheduler.max_prefill_chunk
+        if self.speculative is not None:
+            step_tokens = max(step_tokens, 1 + self.speculative.num_draft_tokens)
+        return min(whole, 2 + math.ceil((kv_window - 1 + step_tokens) / self.block_size))
+
 
 def plan_kv_blocks(
-    config: EngineConfig, profile: ModelProfile, draft: ModelProfile | None = None
+    config: EngineConfig,
+    profile: ModelProfile,
+    draft: ModelProfile | None = None,
+    *,
+    kv_window: int | None = None,
 ) -> int:
     """KV blocks (null block included): `config.num_kv_blocks`, else what memory allows.
 
     Blocks are counted at their stored size, so smaller cache types fit more of them. With
     a draft model (speculative decoding) a block also holds the draft's KV, in its own dtype,
-    and both models' weights and the larger of their transient peaks are set aside.
+    and both models' weights and the larger of their transient peaks are set aside. The
+    recurrent state slots (`EngineConfig.state_bytes`) are set aside too. A model that
+    keeps no keys and values (all its layers recurrent) gets blocks for bookkeeping only:
+    enough for every running sequence's whole context.
+
+    Args:
+        config: the engine's settings.
+        profile: the model's profile.
+        draft: the draft model's profile, with speculative decoding by a draft model.
+        kv_window: positions every attention layer reads back (all windowed), whose
+            blocks behind it are freed: one sequence then needs blocks for its window
+            only (`EngineConfig.blocks_per_sequence`); None when a layer reads them all.
 
     Raises:
-        InsufficientMemoryError: they cannot hold one sequence of `config.context_size`.
+        InsufficientMemoryError: they cannot hold one sequence of `config.context_size`,
+            or the state slots leave no room.
         CacheTypeError: a cache type cannot take a layer's head dim.
     """
     num_blocks = config.num_kv_blocks
-    residual_bytes = 0
+    residual_bytes = state_bytes = 0
+    needed = config.blocks_per_sequence(kv_window) + 1
     if num_blocks is None:
         memory = device_memory_bytes() if config.device_memory is None else config.device_memory
         bytes_per_token = sum(
@@ -135,31 +171,46 @@ def plan_kv_blocks(
             for layer in profile.layers
         )
         residual_bytes = config.residual_bytes(profile)
+        state_bytes = config.state_bytes(profile)
         if draft is not None:
             bytes_per_token += sum(layer.bytes_per_token() for layer in draft.layers)
             profile = profile.beside(draft)
-        block_bytes = config.block_size * bytes_per_token
-        num_blocks = plan_num_blocks(
-            usable_bytes=int(memory * config.memory_utilization) - residual_bytes,
-            profile=profile,
-            bytes_per_block=block_bytes,
-        )
-    needed = math.ceil(config.context_size / config.block_size) + 1
-    if num_blocks < needed:
-        residual = ""
-        if residual_bytes:
-            residual = (
-                f" (the cache_residual window's exact copies take {residual_bytes / 2**20:.1f} "
-                "MiB of its memory: lower cache_residual or max_num_seqs)"
+        usable = int(memory * config.memory_utilization) - residual_bytes - state_bytes
+        if bytes_per_token:
+            num_blocks = plan_num_blocks(
+                usable_bytes=usable,
+                profile=profile,
+                bytes_per_block=config.block_size * bytes_per_token,
             )
+        elif usable >= profile.resident_bytes + profile.transient_bytes:
+            num_blocks = config.scheduler.max_num_seqs * (needed - 1) + 1
+        else:
+            num_blocks = 0
+    if num_blocks < needed:
         raise InsufficientMemoryError(
             f"the KV cache has room for {max(num_blocks - 1, 0) * config.block_size} tokens "
-            f"({num_blocks} blocks of {config.block_size}, one reserved){residual} "
-            f"but one sequence of the context size ({config.context_size} tokens) needs "
-            f"{(needed - 1) * config.block_size}; lower the context size or give the "
-            "cache more memory"
+            f"({num_blocks} blocks of {config.block_size}, one reserved)"
+            f"{_set_aside(residual_bytes, state_bytes)} but one sequence of the context size "
+            f"({config.context_size} tokens) needs {(needed - 1) * config.block_size}; "
+            "lower the context size or give the cache more memory"
         )
     return num_blocks
+
+
+def _set_aside(residual_bytes: int, state_bytes: int) -> str:
+    """What the memory plan set aside before the blocks, for the refusal's message."""
+    parts = []
+    if residual_bytes:
+        parts.append(
+            f"the cache_residual window's exact copies take {residual_bytes / 2**20:.1f} "
+            "MiB of its memory: lower cache_residual or max_num_seqs"
+        )
+    if state_bytes:
+        parts.append(
+            f"the recurrent state slots take {state_bytes / 2**20:.1f} MiB of its memory: "
+            "lower max_num_seqs"
+        )
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int) -> PagedKVStorage:
@@ -179,4 +230,28 @@ def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int
         residual_window=config.cache_residual,
         # More than one per block is never used.
         num_residual_blocks=min(config.num_residual_blocks, num_blocks),
+        state_layers=profile.state_layers,
+        num_state_slots=config.scheduler.max_num_seqs,
     )
+
+
+def check_cache_layout(
+    layout: CacheLayout, config: EngineConfig, *, remote_prefill: bool = False
+) -> None:
+    """Refuse what a model with recurrent state layers cannot do (`CacheLayout`).
+
+    Raises:
+        ValueError: speculative decoding or disaggregated prefill for such a model.
+    """
+    if not layout.has_state:
+        return
+    if config.speculative is not None:
+        raise ValueError(
+            "speculative decoding is not supported for this model: its recurrent layers "
+            "keep a state that cannot be rolled back past rejected draft tokens"
+        )
+    if remote_prefill:
+        raise ValueError(
+            "disaggregated prefill is not supported for this model: the prefill rank "
+            "returns keys and values, not its recurrent layers' state"
+        )

@@ -26,8 +26,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
+from mlxcel_core.cache.layout import joint_kv_window, model_cache_layout
 from mlxcel_core.cache.paged import InvariantError, KeyedSpan, KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.config import EngineConfig, make_kv_storage, plan_kv_blocks
+from mlxcel_core.engine.config import (
+    EngineConfig,
+    check_cache_layout,
+    make_kv_storage,
+    plan_kv_blocks,
+)
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import (
     PrefilledKV,
@@ -158,10 +164,17 @@ class Engine:
     process: neither `make_runner` nor `make_remote_prefill` carries images to other ranks.
     The draft model stays text-only; the model verifies its drafts with the images.
 
+    A model whose layers keep a recurrent state (`CacheLayout.has_state`) runs with one
+    state slot per running sequence beside the KV pool, without prefix caching (a state
+    summarizes its whole prefix in one slot, which no block can share), speculative
+    decoding or disaggregated prefill. A model whose attention layers are all windowed
+    frees each sequence's blocks behind the window (`KVCacheManager`'s sliding window).
+
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
         ValueError: the model stores no keys and values; a draft model is missing, given
-            without being asked for, or has another vocabulary size.
+            without being asked for, or has another vocabulary size; speculative decoding
+            or disaggregated prefill is asked of a model with recurrent state layers.
     """
 
     def __init__(
@@ -181,6 +194,10 @@ class Engine:
         self._make_runner = _make_model_runner if make_runner is None else make_runner
         self._images_refusal = _images_refusal(model, make_runner, make_remote_prefill)
         self._config = EngineConfig() if config is None else config
+        self._layout = model_cache_layout(model)
+        check_cache_layout(
+            self._layout, self._config, remote_prefill=make_remote_prefill is not None
+        )
         wants_draft = (
             self._config.speculative is not None
             and self._config.speculative.method is SpeculativeMethod.DRAFT_MODEL
@@ -376,18 +393,31 @@ class Engine:
     def _setup(self) -> None:
         config = self._config
         chunk = config.scheduler.max_prefill_chunk
-        profile = profile_model(self._model, chunk)
+        profile = profile_model(self._model, chunk, self._layout)
         draft_profile = None
+        layouts = [self._layout]
         if self._draft_model is not None:
             draft_profile = profile_model(self._draft_model, chunk)
+            layouts.append(model_cache_layout(self._draft_model))
             if draft_profile.vocab_size != profile.vocab_size:
                 raise ValueError(
                     f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
                     f"the model's ({profile.vocab_size}); a draft model must share it"
                 )
-        num_blocks = plan_kv_blocks(config, profile, draft_profile)
+        if config.enable_prefix_caching and not self._layout.supports_prefix_caching:
+            logger.info(
+                "prefix caching is off: the model's recurrent layers keep a state per "
+                "sequence that no cached block can share"
+            )
+        kv_window = joint_kv_window(layouts)
+        num_blocks = plan_kv_blocks(config, profile, draft_profile, kv_window=kv_window)
         self._kv = KVCacheManager(
-            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+            num_blocks,
+            config.block_size,
+            enable_prefix_caching=(
+                config.enable_prefix_caching and self._layout.supports_prefix_caching
+            ),
+            sliding_window=kv_window,
         )
         self._storage = make_kv_storage(config, profile, num_blocks)
         self._storages = [self._storage]
@@ -408,6 +438,7 @@ class Engine:
                 0 if config.speculative is None else config.speculative.num_draft_tokens
             ),
             remote_prefill=self._make_remote_prefill is not None,
+            recurrent_state=self._layout.has_state,
         )
         self._runner = self._make_runner(self._model, self._storage, self._adapters)
         self._remote_prefill: RemotePrefill | None = None
@@ -671,6 +702,8 @@ class Engine:
                     num_logits,
                     sequence.adapter_scales,
                     sequence.request.images,
+                    state_slot=sequence.slot,
+                    state_source=item.state_source,
                 )
             )
         return rows

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.cache import AttentionMask, make_causal_mask
+from mlxcel_core.cache.layout import CacheLayout, LayerCacheKind, model_cache_layout
 from mlxcel_core.cache.paged import LayerGeometry
+from mlxcel_core.cache.state import (
+    CompositeCache,
+    StateArrayGeometry,
+    StateCache,
+    StateLayerGeometry,
+)
 from mlxcel_core.generate import LanguageModel
 
 
@@ -51,21 +58,47 @@ class _RecordingCache:
         return 0
 
 
+class _RecordingStateCache(StateCache):
+    """A one-pass state cache that notes the shape and dtype of each array written."""
+
+    def __init__(self, num_arrays: int) -> None:
+        self._values: list[mx.array | None] = [None] * num_arrays
+
+    def __getitem__(self, index: int) -> mx.array | None:
+        return self._values[index]
+
+    def __setitem__(self, index: int, value: mx.array) -> None:
+        self._values[index] = value
+
+    @property
+    def geometry(self) -> StateLayerGeometry:
+        return tuple(
+            None if value is None else StateArrayGeometry(tuple(value.shape[1:]), value.dtype)
+            for value in self._values
+        )
+
+
+def _recording_cache(part: LayerCacheKind) -> _RecordingCache | _RecordingStateCache:
+    return _RecordingCache() if part.stores_kv else _RecordingStateCache(part.num_arrays)
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     """What one profiling forward pass measured.
 
     Attributes:
-        layers: each attention layer's key/value geometry.
+        layers: each attention layer's key/value geometry (the layout's attention parts).
         resident_bytes: memory MLX held before the pass (the weights, mostly).
         transient_bytes: the pass's peak above that (activations of one prefill chunk).
         vocab_size: the width of the model's logits.
+        state_layers: each state layer's array geometry (the layout's state parts).
     """
 
     layers: tuple[LayerGeometry, ...]
     resident_bytes: int
     transient_bytes: int
     vocab_size: int
+    state_layers: tuple[StateLayerGeometry, ...] = ()
 
     def beside(self, draft: ModelProfile) -> ModelProfile:
         """This model's profile with a draft model run beside it: the memory both hold (each
@@ -76,28 +109,88 @@ class ModelProfile:
             max(self.resident_bytes, draft.resident_bytes),
             max(self.transient_bytes, draft.transient_bytes),
             self.vocab_size,
+            self.state_layers,
         )
 
 
-def profile_model(model: LanguageModel, num_tokens: int) -> ModelProfile:
+def profile_model(
+    model: LanguageModel, num_tokens: int, layout: CacheLayout | None = None
+) -> ModelProfile:
     """Run `num_tokens` tokens through `model` once and measure it.
 
+    The geometry recorded (keys and values per attention part, state arrays per state
+    part) does not depend on `num_tokens`: a pass of a few tokens records it as well.
+
+    Args:
+        model: the model.
+        num_tokens: tokens of the pass.
+        layout: what each of the model's layers keeps, in its cache list's order; None
+            takes the model's own (`model_cache_layout`).
+
     Raises:
-        ValueError: `num_tokens` < 1, or the model stored no keys and values.
+        ValueError: `num_tokens` < 1, an attention part stored no keys and values, or a
+            state part wrote no state.
     """
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-    caches = [_RecordingCache() for _ in model.make_cache()]
     mx.synchronize()
     resident = mx.get_active_memory()
     mx.reset_peak_memory()
-    logits = model(mx.zeros((1, num_tokens), dtype=mx.int32), caches, last_only=True)
+    logits, geometry = trace_cache_geometry(model, num_tokens, layout)
     mx.eval(logits)
     transient = max(mx.get_peak_memory() - resident, 0)
-    layers = tuple(cache.geometry for cache in caches if cache.geometry is not None)
-    if len(layers) != len(caches):
-        raise ValueError("the model stored no keys and values in some of its layers")
-    return ModelProfile(layers, resident, transient, logits.shape[-1])
+    return ModelProfile(
+        geometry.layers, resident, transient, logits.shape[-1], geometry.state_layers
+    )
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """What a model's caches hold per position and per sequence.
+
+    Attributes:
+        layers: each attention part's key/value geometry.
+        state_layers: each state part's array geometry.
+    """
+
+    layers: tuple[LayerGeometry, ...]
+    state_layers: tuple[StateLayerGeometry, ...]
+
+
+def trace_cache_geometry(
+    model: LanguageModel, num_tokens: int = 1, layout: CacheLayout | None = None
+) -> tuple[mx.array, CacheGeometry]:
+    """Build one forward pass of `num_tokens` tokens through recording caches, without
+    evaluating it: MLX infers every array's shape and dtype as the graph is built, so
+    the geometry is known before (and without) any computation.
+
+    Args:
+        model: the model.
+        num_tokens: tokens of the pass (>= 1).
+        layout: what each of the model's layers keeps, in its cache list's order; None
+            takes the model's own (`model_cache_layout`).
+
+    Returns:
+        The pass's (1, 1, V) logits, unevaluated, and the caches' geometry.
+
+    Raises:
+        ValueError: an attention part stored no keys and values, or a state part wrote no
+            state.
+    """
+    if layout is None:
+        layout = model_cache_layout(model)
+    parts = [[_recording_cache(part) for part in layer] for layer in layout.layers]
+    caches = [layer[0] if len(layer) == 1 else CompositeCache(layer) for layer in parts]
+    logits = model(mx.zeros((1, num_tokens), dtype=mx.int32), caches, last_only=True)
+    recorded = [cache for layer in parts for cache in layer]
+    attention = [cache for cache in recorded if isinstance(cache, _RecordingCache)]
+    layers = tuple(cache.geometry for cache in attention if cache.geometry is not None)
+    if len(layers) != len(attention):
+        raise ValueError("the model stored no keys and values in some of its attention layers")
+    states = tuple(c.geometry for c in recorded if isinstance(c, _RecordingStateCache))
+    if any(all(array is None for array in state) for state in states):
+        raise ValueError("the model wrote no state in some of its state layers")
+    return logits, CacheGeometry(layers, states)
 
 
 def plan_num_blocks(*, usable_bytes: int, profile: ModelProfile, bytes_per_block: int) -> int:

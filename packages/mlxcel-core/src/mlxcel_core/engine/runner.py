@@ -1,7 +1,9 @@
 """The model runner: one step's forward passes over the paged KV cache.
 
 It makes no decisions: it is told which tokens of which sequences to compute and returns
-the logits the engine samples from.
+the logits the engine samples from. It builds each pass's per-layer caches from the
+model's cache layout (`mlxcel_core.cache.layout`): attention parts view the paged pools,
+state parts view the rows' state slots (`mlxcel_core.cache.state`).
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import cast
 
 import mlx.core as mx
 
 from mlxcel_core.adapters import AdapterScales, RowAdapterScales
+from mlxcel_core.cache.layout import CacheLayout, model_cache_layout
 from mlxcel_core.cache.paged import (
     BatchRow,
     BlockCopy,
@@ -22,6 +26,7 @@ from mlxcel_core.cache.paged import (
     PagedLayerCache,
     make_layer_caches,
 )
+from mlxcel_core.cache.state import CompositeCache, SlotStateCache, make_state_caches
 from mlxcel_core.generate import LanguageModel
 from mlxcel_core.images import ImageLanguageModel, PromptImage, RowImages
 
@@ -39,6 +44,11 @@ class RowInput:
         adapter_scales: the sequence's LoRA adapter scales; None without unfused adapters.
         images: all of the sequence's prompt images (also those outside this step's
             tokens), for a model with vision support; empty for text.
+        state_slot: the sequence's recurrent state slot (its running slot), for a model
+            with state layers; None for others.
+        state_source: a slot whose state this row starts from, copied into `state_slot`
+            before the step's passes (a forked choice); None continues from its own, or
+            from nothing when `offset` is 0.
 
     Raises:
         ValueError: `token_ids` is empty, or `num_logits` is neither of those.
@@ -50,6 +60,8 @@ class RowInput:
     num_logits: int = 1
     adapter_scales: AdapterScales | None = None
     images: tuple[PromptImage, ...] = ()
+    state_slot: int | None = None
+    state_source: int | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -61,12 +73,15 @@ class RowInput:
             )
 
 
-def pass_groups(rows: Sequence[RowInput]) -> list[list[int]]:
+def pass_groups(rows: Sequence[RowInput], *, separate_fresh: bool = False) -> list[list[int]]:
     """The step's forward passes: indices of rows of the same length and logits count, so
-    no row is padded to another's length; in the order of each group's first row."""
-    groups: dict[tuple[int, int], list[int]] = {}
+    no row is padded to another's length; in the order of each group's first row. With
+    `separate_fresh`, rows starting from nothing (offset 0) never share a pass with rows
+    continuing a state, so a recurrent layer sees either no state or every row's."""
+    groups: dict[tuple[int, int, bool], list[int]] = {}
     for i, row in enumerate(rows):
-        groups.setdefault((len(row.token_ids), row.num_logits), []).append(i)
+        fresh = separate_fresh and row.offset == 0
+        groups.setdefault((len(row.token_ids), row.num_logits, fresh), []).append(i)
     return list(groups.values())
 
 
@@ -132,9 +147,11 @@ class ModelRunner:
     rank begins the next keeps more.
 
     Args:
-        model: the language model; its attention layers call the cache protocol. Rows with
-            images need an `ImageLanguageModel`.
-        storage: the key/value pools the model reads and writes.
+        model: the language model; its attention layers call the cache protocol, its
+            state layers the state-cache protocol. Rows with images need an
+            `ImageLanguageModel`.
+        storage: the key/value pools the model reads and writes, with the state slots of
+            a model with state layers.
         adapters: the model's unfused LoRA adapters, told each forward pass's row scales.
     """
 
@@ -152,6 +169,11 @@ class ModelRunner:
         self.storage = storage
         self.adapters = adapters
         self._started: deque[StepLogits] = deque()
+
+    @cached_property
+    def layout(self) -> CacheLayout:
+        """What each of the model's layers keeps (`model_cache_layout`)."""
+        return model_cache_layout(self.model)
 
     @property
     def num_started(self) -> int:
@@ -204,21 +226,54 @@ class ModelRunner:
 
         Returns:
             The step's logits, lazy like `execute`'s.
+
+        Raises:
+            ValueError: the model has state layers and a row has no `state_slot`.
         """
+        has_state = self.layout.has_state
+        if has_state:
+            self._copy_state_sources(rows)
         step = StepLogits()
-        for members in pass_groups(rows):
+        for members in pass_groups(rows, separate_fresh=has_state):
             pass_rows = [rows[i] for i in members]
             step.add(members, self._forward(pass_tokens(pass_rows), pass_rows))
         return step
 
-    def layer_caches(self, rows: Sequence[RowInput]) -> list[PagedLayerCache]:
-        """The per-layer views of the storage for one forward pass over `rows` (rows of
-        one length, from `pass_groups`)."""
-        batch = PagedBatch(
-            [BatchRow(row.block_table, row.offset, len(row.token_ids)) for row in rows],
-            self.storage.block_size,
-        )
-        return make_layer_caches(self.storage, batch)
+    def _copy_state_sources(self, rows: Sequence[RowInput]) -> None:
+        states = self.storage.states
+        if states is None:
+            raise ValueError("the model has state layers but its storage holds no state slots")
+        copies = []
+        for row in rows:
+            if row.state_slot is None:
+                raise ValueError("a model with state layers needs each row's state_slot")
+            if row.state_source is not None:
+                copies.append((row.state_source, row.state_slot))
+        states.copy_slots(copies)
+
+    def layer_caches(
+        self, rows: Sequence[RowInput]
+    ) -> list[PagedLayerCache | SlotStateCache | CompositeCache]:
+        """The per-layer caches of one forward pass over `rows` (rows of one length, from
+        `pass_groups`), in the model's cache-list order: views of the paged storage for
+        attention parts, of the rows' state slots for state parts, and a `CompositeCache`
+        for a layer of several parts."""
+        attention: list[PagedLayerCache] = []
+        if self.layout.attention_parts:
+            batch = PagedBatch(
+                [BatchRow(row.block_table, row.offset, len(row.token_ids)) for row in rows],
+                self.storage.block_size,
+            )
+            attention = make_layer_caches(self.storage, batch)
+        if self.layout.is_plain:
+            return [*attention]
+        states: list[SlotStateCache] = []
+        if self.storage.states is not None:
+            slots = mx.array([row.state_slot for row in rows], dtype=mx.int32)
+            states = make_state_caches(
+                self.storage.states, slots, fresh=all(row.offset == 0 for row in rows)
+            )
+        return _assemble(self.layout, attention, states)
 
     def _forward(self, tokens: mx.array, rows: Sequence[RowInput]) -> mx.array:
         """(B, L) tokens → (B, num_logits, V) logits of each row's last positions."""
@@ -232,3 +287,15 @@ class ModelRunner:
         model = cast(ImageLanguageModel, self.model)
         images = [RowImages(row.offset, row.images) for row in rows]
         return model(tokens, caches, last_only=last_only, images=images)
+
+
+def _assemble(
+    layout: CacheLayout, attention: Sequence[PagedLayerCache], states: Sequence[SlotStateCache]
+) -> list[PagedLayerCache | SlotStateCache | CompositeCache]:
+    """The layout's layers, each its part's view or a `CompositeCache` of its parts."""
+    next_attention, next_state = iter(attention), iter(states)
+    caches: list[PagedLayerCache | SlotStateCache | CompositeCache] = []
+    for parts in layout.layers:
+        views = [next(next_attention) if part.stores_kv else next(next_state) for part in parts]
+        caches.append(views[0] if len(views) == 1 else CompositeCache(views))
+    return caches

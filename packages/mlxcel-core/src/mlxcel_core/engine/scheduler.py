@@ -15,7 +15,11 @@ preempt anything. Accepted drafts count as computed when the step completes.
 
 The later choices of one prompt (`n` > 1) fork from the first: once it has computed all
 but the prompt's last token, they share its blocks (copy-on-write) and compute only that
-last token each, as vLLM's v0 engine did for parallel sampling.
+last token each, as vLLM's v0 engine did for parallel sampling. A model with recurrent
+layers (`recurrent_state`) also hands its state over, which holds one position only: the
+first choice's prefill then stops short of its last prompt token while later choices
+wait, and a choice forks only while the first stands exactly there, starting from a copy
+of its state slot; otherwise it computes its prompt alone.
 
 With `remote_prefill`, a new sequence is admitted with blocks for all its tokens, and all
 but its last token (past any prefix-cache hit) are computed elsewhere: it is returned in
@@ -71,11 +75,14 @@ class ScheduledSequence:
         num_new_tokens: its tokens computed this step.
         num_lookahead_tokens: KV slots held beyond `num_new_tokens`, for the draft tokens
             it may verify (speculative decoding).
+        state_source: the running slot whose recurrent state it starts from, copied into
+            its own before the step (a forked choice's first step); None otherwise.
     """
 
     sequence: Sequence
     num_new_tokens: int
     num_lookahead_tokens: int = 0
+    state_source: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,8 @@ class Scheduler:
         num_lookahead_tokens: most draft tokens a decoding sequence verifies per step
             (0 without speculative decoding).
         remote_prefill: prompts are computed elsewhere (see the module).
+        recurrent_state: the model keeps a recurrent state per running slot, which a fork
+            copies (see the module).
     """
 
     def __init__(
@@ -115,11 +124,13 @@ class Scheduler:
         *,
         num_lookahead_tokens: int = 0,
         remote_prefill: bool = False,
+        recurrent_state: bool = False,
     ) -> None:
         self.config = config
         self.kv = kv
         self.num_lookahead_tokens = num_lookahead_tokens
         self.remote_prefill = remote_prefill
+        self.recurrent_state = recurrent_state
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -145,6 +156,7 @@ class Scheduler:
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
         remote: list[Sequence] = []
+        fork_parents = self._fork_parents()
         index = 0
         while index < len(self.running) and budget > 0 and len(scheduled) < room:
             sequence = self.running[index]
@@ -152,6 +164,7 @@ class Scheduler:
                 index += 1
                 continue
             num_new = min(sequence.num_uncomputed, budget, self.config.max_prefill_chunk)
+            num_new = self._stop_at_fork_point(sequence, num_new, fork_parents)
             lookahead = self._lookahead(sequence, budget)
             while not self.kv.allocate_slots(
                 sequence.seq_id, sequence.num_computed, num_new + lookahead
@@ -181,8 +194,9 @@ class Scheduler:
         ):
             sequence = self.waiting[0]
             parent = sequence.fork_parent
-            if parent is not None and parent.status is not SequenceStatus.RUNNING:
-                # The parent ended or was preempted: the prefix cache is the way to reuse.
+            if parent is not None and not self._can_fork_from(parent, sequence):
+                # The parent ended or was preempted, or (recurrent state) has moved past
+                # the prompt's last token: the prefix cache is the way to reuse.
                 sequence.fork_parent = parent = None
             if parent is not None and parent.num_computed < sequence.num_prompt_tokens - 1:
                 break  # The parent's prefill is under way; its prompt KV is not there yet.
@@ -191,8 +205,11 @@ class Scheduler:
             if offload:
                 # Blocks for the whole prompt, since its KV arrives all at once.
                 wanted = sequence.num_tokens
+            state_source = None
             if parent is not None:
                 num_cached = self._fork(parent, sequence)
+                if self.recurrent_state:
+                    state_source = parent.slot
             else:
                 num_cached = self.kv.admit(
                     sequence.seq_id,
@@ -210,9 +227,45 @@ class Scheduler:
                 remote.append(sequence)
                 continue
             num_new = min(sequence.num_uncomputed, wanted, budget)
-            scheduled.append(ScheduledSequence(sequence, num_new))
+            num_new = self._stop_at_fork_point(sequence, num_new, fork_parents)
+            scheduled.append(ScheduledSequence(sequence, num_new, state_source=state_source))
             budget -= num_new
         return SchedulerOutput(tuple(scheduled), tuple(preempted), tuple(remote))
+
+    def _fork_parents(self) -> set[Sequence]:
+        """Sequences short of their prompt's last token whose later choices wait to fork
+        from their recurrent state there (none for a model without one)."""
+        if not self.recurrent_state:
+            return set()
+        return {
+            parent
+            for sequence in self.waiting
+            if (parent := sequence.fork_parent) is not None
+            and not parent.status.finished
+            and parent.num_computed < sequence.num_prompt_tokens - 1
+        }
+
+    @staticmethod
+    def _stop_at_fork_point(sequence: Sequence, num_new: int, fork_parents: set[Sequence]) -> int:
+        """`num_new` cut so that a parent of waiting choices stops before its prompt's last
+        token: its state there is the one they copy."""
+        if sequence not in fork_parents:
+            return num_new
+        return min(num_new, sequence.num_prompt_tokens - 1 - sequence.num_computed)
+
+    def _can_fork_from(self, parent: Sequence, child: Sequence) -> bool:
+        """Whether `child` may still fork from `parent`: the parent runs; it still holds
+        the blocks the child reads (a sliding window frees those behind the parent's);
+        and, with a recurrent state, it has not moved past the prompt's last token nor is
+        in a step in flight that moves it (its state is the one at that token only then)."""
+        if parent.status is not SequenceStatus.RUNNING:
+            return False
+        if not self.recurrent_state:
+            num_shared = child.num_prompt_tokens - 1
+            return parent.num_computed < num_shared or self.kv.can_fork(parent.seq_id, num_shared)
+        return parent.num_computed < child.num_prompt_tokens - 1 or (
+            parent.num_computed == child.num_prompt_tokens - 1 and not parent.in_step
+        )
 
     @property
     def num_in_flight(self) -> int:

@@ -2,8 +2,10 @@
 
 Weights follow what the loader does on the device (`ComputeOptions`): the file's dtypes,
 or on the CPU float32 floats and, when they fit, quantized layers made dense float32
-(docs/adr/0004). The KV cache is counted as the paged engine stores it: every layer keeps
-every position of a sequence, in blocks, at the cache types' packed sizes.
+(docs/adr/0004). The KV cache is counted as the paged engine stores it: every attention
+layer keeps every position of a sequence, in blocks, at the cache types' packed sizes (only
+its window and a prefill chunk when every attention layer is windowed); recurrent layers
+keep one state per sequence (`cache_geometry`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import mlx.core as mx
 
 from mlxcel_core.cache.paged import LayerGeometry
 from mlxcel_core.cache.quant import check_cache_type
+from mlxcel_core.cache.state import state_bytes_per_sequence
 from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.memory.cache_geometry import ModelCacheGeometry, model_cache_geometry
 from mlxcel_models.memory.inventory import ModelInventory, WeightTensor
 
 # mx.fast.scaled_dot_product_attention's scores and probabilities, where it materializes them.
@@ -81,13 +85,19 @@ def activation_dtype(inventory: ModelInventory, options: ComputeOptions) -> mx.D
     return functools.reduce(mx.result_type, inventory.key_path_dtypes or (mx.float32,))
 
 
-def kv_layers(inventory: ModelInventory, options: ComputeOptions) -> tuple[LayerGeometry, ...]:
-    """Each attention layer's key/value geometry, as the engine's profiling pass records it."""
+def cache_geometry(inventory: ModelInventory, options: ComputeOptions) -> ModelCacheGeometry:
+    """The model's cache layout, its attention layers' key/value geometry and its state
+    layers' arrays, as the engine's profiling pass records them."""
     arch = inventory.architecture
     geometry = LayerGeometry(
         arch.num_kv_heads, arch.head_dim, arch.head_dim, activation_dtype(inventory, options)
     )
-    return (geometry,) * arch.num_layers
+    return model_cache_geometry(inventory, options, (geometry,) * arch.num_layers)
+
+
+def kv_layers(inventory: ModelInventory, options: ComputeOptions) -> tuple[LayerGeometry, ...]:
+    """Each attention layer's key/value geometry, as the engine's profiling pass records it."""
+    return cache_geometry(inventory, options).layers
 
 
 def kv_bytes_per_token(
@@ -142,15 +152,17 @@ class MemoryEstimate:
         weights: the resident weights.
         kv_cache: the KV blocks of one sequence of the context size.
         activations: the largest step's transient memory.
+        states: the recurrent state of the sequences counted (0 without state layers).
     """
 
     weights: int
     kv_cache: int
     activations: int
+    states: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations
+        return self.weights + self.kv_cache + self.activations + self.states
 
     def beside(self, draft: MemoryEstimate) -> MemoryEstimate:
         """With a draft model run beside it (speculative decoding): both models' weights and
@@ -159,6 +171,7 @@ class MemoryEstimate:
             self.weights + draft.weights,
             self.kv_cache + draft.kv_cache,
             max(self.activations, draft.activations),
+            self.states + draft.states,
         )
 
 
@@ -196,6 +209,15 @@ class ContextRequest:
         """The context size in tokens, the trained one for 0."""
         return self.context_size or inventory.architecture.context_length
 
+    def tokens_held(self, tokens: int, kv_window: int | None) -> int:
+        """Positions whose blocks one sequence of `tokens` holds at once: all of them,
+        or, when every attention layer is windowed (`kv_window`), its window before a
+        chunk, the chunk, and the blocks the two start inside of (as
+        `EngineConfig.blocks_per_sequence` counts them)."""
+        if kv_window is None:
+            return tokens
+        return min(tokens, kv_window - 1 + self.chunk_tokens + 2 * self.block_size)
+
 
 def estimate_memory(
     inventory: ModelInventory, request: ContextRequest, options: ComputeOptions
@@ -207,12 +229,14 @@ def estimate_memory(
             model's head dim.
     """
     tokens = request.tokens(inventory)
-    per_token = kv_bytes_per_token(
-        kv_layers(inventory, options), request.cache_type_k, request.cache_type_v
-    )
+    geometry = cache_geometry(inventory, options)
+    per_token = kv_bytes_per_token(geometry.layers, request.cache_type_k, request.cache_type_v)
     return MemoryEstimate(
         weights=estimate_weights(inventory, options).resident_bytes,
-        kv_cache=kv_cache_bytes(per_token, tokens, request.block_size),
+        kv_cache=kv_cache_bytes(
+            per_token, request.tokens_held(tokens, geometry.layout.kv_window), request.block_size
+        ),
+        states=state_bytes_per_sequence(geometry.state_layers),
         activations=activation_bytes(
             inventory,
             activation_dtype(inventory, options),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,8 @@ class ModelInventory:
         key_path_dtypes: the dtypes of the weights between a token and its keys (embedding,
             first norm, key projection); on a device that keeps the file's dtypes, keys come
             out in the type these promote to.
+        config: the text model's config as mlx-lm's `ModelArgs` read it (from config.json,
+            or made from the GGUF metadata).
     """
 
     source: ModelSource
@@ -122,6 +124,7 @@ class ModelInventory:
     tensors: tuple[WeightTensor, ...]
     file_bytes: int
     key_path_dtypes: tuple[mx.Dtype, ...]
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 def read_model_inventory(path: str | Path) -> ModelInventory:
@@ -134,19 +137,19 @@ def read_model_inventory(path: str | Path) -> ModelInventory:
     source = detect_model(path)
     family = family_for(source.model_type, source.weight_format)
     if source.weight_format is WeightFormat.GGUF:
-        architecture, tensors, file_bytes = _read_gguf(source, family)
+        architecture, tensors, file_bytes, config = _read_gguf(source, family)
     else:
-        architecture, tensors, file_bytes = _read_safetensors(source, family)
+        architecture, tensors, file_bytes, config = _read_safetensors(source, family)
     by_name = {tensor.name.removesuffix(".weight"): tensor for tensor in tensors}
     key_path = tuple(
         by_name[name].dtype for name in _KEY_PATH[source.weight_format] if name in by_name
     )
-    return ModelInventory(source, family, architecture, tensors, file_bytes, key_path)
+    return ModelInventory(source, family, architecture, tensors, file_bytes, key_path, config)
 
 
 def _read_gguf(
     source: ModelSource, family: FamilyMetadata
-) -> tuple[Architecture, tuple[WeightTensor, ...], int]:
+) -> tuple[Architecture, tuple[WeightTensor, ...], int, dict[str, Any]]:
     header = read_gguf_header(source.path)
     check_tensor_types(source.path, header)
     embedding = header.tensor_shapes.get("token_embd.weight")
@@ -169,7 +172,7 @@ def _read_gguf(
             tensors.append(
                 WeightTensor(name, num_elements, type_name, mx.float16, bits, _GGUF_GROUP_SIZE)
             )
-    return _architecture(config), tuple(tensors), source.path.stat().st_size
+    return _architecture(config), tuple(tensors), source.path.stat().st_size, config
 
 
 def _architecture(config: dict[str, Any]) -> Architecture:
@@ -220,7 +223,7 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
 
 def _read_safetensors(
     source: ModelSource, family: FamilyMetadata
-) -> tuple[Architecture, tuple[WeightTensor, ...], int]:
+) -> tuple[Architecture, tuple[WeightTensor, ...], int, dict[str, Any]]:
     config = read_config(source.path)
     model_type_from_config(config, source.path)
     # A vision-language model's KV cache and activations are its text model's.
@@ -246,7 +249,7 @@ def _read_safetensors(
             f"{source.path / 'config.json'} lacks a hyperparameter: {error}"
         ) from error
     tensors = _safetensors_weights(entries, config)
-    return architecture, tensors, sum(file.stat().st_size for file in files)
+    return architecture, tensors, sum(file.stat().st_size for file in files), config
 
 
 def _safetensors_weights(

@@ -4,6 +4,13 @@ Which prefix blocks are cached, allocate slots or refuse, commit full blocks, fr
 are int ids; positions map to blocks through each sequence's block table. Modelled on vLLM
 v1's `vllm/v1/core/kv_cache_manager.py`; copy-on-write after `fork` follows vLLM v0's
 block manager (PagedAttention, Kwon et al., SOSP 2023).
+
+With a sliding window (every attention layer of the model reads only its last W
+positions), a sequence's blocks wholly behind the window of its next token are freed as it
+moves on, their table entries set to the null block, so a sequence holds about W positions
+however long it runs; its first block is kept (quantized pools center later keys on it).
+A prefix-cache hit then needs only the blocks the window reaches back to, and the first
+(`prefix_hit`).
 """
 
 from __future__ import annotations
@@ -11,15 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlxcel_core.cache.paged.block_pool import BlockPool, InvariantError, KVBlock
+from mlxcel_core.cache.paged.block_pool import NULL_BLOCK_ID, BlockPool, InvariantError, KVBlock
 from mlxcel_core.cache.paged.prefix import (
     BlockHash,
     BlockHashExtra,
     KeyedSpan,
-    block_extra,
-    hash_block_tokens,
     hash_token_blocks,
 )
+from mlxcel_core.cache.paged.prefix_hit import find_cached_prefix, first_window_block
 
 
 @dataclass(frozen=True)
@@ -68,20 +74,34 @@ class KVCacheManager:
         num_blocks: blocks in the pool, including the reserved null block 0.
         block_size: tokens per block.
         enable_prefix_caching: reuse full blocks across sequences with the same prefix.
+        sliding_window: positions back from its newest that a sequence's attention still
+            reads (every layer windowed): blocks behind it are freed (see the module);
+            None keeps every block.
 
     Raises:
-        ValueError: `num_blocks` is < 2 or `block_size` is < 1.
+        ValueError: `num_blocks` is < 2, or `block_size` or `sliding_window` is < 1.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
         self._pool = BlockPool(num_blocks)
         self._block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self._tables: dict[int, list[KVBlock]] = {}
+        # Per sequence, the first table entry past its first block that may still be held
+        # (the ones before it were freed behind the sliding window).
+        self._held_from: dict[int, int] = {}
         # Hashes of each sequence's leading blocks that are committed (full and computed).
         self._hashes: dict[int, list[BlockHash]] = {}
         # Each sequence's further hash keys (adapter scales, images), from admission to free.
@@ -142,42 +162,58 @@ class KVCacheManager:
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         keys = _HashKeys(extra, tuple(spans))
-        cached, hashes = self._find_cached_prefix(token_ids, keys)
+        cached: list[KVBlock] = []
+        hashes: list[BlockHash] = []
+        if self.enable_prefix_caching:
+            cached, hashes = find_cached_prefix(
+                self._pool,
+                token_ids,
+                self._block_size,
+                extra=extra,
+                spans=keys.spans,
+                window=self.sliding_window,
+            )
         num_cached = len(cached) * self._block_size
         num_tokens = num_cached + min(num_new_tokens, len(token_ids) - num_cached)
         num_fresh = _cdiv(num_tokens, self._block_size) - len(cached)
+        held = [block for block in cached if block is not self._pool.null_block]
         # Touching a free cached block takes it out of the free count.
-        num_cached_free = sum(1 for block in cached if block.ref_count == 0)
+        num_cached_free = sum(1 for block in held if block.ref_count == 0)
         if num_fresh + num_cached_free > self._pool.num_free_blocks:
             return None
-        self._pool.touch(cached)
+        self._pool.touch(held)
         fresh = self._pool.allocate(num_fresh)
         if fresh is None:
             raise InvariantError(f"{num_fresh} blocks were free, then could not be allocated")
         self._tables[seq_id] = cached + fresh
+        self._held_from[seq_id] = self._first_held(self._tables[seq_id])
         self._hashes[seq_id] = hashes
         self._keys[seq_id] = keys
         self.num_queried_tokens += len(token_ids)
         self.num_hit_tokens += num_cached
         return num_cached
 
-    def _find_cached_prefix(
-        self, token_ids: Sequence[int], keys: _HashKeys
-    ) -> tuple[list[KVBlock], list[BlockHash]]:
-        cached: list[KVBlock] = []
-        hashes: list[BlockHash] = []
-        if not self.enable_prefix_caching:
-            return cached, hashes
-        size, parent = self._block_size, None
-        for start in range(0, (len(token_ids) - 1) // size * size, size):
-            extra = block_extra(keys.extra, keys.spans, start, size)
-            parent = hash_block_tokens(parent, token_ids[start : start + size], extra)
-            block = self._pool.lookup(parent)
-            if block is None:
-                break
-            cached.append(block)
-            hashes.append(parent)
-        return cached, hashes
+    def _first_held(self, table: list[KVBlock]) -> int:
+        return next(
+            (i for i in range(1, len(table)) if table[i] is not self._pool.null_block),
+            len(table),
+        )
+
+    def _free_behind_window(self, seq_id: int, table: list[KVBlock], num_computed: int) -> None:
+        """Free the blocks wholly behind the window of position `num_computed`, oldest
+        first (a cached one is then evicted before the newer ones a later hit needs)."""
+        if self.sliding_window is None:
+            return
+        start = self._held_from[seq_id]
+        stop = min(
+            first_window_block(num_computed, self.sliding_window, self._block_size), len(table)
+        )
+        if stop <= start:
+            return
+        behind = [block for block in table[start:stop] if block is not self._pool.null_block]
+        table[start:stop] = [self._pool.null_block] * (stop - start)
+        self._held_from[seq_id] = stop
+        self._pool.free(behind)
 
     def allocate_slots(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
         """Cover positions [0, num_computed + num_new_tokens) before they are written.
@@ -198,6 +234,7 @@ class KVCacheManager:
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         self._check_positions("num_computed", num_computed, table)
+        self._free_behind_window(seq_id, table, num_computed)
         size = self._block_size
         first = num_computed // size
         end = _cdiv(num_computed + num_new_tokens, size)
@@ -266,7 +303,8 @@ class KVCacheManager:
             return
         del self._hashes[seq_id]
         del self._keys[seq_id]
-        self._pool.free(reversed(table))
+        del self._held_from[seq_id]
+        self._pool.free(block for block in reversed(table) if block is not self._pool.null_block)
 
     def fork(self, parent_id: int, child_id: int, num_tokens: int) -> None:
         """Let `child_id` share the parent's blocks covering positions [0, num_tokens).
@@ -282,10 +320,28 @@ class KVCacheManager:
             raise ValueError(f"child_id {child_id} already holds blocks")
         self._check_positions("num_tokens", num_tokens, table)
         shared = table[: _cdiv(num_tokens, self._block_size)]
-        self._pool.touch(shared)
+        self._pool.touch(block for block in shared if block is not self._pool.null_block)
         self._tables[child_id] = shared
+        self._held_from[child_id] = self._held_from[parent_id]
         self._hashes[child_id] = self._hashes[parent_id][: num_tokens // self._block_size]
         self._keys[child_id] = self._keys[parent_id]
+
+    def can_fork(self, parent_id: int, num_tokens: int) -> bool:
+        """Whether `fork(parent_id, ..., num_tokens)` gives the child every block it reads:
+        under a sliding window, the parent may have freed blocks behind its own window
+        that the child's window, further back, still needs.
+
+        Raises:
+            ValueError: `parent_id` is unknown.
+        """
+        table = self._table(parent_id)
+        if self.sliding_window is None:
+            return True
+        start = first_window_block(num_tokens, self.sliding_window, self._block_size)
+        return all(
+            block is not self._pool.null_block
+            for block in table[start : _cdiv(num_tokens, self._block_size)]
+        )
 
     def detach(self, seq_id: int) -> DetachedBlocks:
         """Stop tracking the sequence; its blocks keep their references for a new owner.
@@ -295,6 +351,7 @@ class KVCacheManager:
         """
         table = self._table(seq_id)
         del self._tables[seq_id]
+        del self._held_from[seq_id]
         hashes = self._hashes.pop(seq_id)
         keys = self._keys.pop(seq_id)
         ids = tuple(block.block_id for block in table)
@@ -313,11 +370,15 @@ class KVCacheManager:
             raise ValueError(
                 f"detached.block_size must be {self._block_size}, got {detached.block_size}"
             )
-        table = [self._pool.block(block_id) for block_id in detached.block_ids]
+        table = [
+            self._pool.null_block if block_id == NULL_BLOCK_ID else self._pool.block(block_id)
+            for block_id in detached.block_ids
+        ]
         for block in table:
-            if block.ref_count < 1:
+            if block is not self._pool.null_block and block.ref_count < 1:
                 raise ValueError(f"block {block.block_id} is free; detached blocks keep a ref")
         self._tables[seq_id] = table
+        self._held_from[seq_id] = self._first_held(table)
         self._hashes[seq_id] = list(detached.block_hashes)
         self._keys[seq_id] = _HashKeys(detached.extra, detached.spans)
 

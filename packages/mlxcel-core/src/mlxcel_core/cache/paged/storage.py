@@ -24,6 +24,7 @@ from mlxcel_core.cache.quant import (
     kv_bytes_per_vector,
     make_kv_codec,
 )
+from mlxcel_core.cache.state import StateLayerGeometry, StatePool
 
 # Pools grow by at least half their size, so growing to N blocks copies O(N) in total.
 _GROWTH_FACTOR = 1.5
@@ -94,16 +95,22 @@ class PagedKVStorage:
             kernels read the pools alone.
         num_residual_blocks: blocks of exact copies to allocate for that (>= 1 with a
             window).
+        state_layers: the array geometry of each recurrent state layer (the model's
+            cache layout's state parts), held in `states` beside the pools.
+        num_state_slots: state slots, one per sequence running at once (>= 1 with state
+            layers).
 
     Attributes:
         bytes_per_block: key and value bytes of one block over all layers, as stored.
+        states: the state slots of the recurrent layers; None without state layers.
         layers_attending_in_cache: the layers whose attention has come through
             `PagedLayerCache.attention` (the model routes it to the cache and uses no
             attention sinks); their decode passes fetch the context only if attention
             needs it.
 
     Raises:
-        ValueError: `layers` is empty, `block_size` or `max_blocks` is < 1, a cache type
+        ValueError: `layers` and `state_layers` are both empty, `block_size` or
+            `max_blocks` is < 1, state layers come without slots, a cache type
             is unknown or cannot take a layer's head dim, or a residual window is asked
             for without residual blocks or with neither cache type quantized.
     """
@@ -119,9 +126,11 @@ class PagedKVStorage:
         decode_kernel: bool = True,
         residual_window: int = 0,
         num_residual_blocks: int = 0,
+        state_layers: Sequence[StateLayerGeometry] = (),
+        num_state_slots: int = 0,
     ) -> None:
-        if not layers:
-            raise ValueError("layers must describe at least one attention layer")
+        if not layers and not state_layers:
+            raise ValueError("layers must describe at least one attention or state layer")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if max_blocks < 1:
@@ -136,6 +145,7 @@ class PagedKVStorage:
         self.decode_kernel = decode_kernel
         self.layers_attending_in_cache: set[int] = set()
         self.capacity_blocks = 0
+        self.states = StatePool(state_layers, num_state_slots) if state_layers else None
         self._key_codecs = [make_kv_codec(cache_type_k, g.key_dim) for g in layers]
         self._value_codecs = [make_kv_codec(cache_type_v, g.value_dim) for g in layers]
         # Computed once: the engine's statistics read it every step, and it makes codecs.
@@ -175,9 +185,10 @@ class PagedKVStorage:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the pools and the residual blocks hold now."""
+        """Bytes the pools, the residual blocks and the state slots hold now."""
         exact = sum(array.nbytes for array in (*self.exact_keys, *self.exact_values))
-        return self.capacity_blocks * self.bytes_per_block + exact
+        states = 0 if self.states is None else self.states.nbytes
+        return self.capacity_blocks * self.bytes_per_block + exact + states
 
     @property
     def residual_window(self) -> int:
@@ -350,9 +361,10 @@ class PagedKVStorage:
         return (mx.array(list(block_ids))[:, None] * self.block_size + offsets).reshape(-1)
 
     def arrays(self) -> list[mx.array]:
-        """Every pool's arrays and the exact copies, to evaluate with a step's outputs so
-        writes do not pile up."""
-        return [*self._pool_arrays(), *self.exact_keys, *self.exact_values]
+        """Every pool's arrays, the exact copies and the state slots, to evaluate with a
+        step's outputs so writes do not pile up."""
+        states = [] if self.states is None else self.states.arrays()
+        return [*self._pool_arrays(), *self.exact_keys, *self.exact_values, *states]
 
     def _pool_arrays(self) -> list[mx.array]:
         return [array for pool in (*self.keys, *self.values) for array in pool]

@@ -1,0 +1,107 @@
+"""mlx-lm's cache classes as mlxcel's cache kinds, and mlxcel's caches as mlx-lm's.
+
+An mlx-lm model says what each layer keeps through the caches its `make_cache()` makes
+(`mlx_lm/models/cache.py`): `KVCache` for full attention, `RotatingKVCache(max_size=W)`
+for a window of W positions, `ArraysCache(size=N)` for a recurrent state of N arrays,
+and `CacheList` for a layer holding several. `mlx_lm_cache_layout` reads them into a
+`CacheLayout`. The engine then hands the model its own caches in that shape;
+`as_mlx_lm_caches` wraps the state ones as `ArraysCache`s (Mamba's layer writes its state
+only into an `ArraysCache`) and the several parts of a layer as a `CacheList`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+
+from mlxcel_core.cache.layout import CacheLayout, LayerCacheKind
+from mlxcel_core.cache.state import CompositeCache, StateCache
+
+
+class UnsupportedCacheError(ValueError):
+    """An mlx-lm model keeps a cache mlxcel's engine has no kind for."""
+
+
+def _part_kind(cache: object, layer: int) -> LayerCacheKind:
+    # Exact types: a subclass may keep something else (a chunked or quantized cache).
+    if type(cache) is KVCache:
+        return LayerCacheKind.attention()
+    if type(cache) is RotatingKVCache:
+        if cache.keep:
+            raise UnsupportedCacheError(
+                f"layer {layer} keeps its first {cache.keep} positions beside a window "
+                "of the last ones (RotatingKVCache with keep > 0), which the paged cache "
+                "does not"
+            )
+        return LayerCacheKind.sliding_window(cache.max_size)
+    if type(cache) is ArraysCache:
+        return LayerCacheKind.state(len(cache.cache))
+    raise UnsupportedCacheError(
+        f"layer {layer} keeps a {type(cache).__name__}, which mlxcel's engine has no cache kind for"
+    )
+
+
+def mlx_lm_cache_layout(module: nn.Module) -> CacheLayout:
+    """What each layer of an mlx-lm model keeps, from the caches mlx-lm would make for it
+    (its `make_cache()`, else one `KVCache` per layer, as `make_prompt_cache` does).
+
+    Raises:
+        UnsupportedCacheError: a layer keeps a cache with no kind here (a chunked or
+            quantized cache, a window that also keeps its first positions, a `CacheList`
+            inside a `CacheList`).
+    """
+    layers = []
+    for index, cache in enumerate(make_prompt_cache(module)):
+        if type(cache) is CacheList:
+            parts = cache.caches
+            if any(type(part) is CacheList for part in parts):
+                raise UnsupportedCacheError(f"layer {index} nests a CacheList in a CacheList")
+            layers.append(tuple(_part_kind(part, index) for part in parts))
+        else:
+            layers.append((_part_kind(cache, index),))
+    return CacheLayout(tuple(layers))
+
+
+class _StateArraysCache(ArraysCache):
+    """An mlxcel `StateCache` behind mlx-lm's `ArraysCache` interface: indexing, `lengths`,
+    `advance` and `make_mask` go to the wrapped cache."""
+
+    def __init__(self, state: StateCache) -> None:
+        self._state = state
+        self.lengths = state.lengths
+        self.left_padding = None
+
+    def __getitem__(self, index: int) -> mx.array | None:
+        return self._state[index]
+
+    def __setitem__(self, index: int, value: mx.array) -> None:
+        self._state[index] = value
+
+    def advance(self, num_tokens: int) -> None:
+        self._state.advance(num_tokens)
+
+    def make_mask(self, num_queries: int) -> mx.array | None:
+        return self._state.make_mask(num_queries)
+
+
+def _as_mlx_lm_cache(cache: object) -> object:
+    if isinstance(cache, StateCache):
+        return _StateArraysCache(cache)
+    if isinstance(cache, CompositeCache):
+        return CacheList(*(_as_mlx_lm_cache(part) for part in cache.parts))
+    return cache
+
+
+def as_mlx_lm_caches(caches: Sequence[object]) -> list[object]:
+    """The engine's per-layer caches as mlx-lm's layers expect them: state caches as
+    `ArraysCache`s, composite ones as `CacheList`s, attention caches as they are."""
+    return [_as_mlx_lm_cache(cache) for cache in caches]

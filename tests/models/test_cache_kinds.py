@@ -1,0 +1,139 @@
+"""mlx-lm's cache classes read as mlxcel cache kinds, and the engine's caches handed back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from cache_kind_models import CONFIGS, make_model
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
+
+from mlxcel_core.cache.layout import CacheLayout, LayerCacheKind
+from mlxcel_core.cache.state import (
+    CompositeCache,
+    SlotStateCache,
+    StateArrayGeometry,
+    StatePool,
+    state_bytes_per_sequence,
+)
+from mlxcel_core.engine.memory import profile_model
+from mlxcel_models.cache_kinds import (
+    UnsupportedCacheError,
+    as_mlx_lm_caches,
+    mlx_lm_cache_layout,
+)
+from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.detection import ModelSource
+from mlxcel_models.memory import (
+    Architecture,
+    ContextRequest,
+    ModelInventory,
+    estimate_memory,
+    kv_cache_bytes,
+    kv_layers,
+)
+from mlxcel_models.memory.estimate import cache_geometry
+from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat
+
+ATTENTION = LayerCacheKind.attention()
+
+
+class _Module:
+    """What `mlx_lm_cache_layout` reads of an mlx-lm model: its `make_cache`."""
+
+    def __init__(self, *caches: object) -> None:
+        self._caches = caches
+
+    def make_cache(self) -> list[object]:
+        return list(self._caches)
+
+
+def test_each_mlx_lm_cache_class_maps_to_its_kind():
+    module = _Module(
+        KVCache(),
+        RotatingKVCache(max_size=512),
+        ArraysCache(size=2),
+        CacheList(ArraysCache(size=2), KVCache()),
+    )
+    assert mlx_lm_cache_layout(module) == CacheLayout.of(
+        [
+            [ATTENTION],
+            [LayerCacheKind.sliding_window(512)],
+            [LayerCacheKind.state(2)],
+            [LayerCacheKind.state(2), ATTENTION],
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("cache", "match"),
+    [
+        (ChunkedKVCache(chunk_size=8), "layer 0 keeps a ChunkedKVCache"),
+        (RotatingKVCache(max_size=8, keep=4), "keeps its first 4 positions"),
+        (CacheList(CacheList(KVCache())), "nests a CacheList"),
+    ],
+)
+def test_caches_with_no_kind_are_refused_by_name(cache, match):
+    with pytest.raises(UnsupportedCacheError, match=match):
+        mlx_lm_cache_layout(_Module(cache))
+
+
+def test_the_engines_state_caches_reach_mlx_lm_as_arrays_caches():
+    pool = StatePool([(StateArrayGeometry((2,), mx.float32),)], num_slots=2)
+    state = SlotStateCache(pool, 0, mx.array([1]), fresh=True)
+    attention = object()
+    plain, composite = as_mlx_lm_caches([attention, CompositeCache([state, attention])])
+    assert plain is attention
+    assert isinstance(composite, CacheList) and composite[1] is attention
+    arrays = composite[0]
+    assert isinstance(arrays, ArraysCache)  # Mamba writes its state only into one
+    assert arrays[0] is None and arrays.lengths is None and arrays.make_mask(3) is None
+    arrays[0] = mx.ones((1, 2))
+    assert state[0] is arrays[0]
+    arrays.advance(3)
+
+
+def inventory_of(name: str) -> ModelInventory:
+    """An inventory of a tiny model of `cache_kind_models`, as its headers would give it."""
+    config = CONFIGS[name]
+    heads = config.get("num_attention_heads", 4)
+    architecture = Architecture(
+        num_layers=config["num_hidden_layers"],
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or config.get("num_attention_groups", 2),
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        vocab_size=config["vocab_size"],
+        context_length=256,
+    )
+    family = FamilyMetadata(name, ModelKind.TEXT, frozenset(WeightFormat), False)
+    source = ModelSource(Path(name), WeightFormat.SAFETENSORS, name)
+    return ModelInventory(source, family, architecture, (), 0, (mx.float32,), config)
+
+
+def test_the_estimate_counts_a_hybrid_models_attention_layers_and_state_slots():
+    """Jamba's estimate from its config equals what the engine's profiling pass records:
+    two attention layers' keys and values, and two Mamba layers' state per sequence."""
+    options = ComputeOptions(float_dtype=mx.float32)
+    geometry = cache_geometry(inventory_of("jamba"), options)
+    profile = profile_model(make_model("jamba"), 4)
+    assert geometry.layers == profile.layers
+    assert geometry.state_layers == profile.state_layers
+    estimate = estimate_memory(inventory_of("jamba"), ContextRequest(64), options)
+    assert estimate.states == state_bytes_per_sequence(profile.state_layers) > 0
+    per_token = sum(layer.bytes_per_token() for layer in profile.layers)
+    assert estimate.kv_cache == (64 // 16 + 1) * 16 * per_token
+
+
+def test_the_estimate_of_an_all_windowed_model_holds_its_window_and_a_chunk():
+    options = ComputeOptions(float_dtype=mx.float32)
+    request = ContextRequest(4096, chunk_tokens=64, block_size=16)
+    estimate = estimate_memory(inventory_of("step3p5"), request, options)
+    # Window 8: 7 positions back, a chunk of 64, and the two blocks they start inside of.
+    per_token = sum(
+        layer.bytes_per_token() for layer in kv_layers(inventory_of("step3p5"), options)
+    )
+    assert estimate.kv_cache == kv_cache_bytes(per_token, 7 + 64 + 32, 16)
+    assert estimate.states == 0
