@@ -13,6 +13,7 @@ from mlxcel_models.surgery import EffectiveEdit
 from mlxcel_models.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from mlxcel_models.loading.gguf_model import TypeConversion
     from mlxcel_models.lora import LoraAdapters
 
 
@@ -52,6 +53,7 @@ class LoadedModel:
         surgery: the weight edits applied while loading (`--surgery`), in order.
         image_prompter: a vision-language model's image preprocessing; None for a model
             without vision support.
+        gguf_conversions: for a GGUF file, what each of its tensor types became.
     """
 
     model: LanguageModel
@@ -63,6 +65,7 @@ class LoadedModel:
     adapters: LoraAdapters | None = None
     surgery: tuple[EffectiveEdit, ...] = ()
     image_prompter: ImagePrompter | None = None
+    gguf_conversions: tuple[TypeConversion, ...] = ()
 
     @property
     def row_adapters(self) -> LoraAdapters | None:
