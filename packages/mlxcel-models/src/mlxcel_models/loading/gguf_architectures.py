@@ -134,10 +134,6 @@ def _glm4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return {"partial_rotary_factor": config.get("partial_rotary_factor", 0.5)}
 
 
-def _internlm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    return {"bias": config["attention_bias"]}
-
-
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -160,14 +156,19 @@ _ARCHITECTURES = (
     GGUFArchitecture("phi3", "phi3"),
     GGUFArchitecture("olmo2", "olmo2"),
     GGUFArchitecture("granite", "granite", rope_permuted=True, extras=_granite),
+    # The converter splits Granite's fused expert `input_linear` into ffn_gate_exps and
+    # ffn_up_exps, the GGUF names of stacked `mlp.experts` projections.
     GGUFArchitecture(
-        "granitemoe", "granitemoe", rope_permuted=True, name_aliases=_SWITCH, extras=_granite
+        "granitemoe",
+        "granitemoe",
+        rope_permuted=True,
+        name_aliases=(("block_sparse_moe.switch_mlp", "mlp.experts"),),
+        extras=_granite,
     ),
     GGUFArchitecture("glm4", "glm4", extras=_glm4),
     GGUFArchitecture("gpt-oss", "gpt_oss", extras=_gpt_oss),
     GGUFArchitecture("starcoder2", "starcoder2"),
     GGUFArchitecture("stablelm", "stablelm", extras=_stablelm),
-    GGUFArchitecture("internlm2", "internlm2", rope_permuted=True, extras=_internlm2),
     GGUFArchitecture("exaone", "exaone"),
     GGUFArchitecture("command-r", "cohere", extras=_cohere),
     GGUFArchitecture("cohere2", "cohere2", extras=_cohere2),
