@@ -15,6 +15,7 @@ from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
+from mlxcel_models.loading.gguf_quant import GGUFDequant
 from mlxcel_models.lora import AdapterSpec, apply_adapters
 from mlxcel_models.metadata import ModelKind
 from mlxcel_models.store import StoreConfig, resolve_model
@@ -32,10 +33,12 @@ def load_for_command(
     adapters: Sequence[AdapterSpec] = (),
     fuse_adapters: bool = False,
     surgery: SurgeryPlan | None = None,
+    gguf_dequant: GGUFDequant = GGUFDequant.AUTO,
 ) -> LoadedModel:
     """Load `model` (or the default model) through the selected backend, showing progress
     on stderr after a second and the `surgery` edits applied, one line each, then attach
-    its LoRA `adapters` (fused into the weights with `fuse_adapters`).
+    its LoRA `adapters` (fused into the weights with `fuse_adapters`). `gguf_dequant` says
+    how a GGUF file's quantized tensors load.
 
     A Hugging Face id in `model` is resolved through `store` at `revision` first (found in
     the store or the Hugging Face cache, else downloaded with huggingface_hub's progress
@@ -59,7 +62,9 @@ def load_for_command(
 
         backend = select_backend()
         backend.register_kind_loader(ModelKind.VLM, _load_vision_model)
-        loaded = backend.load_model(path, progress=progress, compute=compute, surgery=surgery)
+        loaded = backend.load_model(
+            path, progress=progress, compute=compute, surgery=surgery, gguf_dequant=gguf_dequant
+        )
     for edit in loaded.surgery:
         print(f"mlxcel: surgery {edit}", file=sys.stderr)
     return apply_adapters(loaded, adapters, fuse=fuse_adapters)
@@ -85,8 +90,8 @@ def _load_vision_model(
 def load_target_model(
     args: argparse.Namespace, adapters: Sequence[AdapterSpec], surgery: SurgeryPlan | None
 ) -> LoadedModel:
-    """`load_for_command` for the model of resolved `-m`, store, `--revision` and
-    `--lora-fuse` flags, with its `adapters` and `surgery`.
+    """`load_for_command` for the model of resolved `-m`, store, `--revision`,
+    `--lora-fuse` and `--gguf-dequant` flags, with its `adapters` and `surgery`.
 
     Raises:
         ModelLoadError: as `load_for_command` does.
@@ -98,4 +103,5 @@ def load_target_model(
         adapters=adapters,
         fuse_adapters=args.lora_fuse,
         surgery=surgery,
+        gguf_dequant=args.gguf_dequant,
     )
