@@ -60,8 +60,7 @@ from mlxcel_core.generate import FinishReason, GenerationStats
 from mlxcel_core.images import PromptImage
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.image_prompt import ImagePrompt
-from mlxcel_models.loaded import LoadedModel
-from mlxcel_models.loading.gguf_model import TypeConversion
+from mlxcel_models.loaded import LoadedModel, TypeConversion
 
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),

@@ -5,7 +5,7 @@ names, not to a draft model."""
 from __future__ import annotations
 
 from mlxcel.flags import Flag
-from mlxcel_models.loading.gguf_quant import GGUFDequant
+from mlxcel_models.backend import GGUFDequant
 
 
 def _dequant_mode(text: str) -> GGUFDequant:

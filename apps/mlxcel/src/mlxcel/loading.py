@@ -10,12 +10,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mlxcel_models.backend import LoadProgress, select_backend
+from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
-from mlxcel_models.loading.gguf_quant import GGUFDequant
 from mlxcel_models.lora import AdapterSpec, apply_adapters
 from mlxcel_models.metadata import ModelKind
 from mlxcel_models.store import StoreConfig, resolve_model

@@ -13,8 +13,31 @@ from mlxcel_models.surgery import EffectiveEdit
 from mlxcel_models.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from mlxcel_models.loading.gguf_model import TypeConversion
     from mlxcel_models.lora import LoraAdapters
+
+
+@dataclass(frozen=True)
+class TypeConversion:
+    """What the tensors of one ggml type of a GGUF file became.
+
+    Attributes:
+        type_name: the ggml type ("Q4_K").
+        form: its MLX form ("4-bit g32", "mxfp4", "bfloat16", or the float type itself).
+        num_tensors: how many tensors of the file took this path.
+    """
+
+    type_name: str
+    form: str
+    num_tensors: int
+
+    def __str__(self) -> str:
+        plural = "tensor" if self.num_tensors == 1 else "tensors"
+        if self.form == _FLOAT_FORMS.get(self.type_name):
+            return f"{self.type_name} ({self.num_tensors} {plural})"
+        return f"{self.type_name}→{self.form} ({self.num_tensors} {plural})"
+
+
+_FLOAT_FORMS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.switch_layers import SwitchLinear
 
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loaded import TypeConversion
 from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata
 from mlxcel_models.loading.gguf_file import GGUFHeader, GGUFTensorData
@@ -30,30 +31,6 @@ from mlxcel_models.mlx_lm_models import make_mlx_lm_model
 from mlxcel_models.rope import FrequencyFactorRoPE
 
 _QUANTIZABLE_LAYERS = (nn.Linear, nn.Embedding, SwitchLinear)
-
-
-@dataclass(frozen=True)
-class TypeConversion:
-    """What the tensors of one ggml type became.
-
-    Attributes:
-        type_name: the ggml type ("Q4_K").
-        form: its MLX form ("4-bit g32", "mxfp4", "bfloat16", or the float type itself).
-        num_tensors: how many tensors of the file took this path.
-    """
-
-    type_name: str
-    form: str
-    num_tensors: int
-
-    def __str__(self) -> str:
-        plural = "tensor" if self.num_tensors == 1 else "tensors"
-        if self.form == self.type_name.lower() or self.form == _FLOAT_FORMS.get(self.type_name):
-            return f"{self.type_name} ({self.num_tensors} {plural})"
-        return f"{self.type_name}→{self.form} ({self.num_tensors} {plural})"
-
-
-_FLOAT_FORMS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 @dataclass(frozen=True)

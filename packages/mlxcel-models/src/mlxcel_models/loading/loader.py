@@ -16,10 +16,10 @@ from mlxcel_models.compute import ComputeOptions, apply_compute_options
 from mlxcel_models.detection import CONFIG_FILE, ModelSource, detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
-from mlxcel_models.loaded import LoadedModel, ModelConfig
+from mlxcel_models.loaded import LoadedModel, ModelConfig, TypeConversion
 from mlxcel_models.loading.dimensions import check_config_dimensions
 from mlxcel_models.loading.gguf_file import read_gguf_header
-from mlxcel_models.loading.gguf_model import TypeConversion, load_gguf_model
+from mlxcel_models.loading.gguf_model import load_gguf_model
 from mlxcel_models.loading.gguf_quant import GGUFDequant
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat, family_for
 from mlxcel_models.mlx_lm_models import count_parameters
