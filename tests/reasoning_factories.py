@@ -14,7 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxcel_core.cache import DenseKVCache, KVCache
-from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.tokenizer import Tokenizer
 
 # Qwen3-thinking style (as DeepSeek-R1's): the generation prompt opens the span, unless
@@ -79,7 +79,7 @@ def make_tokenizer(
     """The tiny model's byte-level tokenizer with `template` and extra whole tokens:
     `user_tokens` decoded as text (as Qwen3's `<think>`), `special_tokens` as control tokens
     (as gpt-oss's channel markers)."""
-    metadata = dict(read_gguf(tiny_gguf).metadata)
+    metadata = dict(read_gguf_header(tiny_gguf, arrays=True).metadata)
     tokens = list(metadata["tokenizer.ggml.tokens"])
     types = list(metadata["tokenizer.ggml.token_type"])
     for text in user_tokens:

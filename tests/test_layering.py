@@ -14,7 +14,7 @@ ALLOWED = {
     "packages/mlxcel-core": {"mlx", "numpy", "mlxcel_core"},
     "packages/mlxcel-models": {
         "mlx", "numpy", "mlx_lm", "tokenizers", "transformers", "jinja2", "safetensors",
-        "huggingface_hub", "yaml", "psutil",
+        "huggingface_hub", "yaml", "psutil", "gguf",
         "mlxcel_core", "mlxcel_models",
     },
     "packages/mlxcel-vision": _MLX | {"PIL", "transformers", "mlxcel_vision"},

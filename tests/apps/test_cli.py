@@ -37,6 +37,18 @@ def test_generate_streams_text_and_reports_timings(tiny_gguf):
     assert "end of the context" not in err
 
 
+def test_the_stats_say_what_each_gguf_tensor_type_became(tiny_gguf):
+    argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "--temp", "0", "-n", "2")
+    code, _, err = run_cli(*argv)
+    assert code == 0
+    assert "gguf: Q8_0→8-bit g32 (15 tensors), F32 (5 tensors)" in err
+    code, _, err = run_cli(*argv, environ={"MLXCEL_GGUF_DEQUANT": "bf16"})
+    assert code == 0
+    assert "gguf: Q8_0→bfloat16 (15 tensors), F32 (5 tensors)" in err
+    code, _, err = run_cli(*argv, "--gguf-dequant", "q4")
+    assert_one_line_error(code, err, 2, "--gguf-dequant: invalid value 'q4' (expected one of")
+
+
 def test_after_a_double_dash_a_word_with_a_dash_is_an_argument():
     code, _, err = run_cli("rm", "--", "-weird")
     assert code == 1 and "-weird is not a model id" in err

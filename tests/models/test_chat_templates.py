@@ -9,7 +9,7 @@ import pytest
 from jinja2 import TemplateError
 from transformers import AutoTokenizer
 
-from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.tokenizer import BUILTIN_CHAT_TEMPLATES, Tokenizer, resolve_chat_template
 
 # The Llama 2 chat template as published with the model: BOS/EOS variables, strip(), and an
@@ -56,7 +56,7 @@ CONVERSATIONS = {
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(read_gguf(smollm2_path).metadata)
+    return Tokenizer.from_gguf_metadata(read_gguf_header(smollm2_path, arrays=True).metadata)
 
 
 @pytest.fixture(scope="module")

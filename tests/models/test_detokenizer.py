@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 SENTENCEPIECE_METADATA = json.loads(
@@ -27,7 +27,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(read_gguf(smollm2_path).metadata)
+    return Tokenizer.from_gguf_metadata(read_gguf_header(smollm2_path, arrays=True).metadata)
 
 
 @pytest.fixture(scope="module")

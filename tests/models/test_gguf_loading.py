@@ -111,18 +111,22 @@ def test_progress_reports_every_layer(tiny_gguf):
     assert seen == [(1, 2), (2, 2)]
 
 
-def test_unsupported_quantization_is_named(tmp_path):
-    path = tmp_path / "k-quant.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    q4_k = gguf.GGMLQuantizationType.Q4_K
-    block, type_size = gguf.GGML_QUANT_SIZES[q4_k]
-    raw = np.zeros((256, 256 // block * type_size), dtype=np.uint8)
-    writer.add_tensor("blk.0.attn_q.weight", raw, raw_shape=raw.shape, raw_dtype=q4_k)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight.*Q4_K"):
+def with_tensor_type(path: Path, name: str, type_id: int) -> Path:
+    """Overwrite the ggml type of tensor `name` in the GGUF header of the file at `path`."""
+    data = bytearray(path.read_bytes())
+    encoded = name.encode()
+    at = data.index(struct.pack("<Q", len(encoded)) + encoded) + 8 + len(encoded)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_tensor_type_gguf_cannot_dequantize_is_named(tmp_path):
+    path = write_gguf_model(tmp_path / "m.gguf", TinyConfig(), "F16")
+    # I16 takes as many bytes as F16: the file stays whole, only the type is foreign.
+    with_tensor_type(path, "blk.0.attn_q.weight", gguf.GGMLQuantizationType.I16)
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight.*I16 cannot be loaded"):
         load_model(path)
 
 

@@ -19,7 +19,7 @@ from mlxcel_models.store import (
     remove_stored_model,
     resolve_model,
 )
-from mlxcel_models.store.selection import check_quant_tag, select_files
+from mlxcel_models.store.selection import select_files
 
 from factories import TinyConfig, write_safetensors_model
 from hf_hub_server import HubServer, folder_files
@@ -102,6 +102,7 @@ GGUF_REPO = [
     "model.Q8_0.gguf",
     "mmproj-model-f16.gguf",
     "model-Q4_K_M.gguf",
+    "model-IQ2_XXS.gguf",
 ]
 
 
@@ -121,7 +122,12 @@ def test_a_safetensors_repository_gives_its_weights_config_and_tokenizer():
 
 @pytest.mark.parametrize(
     ("quant", "expected"),
-    [(None, "model.Q8_0.gguf"), ("Q4_0", "model-Q4_0.gguf"), ("q8_0", "model.Q8_0.gguf")],
+    [
+        (None, "model-Q4_K_M.gguf"),
+        ("Q4_0", "model-Q4_0.gguf"),
+        ("q8_0", "model.Q8_0.gguf"),
+        ("IQ2_XXS", "model-IQ2_XXS.gguf"),
+    ],
 )
 def test_a_gguf_file_is_chosen_by_tag_or_by_the_default_order(quant, expected):
     selection = select_files(ModelReference("o/n", quant), GGUF_REPO)
@@ -137,13 +143,9 @@ def test_a_missing_quant_lists_the_gguf_files():
 
 
 def test_gguf_files_of_no_default_type_are_listed():
-    with pytest.raises(ModelLoadError, match=r"pick one with o/n:QUANT from: a-Q5_0\.gguf"):
-        select_files(ModelReference("o/n"), ["a-Q5_0.gguf", "a-Q6_K.gguf"])
-
-
-def test_a_quant_tag_mlxcel_cannot_load_is_refused_before_downloading():
-    with pytest.raises(ModelLoadError, match="not Q4_K_M"):
-        check_quant_tag(ModelReference("o/n", "Q4_K_M"))
+    listed = r"pick one with o/n:QUANT from: a-IQ3_S\.gguf, a-Q5_0\.gguf"
+    with pytest.raises(ModelLoadError, match=listed):
+        select_files(ModelReference("o/n"), ["a-Q5_0.gguf", "a-IQ3_S.gguf"])
 
 
 def test_a_repository_without_a_model_is_refused():
@@ -247,16 +249,16 @@ def test_a_revision_is_fetched_and_replaces_the_stored_one(tmp_path, hub, tiny_s
 
 def test_a_gguf_repository_downloads_only_the_file_asked_for(tmp_path, hub, tiny_gguf):
     data = tiny_gguf.read_bytes()
-    hub.add_repo("test-org/tiny-GGUF", {"tiny-Q8_0.gguf": data, "tiny-Q4_0.gguf": data})
+    hub.add_repo("test-org/tiny-GGUF", {"tiny-Q8_0.gguf": data, "tiny-Q4_K_M.gguf": data})
     config = store_config(tmp_path, hub)
-    path = resolve_model("test-org/tiny-GGUF:Q4_0", config)
-    assert path == config.models_dir / "test-org" / "tiny-GGUF" / "tiny-Q4_0.gguf"
-    assert requests_for_files(hub) == ["HEAD tiny-Q4_0.gguf", "GET tiny-Q4_0.gguf"]
-    hub.requests.clear()
-    assert resolve_model("test-org/tiny-GGUF", config).name == "tiny-Q8_0.gguf"
+    path = resolve_model("test-org/tiny-GGUF:Q8_0", config)
+    assert path == config.models_dir / "test-org" / "tiny-GGUF" / "tiny-Q8_0.gguf"
     assert requests_for_files(hub) == ["HEAD tiny-Q8_0.gguf", "GET tiny-Q8_0.gguf"]
     hub.requests.clear()
-    assert resolve_model("test-org/tiny-GGUF:Q4_0", config) == path
+    assert resolve_model("test-org/tiny-GGUF", config).name == "tiny-Q4_K_M.gguf"
+    assert requests_for_files(hub) == ["HEAD tiny-Q4_K_M.gguf", "GET tiny-Q4_K_M.gguf"]
+    hub.requests.clear()
+    assert resolve_model("test-org/tiny-GGUF:Q8_0", config) == path
     assert hub.requests == []
 
 

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models
 
 from mlxcel_models.errors import ModelLoadError
-from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.tokenizer import Tokenizer, build_gguf_tokenizer
 from mlxcel_models.tokenizer.gguf_vocab import PRE_TOKENIZER_RULES, gguf_adds_bos
 
@@ -38,7 +38,7 @@ ROUND_TRIP_TEXTS = [
 
 @pytest.fixture(scope="module")
 def smollm2_metadata(smollm2_path: Path) -> dict[str, Any]:
-    return read_gguf(smollm2_path).metadata
+    return read_gguf_header(smollm2_path, arrays=True).metadata
 
 
 @pytest.fixture(scope="module")

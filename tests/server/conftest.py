@@ -14,7 +14,7 @@ from replay_engine import TWO_CALLS, ScriptedEngine
 from werkzeug.datastructures import Headers
 
 from mlxcel_core.engine import Engine
-from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
@@ -126,7 +126,10 @@ def make_replay_client(make_client, thinking_loaded):
 @pytest.fixture(scope="module")
 def hermes_loaded(tiny_gguf, tiny_loaded):
     """The tiny model with a Hermes/Qwen-style tool-calling template."""
-    metadata = {**read_gguf(tiny_gguf).metadata, "tokenizer.chat_template": HERMES_TEMPLATE}
+    metadata = {
+        **read_gguf_header(tiny_gguf, arrays=True).metadata,
+        "tokenizer.chat_template": HERMES_TEMPLATE,
+    }
     return dataclasses.replace(tiny_loaded, tokenizer=Tokenizer.from_gguf_metadata(metadata))
 
 

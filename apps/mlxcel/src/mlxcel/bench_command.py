@@ -30,6 +30,7 @@ from mlxcel.flags import (
     add_command,
     resolve_defaults,
 )
+from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.loading import load_for_command
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
@@ -49,6 +50,7 @@ BENCH_FLAGS = (
          "also run mlx-lm's generate_step on the same weights and print the ratios",
          is_switch=True),
     SURGERY_FLAG,
+    GGUF_DEQUANT_FLAG,
 )  # fmt: skip
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
@@ -166,6 +168,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
             revision=args.revision,
             compute=ComputeOptions(),
             surgery=surgery,
+            gguf_dequant=args.gguf_dequant,
         )
         if reference.image_prompter is not None:
             raise UsageError(
@@ -179,7 +182,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         gc.collect()
         mx.clear_cache()
     loaded = load_for_command(
-        args.model, store=args.model_store, revision=args.revision, surgery=surgery
+        args.model,
+        store=args.model_store,
+        revision=args.revision,
+        surgery=surgery,
+        gguf_dequant=args.gguf_dequant,
     )
     prompt = _random_prompt(loaded, args.n_prompt)
     results.insert(0, measure("mlxcel", _mlxcel_stream(loaded, args.batch_size), prompt, args))

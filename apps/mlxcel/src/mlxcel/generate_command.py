@@ -8,7 +8,7 @@ together (see `batch_generate`).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
@@ -38,6 +38,7 @@ from mlxcel.flags import (
     resolve_defaults,
     sampling_params_from,
 )
+from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.loading import load_target_model
 from mlxcel.media_flags import IMAGE_FLAGS, check_image_mode, read_images
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
@@ -59,7 +60,7 @@ from mlxcel_core.generate import FinishReason, GenerationStats
 from mlxcel_core.images import PromptImage
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.image_prompt import ImagePrompt
-from mlxcel_models.loaded import LoadedModel
+from mlxcel_models.loaded import LoadedModel, TypeConversion
 
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),
@@ -84,6 +85,7 @@ FLAGS = (
     *MEMORY_FLAGS,
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
+    GGUF_DEQUANT_FLAG,
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
 )
@@ -161,7 +163,9 @@ def image_prompt(
         raise InputError(str(error)) from error
 
 
-def format_stats(stats: GenerationStats, load_seconds: float) -> str:
+def format_stats(
+    stats: GenerationStats, load_seconds: float, gguf_conversions: Sequence[TypeConversion] = ()
+) -> str:
     lines = [
         f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s"
         f" ({stats.prompt_seconds:.2f} s)",
@@ -177,6 +181,8 @@ def format_stats(stats: GenerationStats, load_seconds: float) -> str:
     lines.append(
         f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s"
     )
+    if gguf_conversions:
+        lines.append("gguf: " + ", ".join(str(conversion) for conversion in gguf_conversions))
     return "\n".join(lines)
 
 
@@ -341,7 +347,7 @@ def generate_one(
         and not 0 <= args.n_predict <= stats.generated_tokens
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
-    print(format_stats(stats, loaded.load_seconds), file=err)
+    print(format_stats(stats, loaded.load_seconds, loaded.gguf_conversions), file=err)
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mlxcel_models.backend import LoadProgress, select_backend
+from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.errors import ModelLoadError
@@ -32,10 +32,12 @@ def load_for_command(
     adapters: Sequence[AdapterSpec] = (),
     fuse_adapters: bool = False,
     surgery: SurgeryPlan | None = None,
+    gguf_dequant: GGUFDequant = GGUFDequant.AUTO,
 ) -> LoadedModel:
     """Load `model` (or the default model) through the selected backend, showing progress
     on stderr after a second and the `surgery` edits applied, one line each, then attach
-    its LoRA `adapters` (fused into the weights with `fuse_adapters`).
+    its LoRA `adapters` (fused into the weights with `fuse_adapters`). `gguf_dequant` says
+    how a GGUF file's quantized tensors load.
 
     A Hugging Face id in `model` is resolved through `store` at `revision` first (found in
     the store or the Hugging Face cache, else downloaded with huggingface_hub's progress
@@ -59,7 +61,9 @@ def load_for_command(
 
         backend = select_backend()
         backend.register_kind_loader(ModelKind.VLM, _load_vision_model)
-        loaded = backend.load_model(path, progress=progress, compute=compute, surgery=surgery)
+        loaded = backend.load_model(
+            path, progress=progress, compute=compute, surgery=surgery, gguf_dequant=gguf_dequant
+        )
     for edit in loaded.surgery:
         print(f"mlxcel: surgery {edit}", file=sys.stderr)
     return apply_adapters(loaded, adapters, fuse=fuse_adapters)
@@ -85,8 +89,8 @@ def _load_vision_model(
 def load_target_model(
     args: argparse.Namespace, adapters: Sequence[AdapterSpec], surgery: SurgeryPlan | None
 ) -> LoadedModel:
-    """`load_for_command` for the model of resolved `-m`, store, `--revision` and
-    `--lora-fuse` flags, with its `adapters` and `surgery`.
+    """`load_for_command` for the model of resolved `-m`, store, `--revision`,
+    `--lora-fuse` and `--gguf-dequant` flags, with its `adapters` and `surgery`.
 
     Raises:
         ModelLoadError: as `load_for_command` does.
@@ -98,4 +102,5 @@ def load_target_model(
         adapters=adapters,
         fuse_adapters=args.lora_fuse,
         surgery=surgery,
+        gguf_dequant=args.gguf_dequant,
     )

@@ -39,6 +39,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.generate_command import check_length_flags, generate_one
+from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.repl import run_repl
@@ -70,6 +71,7 @@ FLAGS = (
     *ENGINE_FLAGS,
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
+    GGUF_DEQUANT_FLAG,
     *SAMPLING_FLAGS,
 )  # fmt: skip
 

@@ -46,6 +46,7 @@ from mlxcel.flags import (
     resolve_defaults,
     sampling_params_from,
 )
+from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.loading import load_target_model
 from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
@@ -120,6 +121,7 @@ FLAGS = (
     *MEMORY_FLAGS,
     *ADAPTER_FLAGS,
     SURGERY_FLAG,
+    GGUF_DEQUANT_FLAG,
     *SERVER_FLAGS,
     *TEMPLATE_FLAGS,
     *AUDIO_FLAGS,

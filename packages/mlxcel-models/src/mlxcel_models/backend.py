@@ -18,6 +18,7 @@ from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.detection import detect_model
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
+from mlxcel_models.loading.gguf_quant import GGUFDequant
 from mlxcel_models.loading.loader import LoadProgress, load_model
 from mlxcel_models.metadata import FAMILIES, ModelKind
 from mlxcel_models.surgery import SurgeryPlan
@@ -57,8 +58,10 @@ class ModelBackend(Protocol):
         progress: LoadProgress | None = None,
         compute: ComputeOptions | None = None,
         surgery: SurgeryPlan | None = None,
+        gguf_dequant: GGUFDequant = GGUFDequant.AUTO,
     ) -> LoadedModel:
-        """Load a GGUF file or a model folder, weights evaluated and `surgery` applied.
+        """Load a GGUF file or a model folder, weights evaluated and `surgery` applied;
+        `gguf_dequant` says how a GGUF file's quantized tensors load.
 
         Raises:
             ModelLoadError: the model cannot be loaded (`SurgeryError` for surgery that
@@ -85,11 +88,18 @@ class MlxBackend:
         progress: LoadProgress | None = None,
         compute: ComputeOptions | None = None,
         surgery: SurgeryPlan | None = None,
+        gguf_dequant: GGUFDequant = GGUFDequant.AUTO,
     ) -> LoadedModel:
         family = FAMILIES.get(detect_model(path).model_type)
         kind_loader = None if family is None else self._kind_loaders.get(family.kind)
         if kind_loader is None:
-            return load_model(path, progress=progress, compute=compute, surgery=surgery)
+            return load_model(
+                path,
+                progress=progress,
+                compute=compute,
+                surgery=surgery,
+                gguf_dequant=gguf_dequant,
+            )
         if surgery is not None:
             raise ModelLoadError(f"{path}: surgery does not apply to {family.kind.value} models")
         return kind_loader(path, progress=progress, compute=compute)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.gguf_architectures import gguf_model_type
 from mlxcel_models.loading.gguf_file import GGUF_MAGIC, read_gguf_header
 from mlxcel_models.metadata import WeightFormat
 
@@ -21,7 +22,9 @@ class ModelSource:
     Attributes:
         path: the GGUF file or the model folder.
         weight_format: GGUF or safetensors.
-        model_type: `model_type` from config.json, or GGUF's `general.architecture`.
+        model_type: `model_type` from config.json; for a GGUF file, the mlx-lm
+            `model_type` its `general.architecture` maps to (`gguf_model_type`), or the
+            architecture itself when mlxcel does not map it.
     """
 
     path: Path
@@ -87,4 +90,4 @@ def detect_model(path: str | Path) -> ModelSource:
     architecture = header.metadata.get("general.architecture")
     if not isinstance(architecture, str):
         raise ModelLoadError(f"{path} has no general.architecture in its GGUF metadata")
-    return ModelSource(path, WeightFormat.GGUF, architecture)
+    return ModelSource(path, WeightFormat.GGUF, gguf_model_type(architecture, header.metadata))

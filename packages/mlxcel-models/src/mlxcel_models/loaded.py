@@ -17,6 +17,30 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TypeConversion:
+    """What the tensors of one ggml type of a GGUF file became.
+
+    Attributes:
+        type_name: the ggml type ("Q4_K").
+        form: its MLX form ("4-bit g32", "mxfp4", "bfloat16", or the float type itself).
+        num_tensors: how many tensors of the file took this path.
+    """
+
+    type_name: str
+    form: str
+    num_tensors: int
+
+    def __str__(self) -> str:
+        plural = "tensor" if self.num_tensors == 1 else "tensors"
+        if self.form == _FLOAT_FORMS.get(self.type_name):
+            return f"{self.type_name} ({self.num_tensors} {plural})"
+        return f"{self.type_name}→{self.form} ({self.num_tensors} {plural})"
+
+
+_FLOAT_FORMS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters callers need without knowing the architecture.
 
@@ -52,6 +76,7 @@ class LoadedModel:
         surgery: the weight edits applied while loading (`--surgery`), in order.
         image_prompter: a vision-language model's image preprocessing; None for a model
             without vision support.
+        gguf_conversions: for a GGUF file, what each of its tensor types became.
     """
 
     model: LanguageModel
@@ -63,6 +88,7 @@ class LoadedModel:
     adapters: LoraAdapters | None = None
     surgery: tuple[EffectiveEdit, ...] = ()
     image_prompter: ImagePrompter | None = None
+    gguf_conversions: tuple[TypeConversion, ...] = ()
 
     @property
     def row_adapters(self) -> LoraAdapters | None:

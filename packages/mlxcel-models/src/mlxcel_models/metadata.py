@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.gguf_architectures import gguf_model_types
 
 
 class ModelKind(StrEnum):
@@ -28,8 +29,6 @@ class FamilyMetadata:
         kind: text, vision-language or audio.
         formats: weight formats mlxcel loads for this family.
         supports_adapters: LoRA adapters can be attached.
-        gguf_rope_permuted: llama.cpp's converter permuted the Q/K rows of this family
-            for its interleaved RoPE layout; the loader permutes them back.
         supports_tensor_parallel: its layers can be sharded across devices.
         supports_pipeline_parallel: its layers can be split into stages across devices.
     """
@@ -38,7 +37,6 @@ class FamilyMetadata:
     kind: ModelKind
     formats: frozenset[WeightFormat]
     supports_adapters: bool
-    gguf_rope_permuted: bool = False
     supports_tensor_parallel: bool = False
     supports_pipeline_parallel: bool = False
 
@@ -54,7 +52,6 @@ FAMILIES: dict[str, FamilyMetadata] = {
             ModelKind.TEXT,
             _BOTH,
             True,
-            gguf_rope_permuted=True,
             supports_tensor_parallel=True,
             supports_pipeline_parallel=True,
         ),
@@ -93,14 +90,21 @@ FAMILIES: dict[str, FamilyMetadata] = {
 
 
 def family_for(model_type: str, weight_format: WeightFormat) -> FamilyMetadata:
-    """The family metadata for `model_type` in `weight_format`.
+    """The family metadata for `model_type` in `weight_format`; the GGUF families are
+    those `loading.gguf_architectures` maps.
 
     Raises:
         ModelLoadError: the type is unknown or not loadable from this format.
     """
     family = FAMILIES.get(model_type)
+    if weight_format is WeightFormat.GGUF and model_type in gguf_model_types():
+        return family or FamilyMetadata(
+            model_type, ModelKind.TEXT, frozenset({WeightFormat.GGUF}), False
+        )
     if family is None or weight_format not in family.formats:
         supported = sorted(t for t, f in FAMILIES.items() if weight_format in f.formats)
+        if weight_format is WeightFormat.GGUF:
+            supported = sorted(gguf_model_types())
         raise ModelLoadError(
             f"unsupported model type '{model_type}' for {weight_format.value} files; "
             f"supported: {', '.join(supported)}"

@@ -1,103 +1,167 @@
-"""Building an mlx-lm model from a GGUF file: hyperparameters, tensor names, Q/K layout."""
+"""Building an mlx-lm model from a GGUF file, one tensor at a time.
+
+The architecture table (`gguf_architectures`) gives the mlx-lm family and its config; the
+model is built with its initial weights left unevaluated; each GGUF tensor is then named
+(`gguf_names`), brought back to the Hugging Face layout (the Q/K row permutation, Gemma's
+norm offset), converted to its MLX form (`gguf_quant`) and evaluated before the next is
+read, so no more than one tensor's float values exist at a time.
+"""
 
 from __future__ import annotations
 
-import re
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.switch_layers import SwitchLinear
 
 from mlxcel_models.errors import ModelLoadError
-from mlxcel_models.loading.dimensions import check_head_counts, positive_int
-from mlxcel_models.metadata import FamilyMetadata
+from mlxcel_models.loaded import TypeConversion
+from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, GGUFArchitecture
+from mlxcel_models.loading.gguf_config import GGUFMetadata
+from mlxcel_models.loading.gguf_file import GGUFHeader, GGUFTensorData
+from mlxcel_models.loading.gguf_names import ROPE_FACTOR_TENSORS, gguf_name_map
+from mlxcel_models.loading.gguf_quant import GGUFDequant, convert_tensor, plan_tensor
+from mlxcel_models.mlx_lm_models import make_mlx_lm_model
 from mlxcel_models.rope import FrequencyFactorRoPE
 
-_GLOBAL_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-ROPE_FACTORS_TENSOR = "rope_freqs.weight"
-_TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias|scales|biases)$")
+_QUANTIZABLE_LAYERS = (nn.Linear, nn.Embedding, SwitchLinear)
 
 
-def gguf_model_config(
-    metadata: dict[str, Any],
-    tensor_names: set[str],
-    family: FamilyMetadata,
-    *,
-    where: str | Path = "GGUF metadata",
-) -> dict[str, Any]:
-    """A Hugging Face-style config for mlx-lm's model class, from GGUF metadata.
+@dataclass(frozen=True)
+class GGUFModel:
+    """An mlx-lm model read from a GGUF file.
 
-    Args:
-        metadata: the GGUF key/value metadata.
-        tensor_names: the names of the file's tensors.
-        family: the family `general.architecture` names.
-        where: the file the metadata comes from, for error messages.
+    Attributes:
+        module: the mlx-lm `Model`, its weights evaluated.
+        config: the Hugging Face-style config it was built from.
+        conversions: per ggml type and MLX form, how many tensors took that path, most
+            frequent first.
+    """
+
+    module: nn.Module
+    config: dict[str, Any]
+    conversions: tuple[TypeConversion, ...]
+
+
+def gguf_architecture(header: GGUFHeader, where: str | Path) -> GGUFArchitecture:
+    """The table entry of a file's `general.architecture`.
 
     Raises:
-        ModelLoadError: a required hyperparameter is missing, a count or size is not a
-            positive integer, or the query heads do not group over the KV heads.
+        ModelLoadError: the architecture is missing or not one mlxcel loads.
     """
-    arch = family.model_type
-
-    def required(key: str) -> Any:
-        value = metadata.get(f"{arch}.{key}")
-        if value is None:
-            raise ModelLoadError(f"{where} lacks {arch}.{key}")
-        return value
-
-    def size(key: str, default: int | None = None) -> int:
-        value = required(key) if default is None else metadata.get(f"{arch}.{key}", default)
-        return positive_int(value, f"{arch}.{key}", where)
-
-    num_heads = size("attention.head_count")
-    num_kv_heads = size("attention.head_count_kv", num_heads)
-    check_head_counts(
-        num_heads,
-        num_kv_heads,
-        names=(f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"),
-        where=where,
-    )
-    hidden_size = size("embedding_length")
-    if f"{arch}.attention.key_length" not in metadata and hidden_size < num_heads:
+    name = header.metadata.get("general.architecture")
+    arch = GGUF_ARCHITECTURES.get(name) if isinstance(name, str) else None
+    if arch is None:
         raise ModelLoadError(
-            f"{where}: {arch}.embedding_length ({hidden_size}) is smaller than "
-            f"{arch}.attention.head_count ({num_heads}), leaving no features per head"
+            f"{where}: GGUF architecture {name!r} is not supported; supported: "
+            f"{', '.join(sorted(GGUF_ARCHITECTURES))}"
         )
-    vocab = metadata.get("tokenizer.ggml.tokens")
-    config: dict[str, Any] = {
-        "model_type": arch,
-        "hidden_size": hidden_size,
-        "num_hidden_layers": size("block_count"),
-        "intermediate_size": size("feed_forward_length"),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads,
-        "rms_norm_eps": float(required("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-        "vocab_size": len(vocab) if isinstance(vocab, list) else size("vocab_size"),
-        "max_position_embeddings": size("context_length", 2048),
-        "head_dim": size("attention.key_length", hidden_size // num_heads),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-    }
-    return config
+    return arch
+
+
+def gguf_model_config(header: GGUFHeader, where: str | Path) -> dict[str, Any]:
+    """The Hugging Face-style config of a GGUF file's model.
+
+    Raises:
+        ModelLoadError: an unsupported architecture, a missing hyperparameter, or counts
+            that shape no model.
+    """
+    arch = gguf_architecture(header, where)
+    meta = GGUFMetadata(header.metadata, set(header.tensors), arch.name, where=where)
+    return arch.config(meta)
+
+
+def load_gguf_model(
+    path: Path, header: GGUFHeader, *, dequant: GGUFDequant = GGUFDequant.AUTO
+) -> GGUFModel:
+    """Build the mlx-lm model a GGUF file holds.
+
+    Args:
+        path: the GGUF file.
+        header: its header (`read_gguf_header`).
+        dequant: how quantized tensors load.
+
+    Raises:
+        ModelLoadError: an unsupported architecture or tensor type, a tensor without a
+            counterpart in the mlx-lm model, or a tensor shape that does not fit it.
+    """
+    arch = gguf_architecture(header, path)
+    config = gguf_model_config(header, path)
+    data = GGUFTensorData(path, header)
+    if "rope_factors_long.weight" in header.tensors:
+        config["rope_scaling"] = _longrope_scaling(data, config)
+    module = make_mlx_lm_model(config)
+    parameters = dict(tree_flatten(module.parameters()))
+    layers = dict(module.named_modules())
+    names = gguf_name_map(arch, list(parameters), config["num_hidden_layers"])
+    weights: dict[str, mx.array] = {}
+    quantized: dict[str, dict[str, Any]] = {}
+    seen: Counter[tuple[str, str]] = Counter()
+    for name, info in header.tensors.items():
+        if name in ROPE_FACTOR_TENSORS:
+            continue
+        target = names.get(name)
+        if target is None:
+            raise ModelLoadError(
+                f"{path}: GGUF tensor '{name}' has no counterpart in mlx-lm's "
+                f"{config['model_type']} model"
+            )
+        expected = tuple(parameters[target].shape)
+        if info.shape != expected:
+            raise ModelLoadError(
+                f"{path}: GGUF tensor '{name}' has shape {list(info.shape)}, mlx-lm's "
+                f"{target} needs {list(expected)}"
+            )
+        layer_path, suffix = target.rsplit(".", 1)
+        quantizable = suffix == "weight" and isinstance(layers.get(layer_path), _QUANTIZABLE_LAYERS)
+        try:
+            form = plan_tensor(info.type_name, info.shape, quantizable=quantizable, dequant=dequant)
+        except ValueError as error:
+            raise ModelLoadError(f"{path}: tensor '{name}': {error}") from error
+        arrays = _restore_layout(
+            arch, name, config, convert_tensor(data.blocks(name), info.type_name, form)
+        )
+        seen[info.type_name, form.label] += 1
+        if form.is_quantized:
+            quantized[layer_path] = form.quantization()
+            weights |= {f"{layer_path}.{key}": value for key, value in arrays.items()}
+        else:
+            weights[target] = arrays["weight"]
+    _load_weights(module, weights, quantized)
+    if "rope_freqs.weight" in header.tensors:
+        factors = mx.array(data.blocks("rope_freqs.weight").view(np.float32))
+        install_rope_factors(module, factors, config)
+    conversions = tuple(
+        TypeConversion(type_name, form, count) for (type_name, form), count in seen.most_common()
+    )
+    return GGUFModel(module, config, conversions)
+
+
+def _load_weights(
+    module: nn.Module, weights: dict[str, mx.array], quantized: dict[str, dict[str, Any]]
+) -> None:
+    nn.quantize(module, class_predicate=lambda layer_path, _: quantized.get(layer_path, False))
+    module.load_weights(list(weights.items()), strict=True)
+
+
+def _restore_layout(
+    arch: GGUFArchitecture, name: str, config: dict[str, Any], arrays: dict[str, mx.array]
+) -> dict[str, mx.array]:
+    """Undo the converter's layout changes on one converted tensor."""
+    base = name.split(".")[-2]
+    if arch.rope_permuted and base in ("attn_q", "attn_k"):
+        heads = config["num_attention_heads" if base == "attn_q" else "num_key_value_heads"]
+        return {key: unpermute_rope_rows(value, heads) for key, value in arrays.items()}
+    if arch.norm_offset and base.endswith("norm") and name.endswith(".weight"):
+        weight = arrays["weight"]
+        return {"weight": (weight.astype(mx.float32) - arch.norm_offset).astype(weight.dtype)}
+    return arrays
 
 
 def unpermute_rope_rows(weight: mx.array, num_heads: int) -> mx.array:
@@ -117,51 +181,13 @@ def unpermute_rope_rows(weight: mx.array, num_heads: int) -> mx.array:
     )
 
 
-def gguf_weights_to_mlx_lm(
-    tensors: dict[str, mx.array], family: FamilyMetadata, config: dict[str, Any]
-) -> dict[str, mx.array]:
-    """Rename llama.cpp tensors to mlx-lm parameter paths, undoing the Q/K permutation.
-
-    The RoPE factors tensor is not a parameter; `install_rope_factors` handles it.
-
-    Raises:
-        ModelLoadError: a tensor name has no mapping.
-    """
-    weights: dict[str, mx.array] = {}
-    for name, tensor in tensors.items():
-        if name == ROPE_FACTORS_TENSOR:
-            continue
-        match = _TENSOR_NAME.match(name)
-        target = None
-        if match:
-            layer, base, suffix = match.groups()
-            if layer is None and base in _GLOBAL_TENSORS:
-                target = f"{_GLOBAL_TENSORS[base]}.{suffix}"
-            elif layer is not None and base in _LAYER_TENSORS:
-                target = f"model.layers.{layer}.{_LAYER_TENSORS[base]}.{suffix}"
-                if family.gguf_rope_permuted and base in ("attn_q", "attn_k"):
-                    heads = config[
-                        "num_attention_heads" if base == "attn_q" else "num_key_value_heads"
-                    ]
-                    tensor = unpermute_rope_rows(tensor, heads)
-        if target is None:
-            raise ModelLoadError(
-                f"GGUF tensor '{name}' has no counterpart in mlxcel's {family.model_type} model"
-            )
-        weights[target] = tensor
-    return weights
-
-
-def quantization_of(weights: dict[str, mx.array], path: str) -> dict[str, Any] | None:
-    """The affine quantization parameters of layer `path`, or None if it is not quantized.
-
-    MLX maps Q4_0 / Q4_1 / Q8_0 onto group size 32; bits follow from the packed width.
-    """
-    scales = weights.get(f"{path}.scales")
-    if scales is None:
-        return None
-    packed = weights[f"{path}.weight"]
-    return {"group_size": 32, "bits": packed.shape[-1] // scales.shape[-1], "mode": "affine"}
+def _longrope_scaling(data: GGUFTensorData, config: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's LongRoPE factors, which the converter moved from the config into tensors."""
+    factors = {
+        key: data.blocks(f"rope_factors_{key}.weight").view(np.float32).tolist()
+        for key in ("long", "short")
+    }
+    return {"type": "longrope", "long_factor": factors["long"], "short_factor": factors["short"]}
 
 
 def install_rope_factors(module: nn.Module, factors: mx.array, config: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,18 +16,13 @@ from mlxcel_models.compute import ComputeOptions, apply_compute_options
 from mlxcel_models.detection import CONFIG_FILE, ModelSource, detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
-from mlxcel_models.loaded import LoadedModel, ModelConfig
+from mlxcel_models.loaded import LoadedModel, ModelConfig, TypeConversion
 from mlxcel_models.loading.dimensions import check_config_dimensions
-from mlxcel_models.loading.gguf_file import read_gguf
-from mlxcel_models.loading.gguf_model import (
-    ROPE_FACTORS_TENSOR,
-    gguf_model_config,
-    gguf_weights_to_mlx_lm,
-    install_rope_factors,
-    quantization_of,
-)
+from mlxcel_models.loading.gguf_file import read_gguf_header
+from mlxcel_models.loading.gguf_model import load_gguf_model
+from mlxcel_models.loading.gguf_quant import GGUFDequant
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat, family_for
-from mlxcel_models.mlx_lm_models import count_parameters, make_mlx_lm_model
+from mlxcel_models.mlx_lm_models import count_parameters
 from mlxcel_models.surgery import SurgeryPlan, apply_surgery
 from mlxcel_models.tokenizer import Tokenizer
 
@@ -40,6 +36,7 @@ def load_model(
     progress: LoadProgress | None = None,
     compute: ComputeOptions | None = None,
     surgery: SurgeryPlan | None = None,
+    gguf_dequant: GGUFDequant = GGUFDequant.AUTO,
 ) -> LoadedModel:
     """Load a GGUF file or a Hugging Face / mlx-lm safetensors folder.
 
@@ -50,6 +47,7 @@ def load_model(
             default device (`ComputeOptions.for_device`).
         surgery: weight edits applied after `compute`, before the weights are evaluated;
             the checkpoints it reads are loaded the same way, with the same options.
+        gguf_dequant: how a GGUF file's quantized tensors load (`--gguf-dequant`).
 
     Raises:
         ModelLoadError: missing or corrupt files, an unsupported model type or
@@ -58,26 +56,47 @@ def load_model(
     """
     start = time.perf_counter()
     options = compute or ComputeOptions.for_device(mx.default_device())
-    module, tokenizer, context_length, source, family = _read_model(path, options)
+    read = _read_model(path, options, gguf_dequant)
+    module, source = read.module, read.source
     edits = ()
     if surgery is not None:
         edits = apply_surgery(
-            module, surgery, read_checkpoint=lambda other: _read_model(other, options)[0]
+            module,
+            surgery,
+            read_checkpoint=lambda other: _read_model(other, options, gguf_dequant).module,
         )
     model = MlxLmLanguageModel(module)
     try:
         _evaluate_weights(module, progress)
     except RuntimeError as error:
         raise ModelLoadError(f"{source.path}: cannot read the weights: {error}") from error
-    config = _model_config(module, model.num_layers, context_length)
+    config = _model_config(module, model.num_layers, read.context_length)
     seconds = time.perf_counter() - start
-    return LoadedModel(model, tokenizer, config, family, source, seconds, surgery=edits)
+    return LoadedModel(
+        model,
+        read.tokenizer,
+        config,
+        read.family,
+        source,
+        seconds,
+        surgery=edits,
+        gguf_conversions=read.gguf_conversions,
+    )
 
 
-def _read_model(
-    path: str | Path, options: ComputeOptions
-) -> tuple[nn.Module, Tokenizer, int, ModelSource, FamilyMetadata]:
-    """The model at `path` with `options` applied, its weights not yet evaluated."""
+@dataclass(frozen=True)
+class _ReadModel:
+    module: nn.Module
+    tokenizer: Tokenizer
+    context_length: int
+    source: ModelSource
+    family: FamilyMetadata
+    gguf_conversions: tuple[TypeConversion, ...] = ()
+
+
+def _read_model(path: str | Path, options: ComputeOptions, gguf_dequant: GGUFDequant) -> _ReadModel:
+    """The model at `path` with `options` applied, its weights not yet evaluated (those of
+    a GGUF file are, as they are converted)."""
     source = detect_model(path)
     family = family_for(source.model_type, source.weight_format)
     if family.kind is ModelKind.VLM:
@@ -85,34 +104,30 @@ def _read_model(
             f"{source.path} holds a vision-language model ({source.model_type}); "
             "mlxcel_vision.load_vision_model loads it (pip install 'mlxcel[vision]')"
         )
+    conversions: tuple[TypeConversion, ...] = ()
     if source.weight_format is WeightFormat.GGUF:
-        module, tokenizer, context_length = _load_gguf(source, family)
+        module, tokenizer, context_length, conversions = _load_gguf(source, gguf_dequant)
     else:
         module, tokenizer, context_length = _load_safetensors(source)
     apply_compute_options(module, options)
-    return module, tokenizer, context_length, source, family
+    return _ReadModel(module, tokenizer, context_length, source, family, conversions)
 
 
-def _load_gguf(source: ModelSource, family: FamilyMetadata) -> tuple[nn.Module, Tokenizer, int]:
-    contents = read_gguf(source.path)
+def _load_gguf(
+    source: ModelSource, dequant: GGUFDequant
+) -> tuple[nn.Module, Tokenizer, int, tuple[TypeConversion, ...]]:
+    header = read_gguf_header(source.path, arrays=True)
     try:
-        config = gguf_model_config(
-            contents.metadata, set(contents.tensors), family, where=source.path
-        )
-        weights = gguf_weights_to_mlx_lm(contents.tensors, family, config)
-        module = make_mlx_lm_model(config)
-        nn.quantize(module, class_predicate=lambda path, _: quantization_of(weights, path) or False)
-        module.load_weights(list(weights.items()), strict=True)
-        if ROPE_FACTORS_TENSOR in contents.tensors:
-            install_rope_factors(module, contents.tensors[ROPE_FACTORS_TENSOR], config)
+        model = load_gguf_model(source.path, header, dequant=dequant)
     # Inconsistent metadata or tensor shapes surface as MLX's or mlx-lm's ValueError/TypeError.
     except (ValueError, TypeError) as error:
         raise ModelLoadError(
             f"{source.path}: the metadata and tensors do not describe a valid "
-            f"{family.model_type} model: {error}"
+            f"{source.model_type} model: {error}"
         ) from error
-    tokenizer = Tokenizer.from_gguf_metadata(contents.metadata)
-    return module, tokenizer, config["max_position_embeddings"]
+    tokenizer = Tokenizer.from_gguf_metadata(header.metadata)
+    context_length = model.config["max_position_embeddings"]
+    return model.module, tokenizer, context_length, model.conversions
 
 
 def _load_safetensors(source: ModelSource) -> tuple[nn.Module, Tokenizer, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +25,13 @@ from mlxcel_models.detection import (
 )
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.dimensions import check_config_dimensions
-from mlxcel_models.loading.gguf_file import check_tensor_types, read_gguf_header
+from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.loading.gguf_model import gguf_model_config
+from mlxcel_models.loading.gguf_names import ROPE_FACTOR_TENSORS
+from mlxcel_models.loading.gguf_quant import GGUFDequant, plan_tensor
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat, family_for
 from mlxcel_models.vlm_config import vlm_text_config
 
-# ggml types MLX loads as floats, and the affine bits it maps the quantized ones to (group 32).
-_GGUF_FLOATS = {"F32": mx.float32, "F16": mx.float16, "BF16": mx.bfloat16}
-_GGUF_QUANTIZED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
-_GGUF_GROUP_SIZE = 32
 _SAFETENSORS_DTYPES = {
     "F64": mx.float64, "F32": mx.float32, "F16": mx.float16, "BF16": mx.bfloat16,
     "I64": mx.int64, "I32": mx.int32, "I16": mx.int16, "I8": mx.int8,
@@ -151,27 +149,37 @@ def _read_gguf(
     source: ModelSource, family: FamilyMetadata
 ) -> tuple[Architecture, tuple[WeightTensor, ...], int, dict[str, Any]]:
     header = read_gguf_header(source.path)
-    check_tensor_types(source.path, header)
     embedding = header.tensor_shapes.get("token_embd.weight")
     if embedding is None:
         raise ModelLoadError(f"{source.path} has no token_embd.weight tensor")
     # Array metadata (the token list) is not kept by the header reader; the embedding's rows
     # are the vocabulary.
-    metadata = {**header.metadata, f"{family.model_type}.vocab_size": embedding[0]}
-    config = gguf_model_config(metadata, set(header.tensor_types), family, where=source.path)
+    architecture = header.metadata.get("general.architecture")
+    metadata = {**header.metadata, f"{architecture}.vocab_size": embedding[0]}
+    config = gguf_model_config(replace(header, metadata=metadata), source.path)
     tensors = []
-    for name, type_name in header.tensor_types.items():
+    for name, info in header.tensors.items():
         # llama.cpp's RoPE factors become a RoPE module's constant, not a parameter.
-        if name == "rope_freqs.weight":
+        if name in ROPE_FACTOR_TENSORS:
             continue
-        num_elements = math.prod(header.tensor_shapes[name])
-        if type_name in _GGUF_FLOATS:
-            tensors.append(WeightTensor(name, num_elements, type_name, _GGUF_FLOATS[type_name]))
-        else:
-            bits = _GGUF_QUANTIZED_BITS[type_name]
-            tensors.append(
-                WeightTensor(name, num_elements, type_name, mx.float16, bits, _GGUF_GROUP_SIZE)
+        # Matrices are taken to be linear or embedding weights, as nearly all are.
+        try:
+            form = plan_tensor(
+                info.type_name,
+                info.shape,
+                quantizable=len(info.shape) >= 2,
+                dequant=GGUFDequant.AUTO,
             )
+        except ValueError as error:
+            raise ModelLoadError(f"{source.path}: tensor '{name}': {error}") from error
+        num_elements = math.prod(info.shape)
+        if form.is_quantized:
+            dtype = mx.uint8 if form.mode == "mxfp4" else mx.float16
+            tensors.append(
+                WeightTensor(name, num_elements, info.type_name, dtype, form.bits, form.group_size)
+            )
+        else:
+            tensors.append(WeightTensor(name, num_elements, info.type_name, form.dtype))
     return _architecture(config), tuple(tensors), source.path.stat().st_size, config
 
 

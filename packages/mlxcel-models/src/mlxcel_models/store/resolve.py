@@ -14,7 +14,7 @@ from mlxcel_models.store.config import StoreConfig
 from mlxcel_models.store.download import download_model
 from mlxcel_models.store.layout import FOLDER, model_folder, read_manifest, request_key
 from mlxcel_models.store.reference import ModelReference, parse_model_reference
-from mlxcel_models.store.selection import check_quant_tag, select_files
+from mlxcel_models.store.selection import select_files
 
 DEFAULT_REVISION = "main"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -43,7 +43,6 @@ def resolve_model(text: str, config: StoreConfig, *, revision: str | None = None
         if revision is not None:
             raise ValueError(f"revision {revision!r} given for the local path {text}")
         return Path(text).expanduser()
-    check_quant_tag(reference)
     revision = revision or DEFAULT_REVISION
     found = find_in_store(reference, revision, config) or find_in_hf_cache(
         reference, revision, config

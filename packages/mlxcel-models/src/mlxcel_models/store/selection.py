@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 
 from mlxcel_models.errors import ModelLoadError
-from mlxcel_models.loading.gguf_file import SUPPORTED_TENSOR_TYPES
 from mlxcel_models.store.reference import ModelReference
 
 # A safetensors model's files, after mlx-lm's own download patterns
@@ -23,9 +22,12 @@ SAFETENSORS_PATTERNS = (
     "*.txt",
     "*.jinja",
 )
-# Without a `:QUANT` tag, the first of these a GGUF-only repository holds: Q8_0 first, as
-# the near-lossless type whose files mlxcel loads whole.
-DEFAULT_GGUF_QUANTS = ("Q8_0", "Q4_0", "Q4_1", "BF16", "F16", "F32")
+# Without a `:QUANT` tag, the first of these a GGUF-only repository holds: Q4_K_M first, the
+# file llama.cpp's `-hf` and Ollama pick by default; then the other 4-bit files, then more
+# bits, then the float files.
+DEFAULT_GGUF_QUANTS = (
+    "Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "Q5_K_M", "Q6_K", "Q8_0", "BF16", "F16", "F32",
+)  # fmt: skip
 _PROJECTOR_PREFIX = "mmproj"
 
 
@@ -40,19 +42,6 @@ class FileSelection:
 
     files: tuple[str, ...]
     gguf_file: str | None
-
-
-def check_quant_tag(reference: ModelReference) -> None:
-    """Refuse a `:QUANT` tag naming a GGUF type mlxcel cannot load, before any download.
-
-    Raises:
-        ModelLoadError: the tag is not one of the loadable GGUF types.
-    """
-    if reference.quant is not None and reference.quant.upper() not in SUPPORTED_TENSOR_TYPES:
-        loadable = ", ".join(sorted(SUPPORTED_TENSOR_TYPES))
-        raise ModelLoadError(
-            f"{reference}: mlxcel loads the GGUF types {loadable}, not {reference.quant}"
-        )
 
 
 def select_files(reference: ModelReference, files: Iterable[str]) -> FileSelection:

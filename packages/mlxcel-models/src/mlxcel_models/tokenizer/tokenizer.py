@@ -78,7 +78,7 @@ class Tokenizer:
         """Build the tokenizer a GGUF file describes.
 
         Args:
-            metadata: The GGUF metadata (`read_gguf(path).metadata`).
+            metadata: The GGUF metadata (`read_gguf_header(path, arrays=True).metadata`).
 
         Raises:
             ModelLoadError: the vocabulary is unsupported or inconsistent (see

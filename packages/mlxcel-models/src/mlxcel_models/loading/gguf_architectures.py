@@ -1,0 +1,194 @@
+"""The GGUF architectures mlxcel loads, each with the mlx-lm family that runs it and what
+llama.cpp's converter (`convert_hf_to_gguf.py`) changed on the way to GGUF.
+
+`GGUF_ARCHITECTURES` is the one table: detection maps `general.architecture` to an mlx-lm
+`model_type` through it, and `metadata.family_for` asks `gguf_model_types()` which
+families load from GGUF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxcel_models.loading.gguf_config import (
+    GGUFMetadata,
+    common_config,
+    gemma_query_scale,
+    layer_pattern,
+)
+
+ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
+
+
+def _none(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """One `general.architecture` value and how it becomes an mlx-lm model.
+
+    Attributes:
+        name: the GGUF architecture name (`gguf.MODEL_ARCH_NAMES`).
+        model_type: the mlx-lm `model_type` that runs it.
+        moe_model_type: the `model_type` when the file has experts (`expert_count`):
+            llama.cpp writes Mixtral as `llama`.
+        rope_permuted: the converter permuted the Q/K rows for llama.cpp's interleaved
+            RoPE (`LlamaModel.permute`); the loader permutes them back.
+        norm_offset: added by the converter to every norm weight (Gemma stores `1 + w`),
+            subtracted by the loader.
+        name_aliases: (mlx-lm fragment, fragment gguf's `TensorNameMap` knows) pairs for
+            parameter names mlx-lm spells differently from the Hugging Face checkpoint.
+        extras: config keys beyond `common_config`, from the metadata and the common keys.
+    """
+
+    name: str
+    model_type: str
+    moe_model_type: str | None = None
+    rope_permuted: bool = False
+    norm_offset: float = 0.0
+    name_aliases: tuple[tuple[str, str], ...] = ()
+    extras: ConfigExtras = field(default=_none)
+
+    def model_type_for(self, metadata: Mapping[str, Any]) -> str:
+        """The mlx-lm `model_type` of a file with this architecture."""
+        if self.moe_model_type is not None and metadata.get(f"{self.name}.expert_count"):
+            return self.moe_model_type
+        return self.model_type
+
+    def config(self, meta: GGUFMetadata) -> dict[str, Any]:
+        """The Hugging Face-style config mlx-lm builds this family from."""
+        config = common_config(meta)
+        config["model_type"] = self.model_type_for(meta.metadata)
+        return config | self.extras(meta, config)
+
+
+# Mixture-of-experts layers: mlx-lm stacks the experts as `switch_mlp`, the converter as one
+# merged tensor per projection, which TensorNameMap knows under `experts`.
+_SWITCH = (("switch_mlp", "experts"),)
+
+
+def _gemma2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "attn_logit_softcapping": float(meta.get("attn_logit_softcapping", 50.0)),
+        "final_logit_softcapping": float(meta.get("final_logit_softcapping", 30.0)),
+        "query_pre_attn_scalar": gemma_query_scale(meta, config, large_layers=46),
+    }
+
+
+def _gemma3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp fixes Gemma 3's local RoPE base and its 5 local : 1 global layer pattern.
+    return {
+        "rope_local_base_freq": 10000.0,
+        "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": gemma_query_scale(meta, config, large_layers=62),
+    }
+
+
+def _granite(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "logits_scaling": float(meta.get("logit_scale", 1.0)),
+        "attention_multiplier": float(meta.get("attention.scale", 1.0)),
+        "embedding_multiplier": float(meta.get("embedding_scale", 1.0)),
+        "residual_multiplier": float(meta.get("residual_scale", 1.0)),
+    }
+
+
+def _qwen3_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
+
+
+def _stablelm(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "use_qkv_bias": config["attention_bias"],
+        "partial_rotary_factor": config.get("partial_rotary_factor", 1.0),
+        "qk_layernorm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "use_parallel_residual": not meta.has_tensor("blk.0.ffn_norm.weight"),
+    }
+
+
+def _cohere(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "logit_scale": float(meta.get("logit_scale", 1.0)),
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "layer_norm_bias": meta.has_tensor("output_norm.bias"),
+    }
+
+
+def _cohere2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp fixes Cohere 2's pattern of 3 local layers, then one global.
+    return _cohere(meta, config) | {"sliding_window_pattern": 4}
+
+
+def _gpt_oss(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp alternates sliding-window and full attention layers, the first sliding.
+    layers = layer_pattern(
+        config["num_hidden_layers"], 2, local="sliding_attention", full="full_attention"
+    )
+    return {"layer_types": layers}
+
+
+def _glm4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"partial_rotary_factor": config.get("partial_rotary_factor", 0.5)}
+
+
+_ARCHITECTURES = (
+    GGUFArchitecture(
+        "llama",
+        "llama",
+        moe_model_type="mixtral",
+        rope_permuted=True,
+        name_aliases=(
+            ("switch_mlp.gate_proj", "experts.w1"),
+            ("switch_mlp.down_proj", "experts.w2"),
+            ("switch_mlp.up_proj", "experts.w3"),
+        ),
+    ),
+    GGUFArchitecture("qwen2", "qwen2"),
+    GGUFArchitecture("qwen3", "qwen3"),
+    GGUFArchitecture("qwen2moe", "qwen2_moe", name_aliases=_SWITCH),
+    GGUFArchitecture("qwen3moe", "qwen3_moe", name_aliases=_SWITCH, extras=_qwen3_moe),
+    GGUFArchitecture("gemma", "gemma", norm_offset=1.0),
+    GGUFArchitecture("gemma2", "gemma2", norm_offset=1.0, extras=_gemma2),
+    GGUFArchitecture("gemma3", "gemma3_text", norm_offset=1.0, extras=_gemma3),
+    GGUFArchitecture("phi3", "phi3"),
+    GGUFArchitecture("olmo2", "olmo2"),
+    GGUFArchitecture("granite", "granite", rope_permuted=True, extras=_granite),
+    # The converter splits Granite's fused expert `input_linear` into ffn_gate_exps and
+    # ffn_up_exps, the GGUF names of stacked `mlp.experts` projections.
+    GGUFArchitecture(
+        "granitemoe",
+        "granitemoe",
+        rope_permuted=True,
+        name_aliases=(("block_sparse_moe.switch_mlp", "mlp.experts"),),
+        extras=_granite,
+    ),
+    GGUFArchitecture("glm4", "glm4", extras=_glm4),
+    GGUFArchitecture("gpt-oss", "gpt_oss", extras=_gpt_oss),
+    GGUFArchitecture("starcoder2", "starcoder2"),
+    GGUFArchitecture("stablelm", "stablelm", extras=_stablelm),
+    GGUFArchitecture("exaone", "exaone"),
+    GGUFArchitecture("command-r", "cohere", extras=_cohere),
+    GGUFArchitecture("cohere2", "cohere2", extras=_cohere2),
+    GGUFArchitecture("smollm3", "smollm3", rope_permuted=True),
+)
+GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
+
+
+def gguf_model_types() -> frozenset[str]:
+    """The mlx-lm `model_type`s mlxcel loads from GGUF files."""
+    return frozenset(
+        model_type
+        for arch in _ARCHITECTURES
+        for model_type in (arch.model_type, arch.moe_model_type)
+        if model_type is not None
+    )
+
+
+def gguf_model_type(architecture: str, metadata: Mapping[str, Any]) -> str:
+    """The mlx-lm `model_type` of a GGUF file; an unknown architecture is returned as it
+    is, for the family lookup to refuse by name."""
+    arch = GGUF_ARCHITECTURES.get(architecture)
+    return architecture if arch is None else arch.model_type_for(metadata)

@@ -1,0 +1,317 @@
+"""Tiny random-weight mlx-lm models written as llama.cpp's converter writes them.
+
+`write_converted_gguf` takes an mlx-lm model's float weights (Hugging Face names, which
+mlx-lm keeps) and writes what `convert_hf_to_gguf.py` would: tensor names from gguf-py's
+`TensorNameMap`, the Q/K rows permuted for llama.cpp's interleaved RoPE in the llama-style
+families, Gemma's norms stored as `1 + w`, and the hyperparameters under `{arch}.*` keys.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from factories import CHATML_TEMPLATE, byte_level_vocab, llama_cpp_permute
+
+ARCH_NAMES = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+VOCAB_SIZE = len(byte_level_vocab()[0])
+
+
+@dataclass(frozen=True)
+class ConvertedFamily:
+    """One GGUF architecture and the tiny mlx-lm config written as it.
+
+    Attributes:
+        gguf_arch: `general.architecture`.
+        config: the Hugging Face-style config of the mlx-lm model.
+        metadata: the `{arch}.*` keys the converter writes (without the prefix), with the
+            writer method names of gguf-py's `GGUFWriter` as keys.
+        rope_permuted: the converter permutes Q/K rows (llama-style families).
+        norm_offset: added to norm weights (Gemma).
+        name_aliases: mlx-lm name fragment → Hugging Face fragment.
+    """
+
+    gguf_arch: str
+    config: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    rope_permuted: bool = False
+    norm_offset: float = 0.0
+    name_aliases: tuple[tuple[str, str], ...] = ()
+
+
+def make_reference(config: dict[str, Any], seed: int = 0):
+    """mlx-lm's model for `config` with seeded random weights, and those weights (float32)."""
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, value in tree_flatten(model.parameters()):
+        if name.endswith("norm.weight") or ".norms." in name or "layernorm" in name:
+            weights[name] = (1 + 0.1 * rng.standard_normal(value.shape)).astype(np.float32)
+        else:
+            scale = 1 / np.sqrt(value.shape[-1]) if value.ndim > 1 else 0.1
+            weights[name] = (rng.standard_normal(value.shape) * scale).astype(np.float32)
+    model.load_weights([(k, mx.array(v)) for k, v in weights.items()], strict=True)
+    return model, weights
+
+
+def stored_weights(weights: dict[str, np.ndarray], matrix_type: str) -> dict[str, np.ndarray]:
+    """The float values `write_converted_gguf` stores for `weights` (Hugging Face layout)."""
+    qtype = gguf.GGMLQuantizationType[matrix_type]
+    return {
+        name: gguf.quants.dequantize(gguf.quants.quantize(weight, qtype), qtype)
+        if _is_quantized_matrix(name, weight, qtype)
+        else weight
+        for name, weight in weights.items()
+    }
+
+
+def _is_quantized_matrix(name: str, weight: np.ndarray, qtype: gguf.GGMLQuantizationType) -> bool:
+    return weight.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and "embed" not in name
+
+
+def write_converted_gguf(
+    path: Path, family: ConvertedFamily, weights: dict[str, np.ndarray], matrix_type: str = "F32"
+) -> Path:
+    """Write `weights` as llama.cpp's converter writes `family`; matrices other than the
+    token embedding in `matrix_type`."""
+    config = family.config
+    tokens, merges, token_types = byte_level_vocab()
+    writer = gguf.GGUFWriter(str(path), family.gguf_arch)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config.get("max_position_embeddings", 256))
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    for method, value in family.metadata.items():
+        getattr(writer, f"add_{method}")(value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+    tensor_map = gguf.get_tensor_name_map(ARCH_NAMES[family.gguf_arch], config["num_hidden_layers"])
+    for name, weight in weights.items():
+        key = name
+        for mlx_fragment, hf_fragment in family.name_aliases:
+            key = key.replace(mlx_fragment, hf_fragment)
+        gguf_name = tensor_map.get_name(key, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, f"gguf-py names no tensor for {name}"
+        if family.rope_permuted and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
+            heads = config[
+                "num_attention_heads" if ".attn_q." in gguf_name else "num_key_value_heads"
+            ]
+            weight = llama_cpp_permute(weight, heads)
+        if family.norm_offset and gguf_name.endswith("norm.weight"):
+            weight = weight + family.norm_offset
+        qtype = gguf.GGMLQuantizationType[matrix_type]
+        if _is_quantized_matrix(name, weight, qtype):
+            data = gguf.quants.quantize(weight, qtype)
+            writer.add_tensor(gguf_name, data, raw_shape=data.shape, raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _base(model_type: str, **overrides: Any) -> dict[str, Any]:
+    config = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 96,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    }
+    return config | overrides
+
+
+_MOE = {"num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2}
+_MOE_KEYS = {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32}
+_RMS = {"layer_norm_rms_eps": 1e-5}
+_SWITCH = (("switch_mlp", "experts"),)
+
+FAMILIES = {
+    "llama": ConvertedFamily("llama", _base("llama"), _RMS, rope_permuted=True),
+    "mixtral": ConvertedFamily(
+        "llama",
+        _base("mixtral", **_MOE),
+        _RMS | {"expert_count": 4, "expert_used_count": 2},
+        rope_permuted=True,
+        name_aliases=(
+            ("switch_mlp.gate_proj", "experts.w1"),
+            ("switch_mlp.down_proj", "experts.w2"),
+            ("switch_mlp.up_proj", "experts.w3"),
+        ),
+    ),
+    "qwen2": ConvertedFamily("qwen2", _base("qwen2", tie_word_embeddings=True), _RMS),
+    "qwen3": ConvertedFamily("qwen3", _base("qwen3"), _RMS),
+    "qwen2_moe": ConvertedFamily(
+        "qwen2moe",
+        _base("qwen2_moe", **_MOE, moe_intermediate_size=32, shared_expert_intermediate_size=64),
+        _RMS | _MOE_KEYS | {"expert_shared_feed_forward_length": 64},
+        name_aliases=_SWITCH,
+    ),
+    "qwen3_moe": ConvertedFamily(
+        "qwen3moe",
+        _base(
+            "qwen3_moe",
+            **_MOE,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        ),
+        _RMS | _MOE_KEYS,
+        name_aliases=_SWITCH,
+    ),
+    "gemma": ConvertedFamily(
+        "gemma", _base("gemma", tie_word_embeddings=True), _RMS, norm_offset=1.0
+    ),
+    "gemma2": ConvertedFamily(
+        "gemma2",
+        _base("gemma2", query_pre_attn_scalar=16.0, tie_word_embeddings=True),
+        _RMS | {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+        norm_offset=1.0,
+    ),
+    "gemma3_text": ConvertedFamily(
+        "gemma3",
+        _base(
+            "gemma3_text",
+            # mlx-lm's Gemma 3 looks up the first global layer's cache: six layers hold one.
+            num_hidden_layers=6,
+            query_pre_attn_scalar=16,
+            sliding_window=512,
+            sliding_window_pattern=6,
+            rope_local_base_freq=10000.0,
+            tie_word_embeddings=True,
+        ),
+        _RMS | {"sliding_window": 512},
+        norm_offset=1.0,
+    ),
+    "phi3": ConvertedFamily("phi3", _base("phi3"), _RMS | {"rope_dimension_count": 16}),
+    "olmo2": ConvertedFamily("olmo2", _base("olmo2"), _RMS),
+    "granite": ConvertedFamily(
+        "granite",
+        _base(
+            "granite",
+            logits_scaling=2.0,
+            attention_multiplier=0.2,
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            attention_bias=False,
+            mlp_bias=False,
+        ),
+        _RMS
+        | {
+            "logit_scale": 2.0,
+            "attention_scale": 0.2,
+            "embedding_scale": 3.0,
+            "residual_scale": 0.5,
+        },
+        rope_permuted=True,
+    ),
+    "glm4": ConvertedFamily(
+        "glm4",
+        _base("glm4", attention_bias=True, partial_rotary_factor=0.5),
+        _RMS | {"rope_dimension_count": 8},
+    ),
+    "starcoder2": ConvertedFamily(
+        "starcoder2", _base("starcoder2", norm_epsilon=1e-5), {"layer_norm_eps": 1e-5}
+    ),
+    "stablelm": ConvertedFamily(
+        "stablelm",
+        _base(
+            "stablelm",
+            use_qkv_bias=True,
+            partial_rotary_factor=0.25,
+            layer_norm_eps=1e-5,
+        ),
+        {"layer_norm_eps": 1e-5, "rope_dimension_count": 4},
+    ),
+    "cohere": ConvertedFamily(
+        "command-r",
+        _base("cohere", logit_scale=0.5, layer_norm_eps=1e-5),
+        {"layer_norm_eps": 1e-5, "logit_scale": 0.5},
+    ),
+    "smollm3": ConvertedFamily("smollm3", _base("smollm3"), _RMS, rope_permuted=True),
+}
+
+FAMILIES |= {
+    "granitemoe": ConvertedFamily(
+        "granitemoe",
+        _base(
+            "granitemoe",
+            **_MOE,
+            logits_scaling=2.0,
+            attention_multiplier=0.2,
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            attention_bias=False,
+        ),
+        _RMS
+        | {"expert_count": 4, "expert_used_count": 2}
+        | {
+            "logit_scale": 2.0,
+            "attention_scale": 0.2,
+            "embedding_scale": 3.0,
+            "residual_scale": 0.5,
+        },
+        rope_permuted=True,
+        # The converter splits Granite's fused `input_linear` into ffn_gate_exps and
+        # ffn_up_exps, the names gguf-py gives stacked `mlp.experts` projections.
+        name_aliases=(("block_sparse_moe.switch_mlp", "mlp.experts"),),
+    ),
+    "gpt_oss": ConvertedFamily(
+        "gpt-oss",
+        _base("gpt_oss", **_MOE, intermediate_size=64, sliding_window=128),
+        _RMS
+        | {
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 64,
+            "sliding_window": 128,
+        },
+    ),
+    "exaone": ConvertedFamily(
+        "exaone",
+        _base("exaone", num_layers=2, layer_norm_epsilon=1e-5),
+        _RMS,
+    ),
+    "cohere2": ConvertedFamily(
+        "cohere2",
+        _base(
+            "cohere2",
+            num_hidden_layers=4,
+            logit_scale=0.5,
+            layer_norm_eps=1e-5,
+            sliding_window=128,
+            sliding_window_pattern=4,
+        ),
+        {"layer_norm_eps": 1e-5, "logit_scale": 0.5, "sliding_window": 128},
+    ),
+}

@@ -1,0 +1,62 @@
+"""Each mapped GGUF architecture, written as llama.cpp's converter writes a tiny random
+mlx-lm model, loads into the same mlx-lm family and generates the same greedy tokens."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.generate import generate_step
+
+from mlxcel_models.loading.gguf_architectures import gguf_model_types
+from mlxcel_models.loading.gguf_file import read_gguf_header
+from mlxcel_models.loading.gguf_model import load_gguf_model
+
+from gguf_models import FAMILIES, make_reference, stored_weights, write_converted_gguf
+
+PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
+
+
+def greedy_tokens(model, count: int = 12) -> list[int]:
+    steps = generate_step(mx.array(PROMPT), model, max_tokens=count)
+    return [int(token) for token, _ in steps]
+
+
+def load(path):
+    return load_gguf_model(path, read_gguf_header(path, arrays=True))
+
+
+def test_every_mapped_family_has_a_converted_model():
+    assert set(FAMILIES) <= gguf_model_types()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
+    family = FAMILIES[name]
+    reference, weights = make_reference(family.config)
+    path = write_converted_gguf(tmp_path / "m.gguf", family, weights)
+    loaded = load(path)
+    assert loaded.config["model_type"] == family.config["model_type"]
+    tokens = mx.array([PROMPT])
+    np.testing.assert_allclose(
+        np.array(loaded.module(tokens)), np.array(reference(tokens)), atol=1e-4, rtol=1e-4
+    )
+    assert greedy_tokens(loaded.module) == greedy_tokens(reference)
+
+
+@pytest.mark.parametrize(
+    ("name", "matrix_type"),
+    [("llama", "Q8_0"), ("mixtral", "Q4_0"), ("qwen2_moe", "Q5_1"), ("gpt_oss", "MXFP4")],
+)
+def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):
+    family = FAMILIES[name]
+    _, weights = make_reference(family.config)
+    path = write_converted_gguf(tmp_path / "m.gguf", family, weights, matrix_type)
+    reference = make_reference(family.config)[0]
+    stored = stored_weights(weights, matrix_type)
+    reference.load_weights([(k, mx.array(v)) for k, v in stored.items()], strict=True)
+    loaded = load(path)
+    assert {c.type_name for c in loaded.conversions} == {"F32", matrix_type}
+    tokens = mx.array([PROMPT])
+    np.testing.assert_allclose(
+        np.array(loaded.module(tokens)), np.array(reference(tokens)), atol=2e-3, rtol=2e-3
+    )
+    assert greedy_tokens(loaded.module) == greedy_tokens(reference)
