@@ -169,6 +169,39 @@ def test_markdown_renders_code_blocks_lists_and_safe_links(page, engine):
     assert "[bad](javascript:alert(1))" in reply.text
 
 
+MARKDOWN = [
+    ("# Title", "<h1>Title</h1>"),
+    ("3. three\n4. four", '<ol start="3"><li>three</li><li>four</li></ol>'),
+    ("- one\n  more\n- two", "<ul><li>one<br>more</li><li>two</li></ul>"),
+    ("> quoted *text*", "<blockquote><p>quoted <em>text</em></p></blockquote>"),
+    ("```\nan open fence", "<pre><code>an open fence</code></pre>"),
+    ("~~~js\nx = `y`\n~~~", '<pre><code class="language-js">x = `y`</code></pre>'),
+    ("snake_case_name and _em_", "<p>snake_case_name and <em>em</em></p>"),
+    ("a\nb\n\nc", "<p>a<br>b</p><p>c</p>"),
+    ("---", "<hr>"),
+    ("**`code` in bold**", "<p><strong><code>code</code> in bold</strong></p>"),
+    ("[x](data:text/html,hi) [y](mailto:a@b.c)",
+     '<p>[x](data:text/html,hi) <a href="mailto:a@b.c" target="_blank" '
+     'rel="noopener noreferrer">y</a></p>'),
+    ("<b>&amp;</b> `<i>`", "<p>&lt;b&gt;&amp;amp;&lt;/b&gt; <code>&lt;i&gt;</code></p>"),
+]  # fmt: skip
+
+
+def test_the_markdown_subset_renders_as_expected(page):
+    html = page.execute_async_script(
+        """
+        const [texts, done] = arguments;
+        import("./markdown.js").then(({ renderMarkdown }) => done(texts.map((text) => {
+          const box = document.createElement("div");
+          box.append(renderMarkdown(text));
+          return box.innerHTML;
+        })));
+        """,
+        [text for text, _ in MARKDOWN],
+    )
+    assert html == [expected for _, expected in MARKDOWN]
+
+
 def test_html_in_a_reply_is_shown_as_text_and_runs_nothing(page, engine):
     markup = "<img src=x onerror=alert(1)>"
     engine.reply = f"Look: {markup} <script>alert(2)</script> `{markup}`"

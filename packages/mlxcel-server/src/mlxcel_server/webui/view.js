@@ -22,6 +22,7 @@ export function drawConversationList(list, conversations, current, actions) {
   list.replaceChildren(
     ...conversations
       .filter((conversation) => conversation.messages.length > 0)
+      .sort((a, b) => b.updated - a.updated)
       .map((conversation) => {
         const item = element("li", conversation === current ? "current" : "");
         item.dataset.id = conversation.id;
@@ -66,8 +67,13 @@ export function drawMessages(container, conversation, actions) {
   container.scrollTop = container.scrollHeight;
 }
 
-/** Redraws one message in place (a streaming reply), keeping the reasoning's open state. */
+/**
+ * Redraws one message in place (a streaming reply), keeping the reasoning's open state, and
+ * keeps the list scrolled to the end if it was there.
+ */
 export function updateMessage(node, message) {
+  const container = node.parentElement;
+  const atEnd = container.scrollHeight - container.scrollTop - container.clientHeight < 40;
   const open = node.querySelector("details.reasoning")?.open ?? false;
   const footer = node.querySelector("footer");
   const buttons = footer ? [...footer.querySelectorAll("button")] : [];
@@ -76,6 +82,7 @@ export function updateMessage(node, message) {
   node.querySelector("footer").append(...buttons);
   const details = node.querySelector("details.reasoning");
   if (details) details.open = open;
+  if (atEnd) container.scrollTop = container.scrollHeight;
 }
 
 function fillMessage(node, message) {
