@@ -114,7 +114,9 @@ async function reply() {
     if (error.name === "AbortError") {
       message.stopped = true;
     } else {
-      if (!message.content && !message.reasoning) conversation.messages.pop();
+      if (!message.content && !message.reasoning) {
+        conversation.messages.splice(conversation.messages.indexOf(message), 1);
+      }
       showError(conversation, error);
     }
   } finally {
