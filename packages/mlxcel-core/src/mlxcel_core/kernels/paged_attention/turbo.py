@@ -1,4 +1,5 @@
-"""Paged decode attention over TurboQuant KV blocks as CUDA kernels, read as stored.
+"""Paged decode attention over TurboQuant KV blocks, read as stored, as one kernel source
+for CUDA and Metal.
 
 The codes are never decoded to head-vectors. TurboQuant stores a head-vector x as b-bit
 codes c of its rotated rest (x with its outlier features zeroed, rotated by R, quantized
@@ -16,166 +17,162 @@ mean m (`mlxcel_core.cache.paged.centering`); their scores get q . m back, which
 mean of the anchor positions' own scores, so each block computes it from those positions
 first.
 
-The rest is the float kernels' design (`cuda.py`): one thread block per (row, KV head)
-and partition, D / 8 lanes per position with 8 rotated coordinates each (one run of 8
-packed codes, b bytes), an online softmax per query head of the group, and the split-KV
-variant with the same merge kernel.
+The rest is the float kernels' design (`source.py`): one block per (row, KV head) and
+partition, D / 8 lanes per position with 8 rotated coordinates each (one run of 8 packed
+codes, b bytes), an online softmax per query head of the group, and the split-KV variant
+with the same merge kernel. A key's scores are one lambda on CUDA; Metal, which has no
+lambdas, takes the same lines inline where they are used.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import textwrap
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxcel_core.kernels.paged_attention.cuda import (
-    BLOCK_SOURCE,
-    HEADER,
+from mlxcel_core.kernels.backend import Backend
+from mlxcel_core.kernels.paged_attention.grid import (
+    HEAD_DIMS,
     LANE_ELEMENTS,
-    MAX_SHARED_BYTES,
-    STATE_MERGE_SOURCE,
     THREADS,
-    attention_kernels,
+    check_launch,
     float_bits,
     launch_partitioned,
     num_partitions_for,
     shared_bytes,
 )
+from mlxcel_core.kernels.paged_attention.source import (
+    BLOCK_SOURCE,
+    STATE_MERGE_SOURCE,
+    attention_kernels,
+    render_header,
+)
+from mlxcel_core.kernels.turbo_encode import HADAMARD_SIGN
 
-_TURBO_HEADER = (
-    HEADER
-    + """
+UNPACK_RUN = """
 // The levels of a run of 8 codes packed bit plane by bit plane: byte k of the run holds
 // bit k of each code, code i in bit i (`mlxcel_core.cache.quant.bitpack`).
 template <int BITS>
-__device__ __forceinline__ void unpack_run(
-    const uint8_t* bytes, const float* levels, float (&y)[8]) {
+$inline void unpack_run(
+    $unpack_run_parameters) {
   uint32_t plane[BITS];
-  #pragma unroll
+  $unroll
   for (int k = 0; k < BITS; ++k) plane[k] = bytes[k];
-  #pragma unroll
+  $unroll
   for (int i = 0; i < 8; ++i) {
     int code = 0;
-    #pragma unroll
+    $unroll
     for (int k = 0; k < BITS; ++k) code |= ((plane[k] >> i) & 1) << k;
     y[i] = levels[code];
   }
-}
+}"""
 
-// Entry (p, i) of Sylvester's Hadamard matrix.
-__device__ __forceinline__ float hadamard_sign(int p, int i) {
-  return (__popc(p & i) & 1) ? -1.0f : 1.0f;
+# The G scores of head-vector `vec`'s key into `score`, uncentered.
+KEY_SCORES = """float y[VEC];
+unpack_run<KEY_BITS>(key_codes + vec * KEY_BYTES + sub * KEY_BITS, key_level, y);
+const float s = static_cast<float>(key_scales[vec]);
+$unroll
+for (int g = 0; g < G; ++g) {
+  float partial = 0.0f;
+  $unroll
+  for (int i = 0; i < VEC; ++i) partial += q[g][i] * y[i];
+  score[g] = s * lane_group_sum(partial, LANES_PER_TOKEN);
 }
-"""
-)
+$unroll
+for (int j = 0; j < OUTLIERS; ++j) {
+  const int p = $min(static_cast<int>(key_positions[vec * OUTLIERS + j]), D - 1);
+  float partial = 0.0f;
+  $unroll
+  for (int i = 0; i < VEC; ++i) partial += y[i] * hadamard_sign(p, sub * VEC + i);
+  const float rest = s * rotation_row_sign[p] * lane_group_sum(partial, LANES_PER_TOKEN);
+  const float delta = static_cast<float>(key_outliers[vec * OUTLIERS + j]) - rest;
+  $unroll
+  for (int g = 0; g < G; ++g) {
+    score[g] += static_cast<float>(plain_queries[g * D + p]) * q_scale * delta;
+  }
+}"""
 
-_TURBO_SOURCE = (
+SOURCE = (
     BLOCK_SOURCE
     + """
   constexpr int KEY_BYTES = D * KEY_BITS / 8;
   constexpr int VALUE_BYTES = D * VALUE_BITS / 8;
 
-  __shared__ float rotation_row_sign[D];
-  __shared__ float key_level[1 << KEY_BITS];
-  __shared__ float value_level[1 << VALUE_BITS];
-  __shared__ float anchor_score[G];
+  $shared float rotation_row_sign[D];
+  $shared float key_level[1 << KEY_BITS];
+  $shared float value_level[1 << VALUE_BITS];
+  $shared float anchor_score[G];
 
   // R[p, i] = rotation_row_sign[p] * hadamard_sign(p, i).
-  for (int i = threadIdx.x; i < D; i += THREADS) {
-    rotation_row_sign[i] = signs[i] * rsqrtf(static_cast<float>(D));
+  for (int i = $thread_x; i < D; i += THREADS) {
+    rotation_row_sign[i] = signs[i] * $rsqrt(static_cast<float>(D));
   }
-  for (int i = threadIdx.x; i < (1 << KEY_BITS); i += THREADS) key_level[i] = key_levels[i];
-  for (int i = threadIdx.x; i < (1 << VALUE_BITS); i += THREADS) {
+  for (int i = $thread_x; i < (1 << KEY_BITS); i += THREADS) key_level[i] = key_levels[i];
+  for (int i = $thread_x; i < (1 << VALUE_BITS); i += THREADS) {
     value_level[i] = value_levels[i];
   }
-  __syncthreads();
+  $barrier
 
   // Scores are kept in base 2: q is prescaled by scale * log2(e) so exp2 gives the softmax.
-  const float q_scale = __int_as_float(SCALE_BITS) * 1.4426950408889634f;
+  const float q_scale = $as_float(SCALE_BITS) * 1.4426950408889634f;
   const size_t first_head = (size_t)row * num_q_heads + kv_head * G;
   float q[G][VEC];
-  #pragma unroll
+  $unroll
   for (int g = 0; g < G; ++g) {
-    #pragma unroll
+    $unroll
     for (int i = 0; i < VEC; ++i) {
       q[g][i] = rotated_queries[(first_head + g) * D + sub * VEC + i] * q_scale;
     }
   }
-  const T* plain_queries = queries + first_head * D;
+  const ${device}T* plain_queries = queries + first_head * D;
 
-  // The scores of head-vector `vec`'s key, uncentered. Every lane of a position's group
-  // takes part (the sums shuffle), whether or not the position is read.
-  auto key_scores = [&](size_t vec, float (&score)[G]) {
-    float y[VEC];
-    unpack_run<KEY_BITS>(key_codes + vec * KEY_BYTES + sub * KEY_BITS, key_level, y);
-    const float s = static_cast<float>(key_scales[vec]);
-    #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float partial = 0.0f;
-      #pragma unroll
-      for (int i = 0; i < VEC; ++i) partial += q[g][i] * y[i];
-      score[g] = s * lane_group_sum(partial, LANES_PER_TOKEN);
-    }
-    #pragma unroll
-    for (int j = 0; j < OUTLIERS; ++j) {
-      const int p = min(static_cast<int>(key_positions[vec * OUTLIERS + j]), D - 1);
-      float partial = 0.0f;
-      #pragma unroll
-      for (int i = 0; i < VEC; ++i) partial += y[i] * hadamard_sign(p, sub * VEC + i);
-      const float rest = s * rotation_row_sign[p] * lane_group_sum(partial, LANES_PER_TOKEN);
-      const float delta = static_cast<float>(key_outliers[vec * OUTLIERS + j]) - rest;
-      #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        score[g] += static_cast<float>(plain_queries[g * D + p]) * q_scale * delta;
-      }
-    }
-  };
+  $key_scores_lambda
 
-  const int* table = block_tables + (size_t)row * table_width;
+  const ${device}int* table = block_tables + (size_t)row * table_width;
 
   // q . m for the row's first-block mean m: the mean of its anchor positions' scores,
   // needed only where this partition reads positions past the first block.
   float anchor[G];
-  #pragma unroll
+  $unroll
   for (int g = 0; g < G; ++g) anchor[g] = 0.0f;
   if (end > BLOCK_SIZE && begin < end) {
     float total[G];
-    #pragma unroll
+    $unroll
     for (int g = 0; g < G; ++g) total[g] = 0.0f;
     for (int base = ANCHOR_BEGIN + warp * TOKENS_PER_WARP; base < BLOCK_SIZE; base += STATES) {
       const int t = base + token_lane;
       const bool valid = t < BLOCK_SIZE;
       const size_t slot = valid ? (size_t)table[0] * BLOCK_SIZE + t : 0;
       float score[G];
-      key_scores(slot * num_kv_heads + kv_head, score);
-      #pragma unroll
+      $anchor_key_scores
+      $unroll
       for (int g = 0; g < G; ++g) total[g] += valid ? score[g] : 0.0f;
     }
-    #pragma unroll
+    $unroll
     for (int g = 0; g < G; ++g) {
       if (sub == 0) shared_max[state * G + g] = total[g];
     }
-    __syncthreads();
-    if (threadIdx.x < G) {
+    $barrier
+    if ($thread_x < G) {
       float sum = 0.0f;
-      for (int s = 0; s < STATES; ++s) sum += shared_max[s * G + threadIdx.x];
-      anchor_score[threadIdx.x] = sum / (BLOCK_SIZE - ANCHOR_BEGIN);
+      for (int s = 0; s < STATES; ++s) sum += shared_max[s * G + $thread_x];
+      anchor_score[$thread_x] = sum / (BLOCK_SIZE - ANCHOR_BEGIN);
     }
-    __syncthreads();
-    #pragma unroll
+    $barrier
+    $unroll
     for (int g = 0; g < G; ++g) anchor[g] = anchor_score[g];
   }
 
   float running_max[G];
   float running_sum[G];
   float acc[G][VEC];
-  #pragma unroll
+  $unroll
   for (int g = 0; g < G; ++g) {
-    running_max[g] = NEG_INF;
+    running_max[g] = $neg_inf;
     running_sum[g] = 0.0f;
-    #pragma unroll
+    $unroll
     for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
   }
 
@@ -185,7 +182,7 @@ _TURBO_SOURCE = (
     const size_t slot = valid ? (size_t)table[t / BLOCK_SIZE] * BLOCK_SIZE + t % BLOCK_SIZE : 0;
     const size_t vec = slot * num_kv_heads + kv_head;
     float score[G];
-    key_scores(vec, score);
+    $key_scores
 
     // The value in rotated coordinates, its outlier features folded in.
     float w[VEC];
@@ -193,17 +190,17 @@ _TURBO_SOURCE = (
       float y[VEC];
       unpack_run<VALUE_BITS>(value_codes + vec * VALUE_BYTES + sub * VALUE_BITS, value_level, y);
       const float s = static_cast<float>(value_scales[vec]);
-      #pragma unroll
+      $unroll
       for (int i = 0; i < VEC; ++i) w[i] = s * y[i];
-      #pragma unroll
+      $unroll
       for (int j = 0; j < OUTLIERS; ++j) {
-        const int p = min(static_cast<int>(value_positions[vec * OUTLIERS + j]), D - 1);
+        const int p = $min(static_cast<int>(value_positions[vec * OUTLIERS + j]), D - 1);
         float partial = 0.0f;
-        #pragma unroll
+        $unroll
         for (int i = 0; i < VEC; ++i) partial += y[i] * hadamard_sign(p, sub * VEC + i);
         const float rest = s * rotation_row_sign[p] * lane_group_sum(partial, LANES_PER_TOKEN);
         const float delta = static_cast<float>(value_outliers[vec * OUTLIERS + j]) - rest;
-        #pragma unroll
+        $unroll
         for (int i = 0; i < VEC; ++i) {
           w[i] += delta * rotation_row_sign[p] * hadamard_sign(p, sub * VEC + i);
         }
@@ -211,14 +208,14 @@ _TURBO_SOURCE = (
     }
     if (!valid) continue;
     const float shift = t >= BLOCK_SIZE ? 1.0f : 0.0f;
-    #pragma unroll
+    $unroll
     for (int g = 0; g < G; ++g) {
       const float x = score[g] + shift * anchor[g];
-      const float new_max = fmaxf(running_max[g], x);
-      const float correction = exp2f(running_max[g] - new_max);
-      const float p = exp2f(x - new_max);
+      const float new_max = $max(running_max[g], x);
+      const float correction = $exp2(running_max[g] - new_max);
+      const float p = $exp2(x - new_max);
       running_sum[g] = running_sum[g] * correction + p;
-      #pragma unroll
+      $unroll
       for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * correction + p * w[i];
       running_max[g] = new_max;
     }
@@ -227,10 +224,38 @@ _TURBO_SOURCE = (
     + STATE_MERGE_SOURCE
 )
 
+
+def _inline(text: str, *, vec: str | None = None) -> str:
+    """`text` in a block of its own, `vec` bound first where given."""
+    binding = "" if vec is None else f"  const size_t vec = {vec};\n"
+    return "{\n" + binding + textwrap.indent(text, "  ") + "\n}"
+
+
+_CUDA_FRAGMENTS = {
+    "unpack_run_parameters": "const uint8_t* bytes, const float* levels, float (&y)[8]",
+    "key_scores_lambda": (
+        "// The scores of head-vector `vec`'s key, uncentered. Every lane of a position's group\n"
+        "// takes part (the sums shuffle), whether or not the position is read.\n"
+        "auto key_scores = [&](size_t vec, float (&score)[G]) {\n"
+        + textwrap.indent(KEY_SCORES, "  ")
+        + "\n};"
+    ),
+    "anchor_key_scores": "key_scores(slot * num_kv_heads + kv_head, score);",
+    "key_scores": "key_scores(vec, score);",
+}
+_METAL_FRAGMENTS = {
+    "unpack_run_parameters": (
+        "const device uint8_t* bytes, const threadgroup float* levels, thread float* y"
+    ),
+    "key_scores_lambda": "",
+    "anchor_key_scores": _inline(KEY_SCORES, vec="slot * num_kv_heads + kv_head"),
+    "key_scores": _inline(KEY_SCORES),
+}
+
 # The one-pass kernel writes the rotated output in float32; it is rotated back after.
 _ROTATED_STORE = "output[head * D + d] = normalized;"
 
-_INPUTS = [
+INPUTS = [
     "queries",
     "rotated_queries",
     "key_codes",
@@ -249,10 +274,26 @@ _INPUTS = [
 ]
 
 
+def render_turbo_header(backend: Backend) -> str:
+    """The header of the kernels on `backend`: the float kernels', then code unpacking
+    and the Hadamard matrix's signs."""
+    fragments = backend.either(cuda=_CUDA_FRAGMENTS, metal=_METAL_FRAGMENTS)
+    unpack = backend.render(UNPACK_RUN, unpack_run_parameters=fragments["unpack_run_parameters"])
+    return render_header(backend) + unpack + "\n" + backend.render(HADAMARD_SIGN)
+
+
 @functools.cache
-def _kernels() -> dict[str, object]:
+def kernels(backend: Backend) -> dict[str, object]:
+    """The `one_pass`, `split` and `merge` kernels on `backend`, built once."""
+    fragments = backend.either(cuda=_CUDA_FRAGMENTS, metal=_METAL_FRAGMENTS)
     return attention_kernels(
-        "mlxcel_turbo_paged_decode", _INPUTS, _TURBO_SOURCE, _TURBO_HEADER, _ROTATED_STORE
+        backend,
+        "mlxcel_turbo_paged_decode",
+        INPUTS,
+        SOURCE,
+        render_turbo_header(backend),
+        _ROTATED_STORE,
+        fragments,
     )
 
 
@@ -291,27 +332,27 @@ def turbo_shared_bytes(group_size: int, head_dim: int, key_bits: int, value_bits
 
 
 def supports_turbo(
+    backend: Backend,
     group_size: int,
     key_dim: int,
     value_dim: int,
     key_bits: int,
     value_bits: int,
-    *,
-    max_shared_bytes: int = MAX_SHARED_BYTES,
 ) -> bool:
-    """Whether the kernels take this layer: keys and values of one head dim that 8-code
-    runs tile within a warp (8 to 256), and shared memory to spare: at most
-    `max_shared_bytes` (the CUDA kernels' static limit by default)."""
+    """Whether the kernels on `backend` take this layer: keys and values of one head dim
+    of `HEAD_DIMS`, 1 to 8 bits each, and shared memory to spare on `backend` (so fewer
+    group sizes on Metal than on CUDA at head dim 128)."""
     return (
         key_dim == value_dim
-        and key_dim in (8, 16, 32, 64, 128, 256)
+        and key_dim in HEAD_DIMS
         and 1 <= key_bits <= 8
         and 1 <= value_bits <= 8
-        and turbo_shared_bytes(group_size, key_dim, key_bits, value_bits) <= max_shared_bytes
+        and turbo_shared_bytes(group_size, key_dim, key_bits, value_bits)
+        <= backend.max_shared_bytes
     )
 
 
-def turbo_decode_attention_cuda(
+def turbo_decode_attention_kernel(
     queries: mx.array,
     keys: TurboPool,
     values: TurboPool,
@@ -322,11 +363,12 @@ def turbo_decode_attention_cuda(
     *,
     block_size: int,
     scale: float,
+    backend: Backend,
     num_partitions: int | None = None,
 ) -> mx.array:
-    """Decode attention read straight from TurboQuant pools with centered keys, on a CUDA
-    device: what decoding the row's keys and values (`PagedKVStorage.gather`) and
-    attending would give, up to rounding.
+    """Decode attention read straight from TurboQuant pools with centered keys, by
+    `backend`'s kernels: what decoding the row's keys and values
+    (`PagedKVStorage.gather`) and attending would give, up to rounding.
 
     Args:
         queries: (B, H_q, 1, D) queries; H_q a multiple of H_kv.
@@ -340,6 +382,8 @@ def turbo_decode_attention_cuda(
         context_lengths: (B,) int32 positions each row attends to.
         block_size: tokens per block.
         scale: multiplier of the query-key dot products.
+        backend: `CUDA` or `METAL`, the default device's GPU backend, for a layer
+            `supports_turbo` says it takes.
         num_partitions: split each row's block-table capacity into this many partitions;
             None picks with `num_partitions_for`.
 
@@ -349,51 +393,11 @@ def turbo_decode_attention_cuda(
     Raises:
         ValueError: `num_partitions` is < 1 or `scale` is not > 0.
     """
-    return launch_turbo_decode(
-        _kernels,
-        queries,
-        keys,
-        values,
-        rotation,
-        signs,
-        block_tables,
-        context_lengths,
-        block_size=block_size,
-        scale=scale,
-        num_partitions=num_partitions,
-    )
-
-
-def launch_turbo_decode(
-    kernels: Callable[[], Mapping[str, object]],
-    queries: mx.array,
-    keys: TurboPool,
-    values: TurboPool,
-    rotation: mx.array,
-    signs: mx.array,
-    block_tables: mx.array,
-    context_lengths: mx.array,
-    *,
-    block_size: int,
-    scale: float,
-    num_partitions: int | None,
-) -> mx.array:
-    """Check the arguments, launch the `one_pass`, or `split` then `merge`, kernels that
-    `kernels` builds (the CUDA ones or the Metal ones, which take the same inputs, template
-    and grid), and rotate their output back.
-
-    Raises:
-        ValueError: as `turbo_decode_attention_cuda`.
-    """
     B, H_q, _, D = queries.shape
     H_kv = keys.codes.shape[1]
-    capacity = block_tables.shape[1] * block_size
     if num_partitions is None:
-        num_partitions = num_partitions_for(B, H_kv, capacity)
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
+        num_partitions = num_partitions_for(B, H_kv, block_tables.shape[1] * block_size)
+    check_launch(num_partitions, scale)
     plain = queries.reshape(B, H_q, D)
     inputs = [
         plain,
@@ -426,7 +430,7 @@ def launch_turbo_decode(
         ("SCALE_BITS", float_bits(scale)),
     ]
     rotated = launch_partitioned(
-        kernels(),
+        kernels(backend),
         inputs,
         template,
         shape=(B, H_q, H_kv, D),
