@@ -108,6 +108,7 @@ class KVCacheManager:
         *,
         extra: BlockHashExtra = (),
         spans: Sequence[KeyedSpan] = (),
+        use_cached: bool = True,
     ) -> int | None:
         """Give a new sequence its cached prefix plus blocks for `num_new_tokens` more tokens.
 
@@ -126,6 +127,8 @@ class KVCacheManager:
                 their tokens (its images' placeholders), in position order: a block holding
                 any of them is shared only with sequences holding the same spans there (see
                 `block_extra`); blocks holding none hash as without spans.
+            use_cached: False gives the sequence no cached prefix (it computes every token);
+                its full blocks still join the prefix cache as they are committed.
 
         Returns:
             The number of cached tokens (a multiple of `block_size`), or None (nothing
@@ -142,7 +145,7 @@ class KVCacheManager:
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         keys = _HashKeys(extra, tuple(spans))
-        cached, hashes = self._find_cached_prefix(token_ids, keys)
+        cached, hashes = self._find_cached_prefix(token_ids, keys) if use_cached else ([], [])
         num_cached = len(cached) * self._block_size
         num_tokens = num_cached + min(num_new_tokens, len(token_ids) - num_cached)
         num_fresh = _cdiv(num_tokens, self._block_size) - len(cached)
