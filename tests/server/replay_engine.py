@@ -21,10 +21,12 @@ class ScriptedEngine:
         self.reply = reply
         self.piece_size = piece_size
         self.prompts: list[tuple[int, ...]] = []
+        self.requests: list[EngineRequest] = []
 
     def submit(self, requests: Sequence[EngineRequest], sink: OutputSink) -> RequestHandle:
         for request in requests:
             self.prompts.append(request.prompt_ids)
+            self.requests.append(request)
             for start in range(0, len(self.reply), self.piece_size):
                 piece = self.reply[start : start + self.piece_size]
                 sink.put(EngineOutput(index=request.index, text=piece, token_id=0))

@@ -220,6 +220,15 @@ class GenerationFields(_Strict):
     Sampling fields left out (None) take the server's defaults (its sampling flags).
     `lora` sets this request's adapter scales as llama-server does: adapters not listed get
     0; left out, the server's current scales apply.
+
+    llama-server's and vLLM's own fields: `cache_prompt: false` computes the whole prompt
+    without the prefix cache; `ignore_eos` never draws an end-of-sequence token;
+    `min_tokens` draws none, and lets no stop string stop, before that many tokens;
+    `n_probs` asks for that many alternatives per token when the API's own logprobs fields
+    are left out; `samplers` orders the sampler chain (names, or one letter per stage);
+    `t_max_predict_ms` ends generation with "length" once that long has passed since the
+    first token and a newline was generated (0: no limit). `id_slot` is accepted and has no
+    effect: the scheduler assigns slots, and all slots share one prefix cache.
     """
 
     model: str | None = None
@@ -250,6 +259,13 @@ class GenerationFields(_Strict):
     logit_bias: dict[str, float | bool] | None = None
     response_format: ResponseFormat | None = None
     lora: list[LoraScale] | None = None
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    min_tokens: int | None = None
+    n_probs: int | None = None
+    samplers: list[str] | str | None = None
+    t_max_predict_ms: int | float | None = None
+    id_slot: int | None = None
 
 
 class ChatCompletionRequest(GenerationFields):
