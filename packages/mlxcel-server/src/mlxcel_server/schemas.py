@@ -271,8 +271,10 @@ class GenerationFields(_Strict):
 class ChatCompletionRequest(GenerationFields):
     """A chat completion; `top_logprobs` (0-20) needs `logprobs: true`.
 
-    `tool_choice` defaults to "auto" with tools and "none" without; `parallel_tool_calls:
-    false` keeps only a reply's first call.
+    `tool_choice` defaults to "auto" with tools and "none" without. `parallel_tool_calls`
+    lets a reply make several calls; left out, it does where the model's convention has
+    several calls in one reply (Hermes, Mistral) and not otherwise (Llama 3, generic), as
+    small models asked for a list of calls tend to repeat a call until the token limit.
     `reasoning_format` overrides the server's `--reasoning-format` for this request, and
     `chat_template_kwargs` passes extra variables to the chat template (`enable_thinking`),
     as llama-server accepts them.
@@ -283,7 +285,7 @@ class ChatCompletionRequest(GenerationFields):
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None
     reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -212,9 +212,9 @@ def chat_request(body: PromptFields) -> ChatCompletionRequest:
         ApiError: 400 naming the field at fault (see `chat_messages`).
     """
     choice = body.tool_choice
-    parallel = True
+    parallel = None
     if isinstance(choice, AutoToolChoice | AnyToolChoice | NamedToolChoice):
-        parallel = not choice.disable_parallel_tool_use
+        parallel = False if choice.disable_parallel_tool_use else None
     return ChatCompletionRequest(
         model=body.model,
         messages=chat_messages(body),

@@ -195,7 +195,8 @@ class ResponseRequest(_Strict):
     """A request to create a response.
 
     Sampling fields left out (None) take the server's defaults; `max_output_tokens` left out
-    takes the server's `-n`. `tool_choice` defaults to "auto" with tools; `include` takes
+    takes the server's `-n`. `tool_choice` defaults to "auto" with tools;
+    `parallel_tool_calls` left out is decided as for chat completions; `include` takes
     no entries (mlxcel adds no optional output), an empty list is accepted as clients send
     it.
     """
@@ -212,5 +213,5 @@ class ResponseRequest(_Strict):
     text: TextConfig | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None
     include: Annotated[list[str], Field(max_length=0)] | None = None

@@ -55,7 +55,7 @@ def _previous_messages(store: ResponseStore, previous_id: str | None) -> tuple[C
     return entry.conversation
 
 
-def _draft(body: ResponseRequest, model_id: str) -> ResponseObject:
+def _draft(body: ResponseRequest, model_id: str, prompt: ChatPrompt) -> ResponseObject:
     """The response as it starts: in progress, no output, the request's settings echoed."""
     text_format = None if body.text is None else body.text.format
     text = ResponseText()
@@ -77,7 +77,11 @@ def _draft(body: ResponseRequest, model_id: str) -> ResponseObject:
         text=text,
         tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
         tool_choice=tool_choice if isinstance(tool_choice, str) else tool_choice.model_dump(),
-        parallel_tool_calls=body.parallel_tool_calls,
+        parallel_tool_calls=(
+            prompt.tool_use.parallel
+            if prompt.tool_use is not None
+            else body.parallel_tool_calls is not False
+        ),
     )
 
 
@@ -138,7 +142,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             prompt_images=[prompt.images],
             keep_special_tokens=prompt.keep_special_tokens,
         )
-        draft = _draft(body, model.model_id)
+        draft = _draft(body, model.model_id, prompt)
 
         def keep(response: ResponseObject) -> None:
             if body.store:

@@ -65,14 +65,21 @@ class ToolUse:
     parallel: bool
 
 
+_PARALLEL_FORMATS = frozenset({ToolCallFormat.HERMES, ToolCallFormat.MISTRAL})
+
+
 def make_tool_use(
     tools: Sequence[Tool] | None,
     tool_choice: ToolChoice,
     *,
-    parallel: bool,
+    parallel: bool | None,
     tool_format: ToolCallFormat,
 ) -> ToolUse | None:
     """The request's tool use; None when no tools are offered or `tool_choice` is "none".
+
+    Args:
+        parallel: whether a reply may make several calls; None leaves it to the convention
+            (yes where it writes several calls in one reply: Hermes, Mistral).
 
     Raises:
         ApiError: 400 naming `tool_choice` when it comes without tools or names a function
@@ -97,6 +104,8 @@ def make_tool_use(
                 "tool_choice",
             )
     required = tool_choice == "required" or isinstance(tool_choice, NamedToolChoice)
+    if parallel is None:
+        parallel = tool_format in _PARALLEL_FORMATS
     return ToolUse(tool_format, offered, callable_, required, parallel)
 
 
