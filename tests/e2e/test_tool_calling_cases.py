@@ -155,7 +155,7 @@ def test_responses_agent_loop_with_previous_response_id(client):
             **fields,
         )
         if stream:
-            reply = [event for event in reply if event.type == "response.incomplete"][0].response
+            reply = next(e for e in reply if e.type == "response.incomplete").response
         assert [item.type for item in reply.output] == ["message"]
         answers.append(reply.output_text)
     assert answers[0] and answers[0] == answers[1]
