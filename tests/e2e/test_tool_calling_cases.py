@@ -120,8 +120,13 @@ def test_chat_agent_loop_streamed_and_not(client):
 
 
 def test_responses_agent_loop_with_previous_response_id(client):
-    fields = {"model": MODEL, "tools": [{"type": "function", "name": "get_weather",
-              "parameters": PARAMETERS, "strict": True}], "temperature": 0}  # fmt: skip
+    fields = {
+        "model": MODEL,
+        "tools": [
+            {"type": "function", "name": "get_weather", "parameters": PARAMETERS, "strict": True}
+        ],
+        "temperature": 0,
+    }
     first = client.responses.create(
         input=QUESTION, tool_choice="required", max_output_tokens=CALL_TOKENS, **fields
     )
@@ -130,10 +135,13 @@ def test_responses_agent_loop_with_previous_response_id(client):
     assert valid_arguments(call.arguments) and first.status == "completed"
     events = list(
         client.responses.create(
-            input=QUESTION, tool_choice="required", max_output_tokens=CALL_TOKENS, stream=True,
+            input=QUESTION,
+            tool_choice="required",
+            max_output_tokens=CALL_TOKENS,
+            stream=True,
             **fields,
         )
-    )  # fmt: skip
+    )
     kinds = [event.type for event in events]
     assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
     deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
@@ -144,8 +152,11 @@ def test_responses_agent_loop_with_previous_response_id(client):
     streamed_first = events[-1].response
     answers = []
     for previous, stream in ((first, False), (streamed_first, True)):
-        output = {"type": "function_call_output", "call_id": previous.output[0].call_id,
-                  "output": RESULT}  # fmt: skip
+        output = {
+            "type": "function_call_output",
+            "call_id": previous.output[0].call_id,
+            "output": RESULT,
+        }
         reply = client.responses.create(
             input=[output],
             previous_response_id=previous.id,
@@ -163,8 +174,11 @@ def test_responses_agent_loop_with_previous_response_id(client):
 
 def test_anthropic_agent_loop_streamed_and_not(server):
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    tool = {"name": "get_weather", "description": "Get the current weather in a city",
-            "input_schema": PARAMETERS}  # fmt: skip
+    tool = {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "input_schema": PARAMETERS,
+    }
     fields = {"model": MODEL, "tools": [tool]}
     first = client.messages.create(
         messages=QUESTION, tool_choice={"type": "any"}, max_tokens=CALL_TOKENS, **fields
@@ -182,9 +196,11 @@ def test_anthropic_agent_loop_streamed_and_not(server):
     history = [
         *QUESTION,
         {"role": "assistant", "content": first.content},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id,
-                                      "content": RESULT}]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": block.id, "content": RESULT}],
+        },
+    ]
     final = client.messages.create(
         messages=history, tool_choice={"type": "none"}, max_tokens=ANSWER_TOKENS, **fields
     )
