@@ -82,6 +82,7 @@ def streamed(text: str, tool_format: ToolCallFormat, size: int, **options) -> Pa
         ),
         (ToolCallFormat.GENERIC, "Sunny {all} day ", ParsedReply("Sunny {all} day ")),
         (ToolCallFormat.GENERIC, '{"answer": 42}', ParsedReply('{"answer": 42}')),
+        (ToolCallFormat.GENERIC, "{} and more", ParsedReply("{} and more")),
         (ToolCallFormat.LLAMA3_JSON, '{"city": "Paris"}', ParsedReply('{"city": "Paris"}')),
         (ToolCallFormat.HERMES, "no calls at all ", ParsedReply("no calls at all ")),
         # Arguments before the name are held until the name comes.

@@ -268,6 +268,9 @@ class ToolCallReader:
                     return
             if self._scanner.done:
                 self._buffer = self._buffer[position + 1 :]
+                if self._undecided is not None:  # a JSON answer without keys
+                    self._release_undecided()
+                    return
                 self._call = None
                 self._after_markup = True
                 self._mode = _Mode.CLOSING if self._layout.closing else _Mode.TEXT
