@@ -33,6 +33,7 @@ WEATHER = {
         "name": "get_weather",
         "description": "Get the current weather in a city",
         "parameters": PARAMETERS,
+        "strict": True,
     },
 }
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]

@@ -150,11 +150,13 @@ class ChatMessage(_Strict):
 
 
 class FunctionDefinition(_Strict):
-    """A function the model may call; `parameters` is a JSON schema of its arguments."""
+    """A function the model may call; `parameters` is a JSON schema of its arguments.
+    `strict` is accepted and the schema is always enforced."""
 
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class Tool(_Strict):
