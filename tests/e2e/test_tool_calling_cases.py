@@ -89,19 +89,21 @@ def test_each_tool_choice(client):
         assert all(valid_arguments(c.function.arguments) for c in auto.message.tool_calls)
     else:
         assert auto.message.content
+    # "required" is the first turn of each agent loop below.
     named = {"type": "function", "function": {"name": "get_weather"}}
-    for choice in ("required", named):
-        forced = chat(client, QUESTION, tool_choice=choice, max_tokens=CALL_TOKENS).choices[0]
-        assert forced.finish_reason == "tool_calls"
-        (call,) = forced.message.tool_calls
-        assert call.function.name == "get_weather" and valid_arguments(call.function.arguments)
+    forced = chat(client, QUESTION, tool_choice=named, max_tokens=CALL_TOKENS).choices[0]
+    assert forced.finish_reason == "tool_calls"
+    (call,) = forced.message.tool_calls
+    assert call.function.name == "get_weather" and valid_arguments(call.function.arguments)
     plain = chat(client, QUESTION, tool_choice="none", max_tokens=ANSWER_TOKENS).choices[0]
     assert plain.message.tool_calls is None and plain.message.content
 
 
 def test_chat_agent_loop_streamed_and_not(client):
     first = chat(client, QUESTION, tool_choice="required", max_tokens=CALL_TOKENS).choices[0]
+    assert first.finish_reason == "tool_calls"
     (call,) = first.message.tool_calls
+    assert call.function.name == "get_weather" and valid_arguments(call.function.arguments)
     content, calls, finish = streamed_chat(
         client, QUESTION, tool_choice="required", max_tokens=CALL_TOKENS
     )
