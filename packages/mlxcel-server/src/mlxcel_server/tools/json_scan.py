@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 Path = tuple[str | int, ...]
 
@@ -57,19 +57,21 @@ class ScannedChar:
     key: tuple[Path, str] | None = None
 
 
-@dataclass
 class JsonScanner:
-    """Follows one JSON value (RFC 8259), character by character.
+    """Follows one JSON value (RFC 8259), character by character. Strings, nesting and
+    separators are checked; the characters of numbers and literals are not (the grammar
+    that generated them has).
 
     Attributes:
         done: the root value is complete; later characters are not scanned.
         failed: a character broke the JSON; later characters are not scanned.
     """
 
-    _stack: list[_Container] = field(default_factory=list)
-    _state: _State = _State.VALUE
-    _string_is_key: bool = False
-    _key_chars: list[str] = field(default_factory=list)
+    def __init__(self) -> None:
+        self._stack: list[_Container] = []
+        self._state = _State.VALUE
+        self._string_is_key = False
+        self._key_chars: list[str] = []
 
     @property
     def done(self) -> bool:
