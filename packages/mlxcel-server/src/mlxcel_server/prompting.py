@@ -168,9 +168,10 @@ async def build_chat_prompt(
             tokens does not).
 
     Raises:
-        ApiError: 400 naming the field at fault: `tool_choice` (see `make_tool_use`), a
-            tool whose schema cannot be enforced, the messages (see `encode_messages`), a
-            prompt too long, or a `response_format` that cannot be enforced.
+        ApiError: 400 naming the field at fault: `tool_choice` (see `make_tool_use`), the
+            messages (see `encode_messages`), a prompt too long, or a `response_format`
+            schema that is not an object. A grammar llguidance cannot enforce (a tool's
+            schema) is refused where it is compiled, in `generation.prepare`.
     """
     tokenizer = model.loaded.tokenizer
     tool_format = detect_format(tokenizer.chat_template)
