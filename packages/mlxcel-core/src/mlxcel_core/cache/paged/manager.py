@@ -128,6 +128,7 @@ class KVCacheManager:
         *,
         extra: BlockHashExtra = (),
         spans: Sequence[KeyedSpan] = (),
+        use_cached: bool = True,
     ) -> int | None:
         """Give a new sequence its cached prefix plus blocks for `num_new_tokens` more tokens.
 
@@ -146,6 +147,8 @@ class KVCacheManager:
                 their tokens (its images' placeholders), in position order: a block holding
                 any of them is shared only with sequences holding the same spans there (see
                 `block_extra`); blocks holding none hash as without spans.
+            use_cached: False gives the sequence no cached prefix (it computes every token);
+                its full blocks still join the prefix cache as they are committed.
 
         Returns:
             The number of cached tokens (a multiple of `block_size`), or None (nothing
@@ -164,7 +167,7 @@ class KVCacheManager:
         keys = _HashKeys(extra, tuple(spans))
         cached: list[KVBlock] = []
         hashes: list[BlockHash] = []
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and use_cached:
             cached, hashes = find_cached_prefix(
                 self._pool,
                 token_ids,
