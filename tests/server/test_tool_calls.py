@@ -7,7 +7,7 @@ from functools import reduce
 import pytest
 
 from mlxcel_models.default_model import default_model_path
-from mlxcel_models.loading.gguf_file import read_gguf
+from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.schemas import ChatMessage
 from mlxcel_server.structured import compile_grammar, lark_grammar
@@ -142,7 +142,9 @@ def test_detect_format_from_the_template_text():
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(read_gguf(default_model_path()).metadata)
+    return Tokenizer.from_gguf_metadata(
+        read_gguf_header(default_model_path(), arrays=True).metadata
+    )
 
 
 def accepts(tokenizer: Tokenizer, use: ToolUse, text: str, answer=None) -> bool:
