@@ -340,7 +340,7 @@ class PagedHarness:
             inputs.append(chunk + [0] * (num_queries - num_new))
         for seq_id, num_new in work.items():
             rows.append(BatchRow(self.kv.block_table(seq_id), self.num_computed[seq_id], num_new))
-        self.storage.ensure_capacity(self.kv.num_materialized_blocks)
+        self.storage.ensure_capacity(self.kv.materialized_blocks[0])
         self.storage.copy_blocks(self.kv.take_block_copies())
         batch = PagedBatch(rows, BLOCK_SIZE)
         logits = self.model(

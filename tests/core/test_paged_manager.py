@@ -226,7 +226,7 @@ def test_admit_allocates_only_for_the_tokens_of_this_step():
     manager = make_manager()
     (prompt,) = create_prompts(1, 10)
     assert manager.admit(1, prompt, 3) == 0
-    assert (manager.num_blocks_of(1), manager.num_materialized_blocks) == (1, 2)
+    assert (manager.num_blocks_of(1), manager.materialized_blocks) == (1, (2,))
     assert manager.allocate_slots(1, 3, 7)
     assert manager.num_blocks_of(1) == 3
 
@@ -397,7 +397,7 @@ def test_detach_then_adopt_keeps_references_and_the_block_table():
     manager.fork(1, 2, 10)
     table, used = manager.block_table(1), manager.num_used_blocks
     detached = manager.detach(1)
-    assert detached.block_ids == tuple(table)
+    assert detached.block_ids == (tuple(table),)
     assert len(detached.block_hashes) == 2
     assert manager.num_used_blocks == used
     with pytest.raises(ValueError, match="seq_id 1"):
@@ -420,7 +420,7 @@ def test_adopt_rejects_blocks_it_cannot_own():
     with pytest.raises(ValueError, match="block_size must be 4, got 8"):
         manager.adopt(2, DetachedBlocks(detached.block_ids, (), 8))
     with pytest.raises(ValueError, match=r"block_id must be in \[1, 2\], got 9"):
-        manager.adopt(2, DetachedBlocks((9,), (), BLOCK_SIZE))
+        manager.adopt(2, DetachedBlocks(((9,),), (), BLOCK_SIZE))
     manager.adopt(2, detached)
     manager.free(2)
     with pytest.raises(ValueError, match="block 1 is free"):

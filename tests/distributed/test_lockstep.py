@@ -127,7 +127,7 @@ def test_a_follower_runs_the_same_passes_over_the_same_kv_as_rank_0():
     finally:
         engine.shutdown(timeout=TIMEOUT)
     channel.send(Shutdown())
-    assert channel.messages[0] == KVPlan(config.num_kv_blocks, reports=True)
+    assert channel.messages[0] == KVPlan((config.num_kv_blocks,), reports=True)
     steps = [m for m in channel.messages if isinstance(m, StepMessage)]
     assert any(step.copies for step in steps)
     assert any(len(step.rows) > 1 for step in steps)

@@ -13,7 +13,13 @@ from mlxcel_core.cache.paged.batch import (
     make_layer_caches,
 )
 from mlxcel_core.cache.paged.block_pool import BlockPool, InvariantError, KVBlock
-from mlxcel_core.cache.paged.manager import BlockCopy, DetachedBlocks, KVCacheManager
+from mlxcel_core.cache.paged.manager import (
+    BlockCopy,
+    BlockGroupUsage,
+    DetachedBlocks,
+    KVCacheManager,
+    WindowGroup,
+)
 from mlxcel_core.cache.paged.prefix import (
     BlockHash,
     BlockHashExtra,
@@ -33,6 +39,7 @@ from mlxcel_core.cache.paged.storage import LayerGeometry, PagedKVStorage
 __all__ = [
     "BatchRow",
     "BlockCopy",
+    "BlockGroupUsage",
     "BlockHash",
     "BlockHashExtra",
     "BlockPool",
@@ -47,6 +54,7 @@ __all__ = [
     "PagedLayerCache",
     "ResidualPlanner",
     "ResidualSlots",
+    "WindowGroup",
     "block_extra",
     "hash_block_tokens",
     "hash_token_blocks",

@@ -87,23 +87,33 @@ class PagedBatch:
     """Slot tables and masks of a batch of rows, each padded to the longest row.
 
     Row b's new tokens sit at positions offset_b .. offset_b + n_b - 1; the batch has
-    L = max n_b query positions per row and S = max(offset_b + n_b) key positions. Padding
-    queries write to the null block and padding keys are masked out.
+    L = max n_b query positions per row. Its keys are each row's positions from 0, or,
+    for a block group of windowed layers, from the first its first query's window reads
+    (k_b = max(0, offset_b - window + 1)), so those layers never read the positions
+    behind their window (whose blocks the group has freed): S = max(offset_b + n_b - k_b)
+    key positions, key j of row b at position k_b + j. Padding queries write to the null
+    block and padding keys are masked out.
 
     Args:
         rows: the rows, at least one.
         block_size: tokens per block.
+        window: positions the batch's layers read back (their own included), or None for
+            every position.
 
     Raises:
-        ValueError: `rows` is empty, or a row's block table is too short.
+        ValueError: `rows` is empty, a row's block table is too short, or `window` is < 1.
     """
 
-    def __init__(self, rows: Sequence[BatchRow], block_size: int) -> None:
+    def __init__(
+        self, rows: Sequence[BatchRow], block_size: int, *, window: int | None = None
+    ) -> None:
         if not rows:
             raise ValueError("rows must hold at least one row")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be None or >= 1, got {window}")
+        self.window = window
         self.num_rows = len(rows)
         self.num_queries = max(row.num_new_tokens for row in rows)
-        self.num_keys = max(row.offset + row.num_new_tokens for row in rows)
         offsets = np.fromiter((row.offset for row in rows), np.int32, self.num_rows)
         lengths = offsets + np.fromiter(
             (row.num_new_tokens for row in rows), np.int32, self.num_rows
@@ -116,15 +126,20 @@ class PagedBatch:
             raise ValueError(
                 f"row {b}'s block table covers {int(covered[b])} positions; it needs {lengths[b]}"
             )
-        key_positions = np.arange(self.num_keys, dtype=np.int32)
+        key_starts = (
+            np.zeros_like(offsets) if window is None else np.maximum(0, offsets - window + 1)
+        )
+        self.num_keys = int((lengths - key_starts).max())
+        key_positions = key_starts[:, None] + np.arange(self.num_keys, dtype=np.int32)
         block_of = np.minimum(key_positions // block_size, tables.shape[1] - 1)
-        slots = tables[:, block_of] * block_size + key_positions % block_size
+        slots = np.take_along_axis(tables, block_of, 1) * block_size + key_positions % block_size
         read = np.where(key_positions < lengths[:, None], slots, 0).astype(np.int32)
         query_positions = offsets[:, None] + np.arange(self.num_queries, dtype=np.int32)
         is_real_query = query_positions < lengths[:, None]
         # Padding queries all write to slot 0, inside the null block.
         last_positions = np.minimum(query_positions, lengths[:, None] - 1)
-        write = np.where(is_real_query, np.take_along_axis(read, last_positions, 1), 0)
+        last_keys = last_positions - key_starts[:, None]
+        write = np.where(is_real_query, np.take_along_axis(read, last_keys, 1), 0)
         self.offsets = mx.array(offsets)
         # Decode attention reads the pools through these; -1 padding reads block 0.
         self.block_tables = mx.array(np.maximum(tables, 0))
@@ -149,6 +164,8 @@ class PagedBatch:
         self._offsets = offsets
         self._query_positions = query_positions
         self._lengths = lengths
+        self._key_positions = key_positions
+        self._num_row_keys = lengths - key_starts
         self._masks: dict[int | None, mx.array] = {}
         self._query_tables: tuple[mx.array, mx.array] | None = None
         self._length_groups: tuple[list[LengthGroup], mx.array] | None = None
@@ -158,10 +175,22 @@ class PagedBatch:
         """(B, 1, L, S) boolean mask; True where a query may attend to a key.
 
         Query i of row b (position offset_b + i) sees the row's keys at positions up to its
-        own, and with `window_size` only the last `window_size` of them.
+        own, and with `window_size` only the last `window_size` of them. A windowed
+        batch's mask is always windowed, by its own window when `window_size` is None.
+
+        Raises:
+            ValueError: `window_size` is wider than a windowed batch's window, whose
+                keys do not reach that far back.
         """
+        if self.window is not None:
+            if window_size is not None and window_size > self.window:
+                raise ValueError(
+                    f"window_size {window_size} reads further back than the batch's keys "
+                    f"(a window of {self.window})"
+                )
+            window_size = window_size or self.window
         if window_size not in self._masks:
-            keys = np.arange(self.num_keys, dtype=np.int32)[None, None, :]
+            keys = self._key_positions[:, None, :]
             queries = np.minimum(self._query_positions, self._lengths[:, None] - 1)[:, :, None]
             allowed = keys <= queries
             if window_size is not None:
@@ -180,10 +209,17 @@ class PagedBatch:
             self._query_tables = (mx.array(tables), mx.array(seen.reshape(-1)))
         return self._query_tables
 
-    def residual_slots(self, storage: PagedKVStorage) -> ResidualSlots | None:
-        """Plan the storage's residual blocks for this pass (`PagedKVStorage.plan_residual`);
-        None when it keeps none."""
-        return storage.plan_residual(self._tables, self._offsets, self._lengths)
+    def residual_slots(self, storage: PagedKVStorage, group: int = 0) -> ResidualSlots | None:
+        """Plan the residual blocks of the storage's group `group` (whose block tables the
+        batch holds) for this pass (`PagedKVStorage.plan_residual`); None when it keeps
+        none."""
+        return storage.plan_residual(
+            self._tables,
+            self._offsets,
+            self._lengths,
+            group=group,
+            key_positions=self._key_positions,
+        )
 
     def length_groups(self) -> tuple[list[LengthGroup], mx.array] | None:
         """A decode pass's rows in groups by context length, and the (B,) int32 order that
@@ -205,10 +241,11 @@ class PagedBatch:
     def _find_length_groups(self) -> tuple[list[LengthGroup], mx.array] | None:
         if self.num_queries != 1 or self.num_rows == 1:
             return None
-        order = np.argsort(-self._lengths, kind="stable")
+        counts = self._num_row_keys
+        order = np.argsort(-counts, kind="stable")
         starts = [0]
         for i in range(1, len(order)):
-            length, longest = self._lengths[order[i]], self._lengths[order[starts[-1]]]
+            length, longest = counts[order[i]], counts[order[starts[-1]]]
             if 2 * length <= longest and longest - length >= MIN_SKIPPED_KEYS:
                 starts.append(i)
         if len(starts) == 1:
@@ -220,7 +257,7 @@ class PagedBatch:
         return groups, mx.array(np.argsort(order).astype(np.int32))
 
     def _length_group(self, rows: np.ndarray) -> LengthGroup:
-        num_keys = int(self._lengths[rows[0]])
+        num_keys = int(self._num_row_keys[rows[0]])
         selected = mx.array(rows.astype(np.int32))
         # One new position per row: the group's written positions are its rows'.
         written = self._query_positions[rows, 0]
@@ -312,7 +349,12 @@ class PagedLayerCache:
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
     ) -> AttentionMask:
         batch = self._batch
-        if batch.num_rows == 1 and window_size is None and not return_array:
+        if (
+            batch.num_rows == 1
+            and batch.window is None
+            and window_size is None
+            and not return_array
+        ):
             # One row has no padding: the plain causal mask (None for one query) is exact
             # and lets attention take its fastest path.
             return "causal" if num_queries > 1 else None
@@ -403,12 +445,14 @@ class PagedLayerCache:
     def _decodes_from_pools(self, mask: AttentionMask) -> bool:
         """A pass of few queries per row under the batch's own unwindowed causal mask (one
         row's plain "causal" one included), with kernels allowed: the kernels read the
-        pools alone, so not where exact copies stand in for some positions."""
+        pools alone, so not where exact copies stand in for some positions, and read
+        each row from its first position, so not for a windowed group's batch."""
         batch = self._batch
         causal = mask is None or mask is batch.mask()
         one_row_causal = isinstance(mask, str) and mask == "causal" and batch.num_rows == 1
         return (
             self._storage.decode_kernel
+            and batch.window is None
             and self._residual is None
             and batch.num_queries <= MAX_QUERIES_PER_ROW
             and (causal or one_row_causal)
@@ -485,10 +529,19 @@ def _turbo_pool(pool: Sequence[mx.array], codec: TurboQuantCodec) -> TurboPool:
     return TurboPool(codes, scales, positions, outliers, codec.levels, codec.bits)
 
 
-def make_layer_caches(storage: PagedKVStorage, batch: PagedBatch) -> list[PagedLayerCache]:
-    """One view per layer, for the model's `cache` argument; plans the pass's residual
-    blocks, so call it once per pass, in the order the passes write."""
-    residual = batch.residual_slots(storage)
+def make_layer_caches(storage: PagedKVStorage, *batches: PagedBatch) -> list[PagedLayerCache]:
+    """One view per layer, for the model's `cache` argument, each over its block group's
+    batch (`batches`: one per group of the storage, in group order, each made from the
+    rows' tables of that group with the group's window); plans the pass's residual
+    blocks, so call it once per pass, in the order the passes write.
+
+    Raises:
+        ValueError: there is not one batch per group.
+    """
+    if len(batches) != len(storage.windows):
+        raise ValueError(f"one batch per block group ({len(storage.windows)}), got {len(batches)}")
+    residual = [batch.residual_slots(storage, group) for group, batch in enumerate(batches)]
     return [
-        PagedLayerCache(storage, layer, batch, residual) for layer in range(len(storage.layers))
+        PagedLayerCache(storage, layer, batches[group], residual[group])
+        for layer, group in enumerate(storage.layer_groups)
     ]
