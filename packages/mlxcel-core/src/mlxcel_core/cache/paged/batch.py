@@ -22,10 +22,10 @@ from mlxcel_core.kernels.paged_attention import (
     MAX_QUERIES_PER_ROW,
     TurboPool,
     attend_per_query,
-    paged_decode_attention,
-    turbo_decode_attention_cuda,
-    uses_decode_kernel,
-    uses_turbo_decode_kernel,
+    decode_kernel_backend,
+    paged_decode_attention_kernel,
+    turbo_decode_attention_kernel,
+    turbo_decode_kernel_backend,
 )
 
 
@@ -482,15 +482,16 @@ class PagedLayerCache:
         storage = self._storage
         _, H_q, _, D = queries.shape
         key_pool, value_pool = storage.keys[self._layer][0], storage.values[self._layer][0]
-        if key_pool.dtype != queries.dtype or not uses_decode_kernel(
+        backend = decode_kernel_backend(
             mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
-        ):
+        )
+        if key_pool.dtype != queries.dtype or backend is None:
             return None
         return self._per_query(
             queries,
-            lambda rows, tables, lengths: paged_decode_attention(
+            lambda rows, tables, lengths: paged_decode_attention_kernel(
                 rows, key_pool, value_pool, tables, lengths,
-                block_size=storage.block_size, scale=scale,
+                block_size=storage.block_size, scale=scale, backend=backend,
             ),
         )  # fmt: skip
 
@@ -503,7 +504,7 @@ class PagedLayerCache:
     ) -> mx.array | None:
         storage = self._storage
         geometry = storage.layers[self._layer]
-        if not uses_turbo_decode_kernel(
+        backend = turbo_decode_kernel_backend(
             mx.default_device(),
             queries.shape[1],
             geometry.num_kv_heads,
@@ -511,15 +512,16 @@ class PagedLayerCache:
             geometry.value_dim,
             key_codec.bits,
             value_codec.bits,
-        ):
+        )
+        if backend is None:
             return None
         keys = _turbo_pool(storage.keys[self._layer], key_codec)
         values = _turbo_pool(storage.values[self._layer], value_codec)
         return self._per_query(
             queries,
-            lambda rows, tables, lengths: turbo_decode_attention_cuda(
+            lambda rows, tables, lengths: turbo_decode_attention_kernel(
                 rows, keys, values, key_codec.rotation, key_codec.signs, tables, lengths,
-                block_size=storage.block_size, scale=scale,
+                block_size=storage.block_size, scale=scale, backend=backend,
             ),
         )  # fmt: skip
 
