@@ -189,8 +189,9 @@ def plan_group_blocks(
         draft_layer_groups: likewise for the draft model's layers.
 
     Raises:
-        InsufficientMemoryError: a group cannot hold one sequence of
-            `config.context_size`, or the state slots leave no room.
+        InsufficientMemoryError: group 0 cannot hold one sequence of
+            `config.context_size` (the others then get as much), or the state slots
+            leave no room.
         CacheTypeError: a cache type cannot take a layer's head dim.
     """
     seqs = config.scheduler.max_num_seqs
@@ -214,16 +215,16 @@ def plan_group_blocks(
             counts = [seqs * (n - 1) + 1 if free >= 0 else 0 for n in needed]
         else:
             counts = _share_blocks(free, config.block_size, per_token, needed, seqs)
-    for group, (count, need) in enumerate(zip(counts, needed, strict=True)):
-        if count < need:
-            raise InsufficientMemoryError(
-                f"the KV cache has room for {max(count - 1, 0) * config.block_size} tokens"
-                f"{_group_name(windows, group)} ({count} blocks of {config.block_size}, one "
-                f"reserved){_set_aside(residual_bytes, state_bytes)} but one sequence of the "
-                f"context size ({config.context_size} tokens) needs "
-                f"{(need - 1) * config.block_size}; lower the context size or give the "
-                "cache more memory"
-            )
+    # The windowed groups never need more than group 0, and get at least that much.
+    if counts[0] < needed[0]:
+        raise InsufficientMemoryError(
+            f"the KV cache has room for {max(counts[0] - 1, 0) * config.block_size} tokens"
+            f"{_group_name(windows)} ({counts[0]} blocks of {config.block_size}, one "
+            f"reserved){_set_aside(residual_bytes, state_bytes)} but one sequence of the "
+            f"context size ({config.context_size} tokens) needs "
+            f"{(needed[0] - 1) * config.block_size}; lower the context size or give the "
+            "cache more memory"
+        )
     return tuple(counts)
 
 
@@ -252,27 +253,26 @@ def _share_blocks(
 ) -> list[int]:
     """Blocks per group from `free` bytes: each windowed group (1 ..) room for the same
     number of running sequences (at most `seqs`, fewer if group 0 would then lack room
-    for one sequence), group 0 the rest."""
+    for one sequence, but one at least), group 0 the rest."""
     block_bytes = [block_size * count for count in per_token]
     windowed = range(1, len(needed))
     null_bytes = sum(block_bytes[g] for g in windowed)
     sequence_bytes = sum((needed[g] - 1) * block_bytes[g] for g in windowed)
     room = free - null_bytes - needed[0] * block_bytes[0]
-    fitting = seqs if not sequence_bytes else min(seqs, max(room, 0) // sequence_bytes)
+    fitting = seqs if not sequence_bytes else max(1, min(seqs, room // sequence_bytes))
     counts = [0, *((needed[g] - 1) * fitting + 1 for g in windowed)]
     rest = free - sum(counts[g] * block_bytes[g] for g in windowed)
     counts[0] = max(rest // block_bytes[0], 0) if block_bytes[0] else seqs * (needed[0] - 1) + 1
     return counts
 
 
-def _group_name(windows: Sequence[int | None], group: int) -> str:
-    """Which group a refusal speaks of, when there are several."""
+def _group_name(windows: Sequence[int | None]) -> str:
+    """Which layers a refusal speaks of, when some have a block group of their own."""
     if len(windows) == 1:
         return ""
-    window = windows[group]
-    if window is None:
+    if windows[0] is None:
         return " in its full-attention layers"
-    return f" in its layers with a window of {window}"
+    return f" in its layers with a window of {windows[0]}"
 
 
 def _set_aside(residual_bytes: int, state_bytes: int) -> str:

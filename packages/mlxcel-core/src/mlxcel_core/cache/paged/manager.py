@@ -24,7 +24,7 @@ from mlxcel_core.cache.paged.prefix import (
     KeyedSpan,
     hash_token_blocks,
 )
-from mlxcel_core.cache.paged.prefix_hit import PromptHashes, hit_blocks, longest_hit
+from mlxcel_core.cache.paged.prefix_hit import PromptHashes, hit_blocks, longest_common_hit
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,10 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         keys = _HashKeys(extra, tuple(spans))
         hashes = PromptHashes(token_ids, self._block_size, extra, keys.spans)
-        hit = self._longest_common_hit(hashes) if self.enable_prefix_caching else 0
+        hit = 0
+        if self.enable_prefix_caching:
+            pools = [(group.pool, group.window) for group in self._groups]
+            hit = longest_common_hit(pools, hashes, self._block_size)
         cached = [
             hit_blocks(group.pool, hashes, self._block_size, window=group.window, hit=hit)
             for group in self._groups
@@ -214,19 +217,6 @@ class KVCacheManager:
         self.num_queried_tokens += len(token_ids)
         self.num_hit_tokens += num_cached
         return num_cached
-
-    def _longest_common_hit(self, hashes: PromptHashes) -> int:
-        """The most blocks every group can serve: each group lowers the bound to its own
-        longest hit within it, until a round lowers it no more."""
-        bound = hashes.num_blocks
-        while True:
-            start = bound
-            for group in self._groups:
-                bound = longest_hit(
-                    group.pool, hashes, self._block_size, window=group.window, limit=bound
-                )
-            if bound == start:
-                return bound
 
     def allocate_slots(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
         """Cover positions [0, num_computed + num_new_tokens) before they are written.

@@ -110,6 +110,27 @@ def longest_hit(
     return best
 
 
+def longest_common_hit(
+    groups: Sequence[tuple[BlockPool, int | None]], hashes: PromptHashes, block_size: int
+) -> int:
+    """The most full blocks every group can serve: each group (its pool and window) in
+    turn lowers a common bound to its own longest hit within it, until a round of all
+    of them lowers it no more.
+
+    Args:
+        groups: each block group's pool and window (None: full attention).
+        hashes: the prompt's block hashes.
+        block_size: tokens per block.
+    """
+    bound = hashes.num_blocks
+    while True:
+        start = bound
+        for pool, window in groups:
+            bound = longest_hit(pool, hashes, block_size, window=window, limit=bound)
+        if bound == start:
+            return bound
+
+
 def hit_blocks(
     pool: BlockPool, hashes: PromptHashes, block_size: int, *, window: int | None, hit: int
 ) -> list[KVBlock]:
