@@ -8,9 +8,7 @@ with the same tokens run alone through dense caches.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -29,7 +27,7 @@ from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.generate import LanguageModel
 from mlxcel_models.loading.loader import load_model
 
-from factories import TinyConfig, write_safetensors_model
+from factories import TinyConfig, write_safetensors_model, write_sliding_window_model
 
 BLOCK_SIZE = 4
 FLOAT32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
@@ -483,17 +481,6 @@ def test_copy_on_write_copy_is_needed_for_the_shared_positions(tiny_safetensors)
 
 
 SLIDING_WINDOW = 5
-
-
-def write_sliding_window_model(folder: Path, config: TinyConfig, window: int) -> Path:
-    """A tiny llama folder whose first layer is sliding-window attention (mlx-lm's
-    `layer_types` / `sliding_window` config keys); the second stays full attention."""
-    write_safetensors_model(folder, config)
-    hf_config = json.loads((folder / "config.json").read_text())
-    hf_config["layer_types"] = ["sliding_attention", "full_attention"]
-    hf_config["sliding_window"] = window
-    (folder / "config.json").write_text(json.dumps(hf_config))
-    return folder
 
 
 @pytest.fixture(scope="module")
