@@ -85,6 +85,59 @@ def test_window_mask_keeps_only_the_last_window_size_keys():
     ]
 
 
+def test_a_windowed_batch_reads_each_rows_window_only():
+    """Row 2 (offset 6) under a window of 3 reads positions 4..7 (its first query's
+    window back from 6, through its last): block 9's slots; rows 0 and 1 from 0."""
+    batch = PagedBatch(three_rows(), BLOCK_SIZE, window=3)
+    assert batch.num_keys == 5
+    assert batch.read_slots.tolist() == [
+        [12, 13, 14, 15, 20],
+        [28, 0, 0, 0, 0],
+        [36, 37, 38, 39, 0],
+    ]
+    assert batch.write_slots.tolist() == [14, 15, 20, 28, 0, 0, 38, 39, 0]
+    # The window mask of the unwindowed batch, over each row's keys read.
+    assert batch.mask()[:, 0].astype(mx.int32).tolist() == [
+        [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1]],
+        [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]],
+        [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 1, 1, 1, 0]],
+    ]
+    with pytest.raises(ValueError, match="reads further back than the batch's keys"):
+        batch.mask(window_size=4)
+
+
+@pytest.mark.parametrize("cache_type", ["auto", "turbo4"])
+def test_a_windowed_batch_attends_as_the_window_mask_over_every_key(cache_type):
+    """Chunks and decode rows, past the window: attention over the window's keys only
+    equals attention over every key under the window mask; a row's whole table is still
+    there, as in a group that frees nothing."""
+    rows = [BatchRow([1, 2, 3, 4, 5], 13, 4), BatchRow([6, 7, 8], 10, 1), BatchRow([9], 0, 3)]
+    geometry = LayerGeometry(2, 8, 8, mx.float32)
+    storages = twin_storages(cache_type, geometry, max_blocks=12)
+    outputs = []
+    for storage, window in zip(storages, (5, None), strict=True):
+        storage.ensure_capacity(10)
+        prefill = [BatchRow(row.block_table, 0, row.offset) for row in rows if row.offset]
+        batch = PagedBatch(prefill, BLOCK_SIZE, window=window)
+        cache = PagedLayerCache(storage, 0, batch)
+        B, L = batch.num_rows, batch.num_queries
+        fill = [mx.random.normal((B, 2, L, 8), key=mx.random.key(i)) for i in range(2)]
+        cache.update_and_fetch(*fill)
+        batch = PagedBatch(rows, BLOCK_SIZE, window=window)
+        cache = PagedLayerCache(storage, 0, batch)
+        queries, keys, values = (
+            mx.random.normal((3, 2, 4, 8), key=mx.random.key(10 + i)) for i in range(3)
+        )
+        keys, values = cache.update_and_fetch(keys, values)
+        assert keys.shape[2] == (8 if window else 17)
+        mask = cache.make_mask(4, window_size=5)
+        outputs.append(cache.attention(queries, keys, values, scale=0.5, mask=mask))
+    windowed, full = outputs
+    # Padding queries of rows 1 and 2 aside.
+    for row, num_new in enumerate((4, 1, 3)):
+        assert mx.allclose(windowed[row, :, :num_new], full[row, :, :num_new], **FLOAT32_TOLERANCE)
+
+
 def test_paged_batch_rejects_no_rows_and_short_block_tables():
     with pytest.raises(ValueError, match="at least one row"):
         PagedBatch([], BLOCK_SIZE)
