@@ -21,7 +21,7 @@ from turbo_factories import (
 )
 
 from mlxcel_core.cache.paged import batch as batch_module
-from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache
 from mlxcel_core.kernels import CUDA
 from mlxcel_core.kernels.paged_attention import (
     turbo,

@@ -6,13 +6,10 @@ pools; `PagedBatch` and `PagedLayerCache` let a model's attention read and write
 through the `KVCache` protocol (gather, then attention: the reference path).
 """
 
-from mlxcel_core.cache.paged.batch import (
-    BatchRow,
-    PagedBatch,
-    PagedLayerCache,
-    make_layer_caches,
-)
+from mlxcel_core.cache.paged.batch import BatchRow, PagedBatch
 from mlxcel_core.cache.paged.block_pool import BlockPool, InvariantError, KVBlock
+from mlxcel_core.cache.paged.geometry import LayerGeometry
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache, make_layer_caches
 from mlxcel_core.cache.paged.manager import (
     BlockCopy,
     BlockGroupUsage,
@@ -34,7 +31,7 @@ from mlxcel_core.cache.paged.residual import (
     residual_blocks_per_row,
     residual_dtype,
 )
-from mlxcel_core.cache.paged.storage import LayerGeometry, PagedKVStorage
+from mlxcel_core.cache.paged.storage import PagedKVStorage
 
 __all__ = [
     "BatchRow",

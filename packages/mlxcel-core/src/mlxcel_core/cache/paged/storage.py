@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -14,6 +13,7 @@ from mlxcel_core.cache.paged.centering import (
     store_centered,
     store_parts,
 )
+from mlxcel_core.cache.paged.geometry import LayerGeometry
 from mlxcel_core.cache.paged.manager import BlockCopy
 from mlxcel_core.cache.paged.residual import ResidualPlanner, ResidualSlots, residual_dtype
 from mlxcel_core.cache.quant import (
@@ -21,7 +21,6 @@ from mlxcel_core.cache.quant import (
     KVCodec,
     check_cache_type,
     is_quantized,
-    kv_bytes_per_vector,
     make_kv_codec,
 )
 from mlxcel_core.cache.state import StateLayerGeometry, StatePool
@@ -29,40 +28,6 @@ from mlxcel_core.cache.state import StateLayerGeometry, StatePool
 # Pools grow by at least half their size, so growing to N blocks copies O(N) in total.
 _GROWTH_FACTOR = 1.5
 _MIN_GROWTH_BLOCKS = 16
-
-
-@dataclass(frozen=True)
-class LayerGeometry:
-    """The shape of one attention layer's keys and values.
-
-    Attributes:
-        num_kv_heads: key/value heads (H_kv).
-        key_dim: features per key head (D_k).
-        value_dim: features per value head (D_v).
-        dtype: the dtype the layer produces keys and values in.
-    """
-
-    num_kv_heads: int
-    key_dim: int
-    value_dim: int
-    dtype: mx.Dtype
-
-    def bytes_per_token(self, cache_type_k: str = AUTO, cache_type_v: str = AUTO) -> int:
-        """Key plus value bytes one position takes in this layer, stored as the given types.
-
-        Raises:
-            ValueError: a cache type is unknown or cannot take this layer's head dim.
-        """
-        key_bytes = kv_bytes_per_vector(cache_type_k, self.key_dim, self.dtype)
-        value_bytes = kv_bytes_per_vector(cache_type_v, self.value_dim, self.dtype)
-        return self.num_kv_heads * (key_bytes + value_bytes)
-
-    def exact_bytes_per_token(self, cache_type_k: str, cache_type_v: str) -> int:
-        """Bytes one position's exact copies take in this layer under a residual window:
-        the quantized sides' keys or values in `residual_dtype` of the layer's."""
-        features = is_quantized(cache_type_k) * self.key_dim
-        features += is_quantized(cache_type_v) * self.value_dim
-        return self.num_kv_heads * features * residual_dtype(self.dtype).size
 
 
 # One pool: a layer's keys (or values) as the arrays their codec stores, each (slots, H, W).
