@@ -606,17 +606,17 @@ def test_sliding_window_dense_path_matches_mlx_lm(sliding_models):
 def test_one_row_prefill_chunks_at_rounded_lengths_match_dense(tiny_safetensors, monkeypatch):
     # What CUDA does (`prefill_lengths`), forced here: every chunk after the first starts
     # at an offset, so the rounded keys must stay aligned with the real queries.
-    from mlxcel_core.cache.paged import batch as batch_module
+    from mlxcel_core.cache.paged import layer_cache as layer_cache_module
 
     rounded: list[int] = []
-    attend = batch_module.causal_attention_at_rounded_length
+    attend = layer_cache_module.causal_attention_at_rounded_length
 
     def counted(queries, keys, values, *, scale):
         rounded.append(queries.shape[2])
         return attend(queries, keys, values, scale=scale)
 
-    monkeypatch.setattr(batch_module, "rounds_prefill_lengths", lambda queries, values: True)
-    monkeypatch.setattr(batch_module, "causal_attention_at_rounded_length", counted)
+    monkeypatch.setattr(layer_cache_module, "rounds_prefill_lengths", lambda queries, values: True)
+    monkeypatch.setattr(layer_cache_module, "causal_attention_at_rounded_length", counted)
     model = load_model(tiny_safetensors).model
     harness = PagedHarness(model)
     tokens = random_tokens(3, [150 + 3])[0]
