@@ -163,8 +163,9 @@ class Engine:
     A model whose layers keep a recurrent state (`CacheLayout.has_state`) runs with one
     state slot per running sequence beside the KV pool, without prefix caching (a state
     summarizes its whole prefix in one slot, which no block can share), speculative
-    decoding or disaggregated prefill. A model whose attention layers are all windowed
-    frees each sequence's blocks behind the window (`KVCacheManager`'s sliding window).
+    decoding or disaggregated prefill. A model's sliding-window layers keep their blocks in
+    a block group of their own, which frees each sequence's blocks behind the window
+    (`mlxcel_core.cache.block_groups`); with disaggregated prefill every layer shares one.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
