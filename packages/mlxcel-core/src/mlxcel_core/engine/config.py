@@ -119,18 +119,19 @@ class EngineConfig:
         """Bytes the recurrent state slots take: one slot per running sequence."""
         return self.scheduler.max_num_seqs * state_bytes_per_sequence(profile.state_layers)
 
-    def blocks_per_sequence(self, kv_window: int | None) -> int:
-        """Most blocks one sequence of `context_size` holds at once. With every attention
-        layer windowed (`kv_window` positions), blocks wholly behind the window are freed,
-        so a sequence holds its first block, the window before a step's first new token,
-        and the step's tokens (a prefill chunk, or a token and its drafts)."""
+    def blocks_per_sequence(self, window: int | None) -> int:
+        """Most blocks one sequence of `context_size` holds at once in a block group. In a
+        group of layers with a window of `window` positions, blocks wholly behind the
+        window are freed, so a sequence holds its first block, the window before a step's
+        first new token, and the step's tokens (a prefill chunk, or a token and its
+        drafts); None: every block."""
         whole = math.ceil(self.context_size / self.block_size)
-        if kv_window is None:
+        if window is None:
             return whole
         step_tokens = self.scheduler.max_prefill_chunk
         if self.speculative is not None:
             step_tokens = max(step_tokens, 1 + self.speculative.num_draft_tokens)
-        return min(whole, 2 + math.ceil((kv_window - 1 + step_tokens) / self.block_size))
+        return min(whole, 2 + math.ceil((window - 1 + step_tokens) / self.block_size))
 
 
 def plan_kv_blocks(

@@ -161,19 +161,12 @@ class PagedBatch:
 
         Query i of row b (position offset_b + i) sees the row's keys at positions up to its
         own, and with `window_size` only the last `window_size` of them. A windowed
-        batch's mask is always windowed, by its own window when `window_size` is None.
-
-        Raises:
-            ValueError: `window_size` is wider than a windowed batch's window, whose
-                keys do not reach that far back.
+        batch's mask is always windowed, by its own window when `window_size` is None or
+        wider: its keys reach no further back, as an mlx-lm `RotatingKVCache` of that size
+        holds no more (PLaMo 3 asks its window + 1 of one).
         """
         if self.window is not None:
-            if window_size is not None and window_size > self.window:
-                raise ValueError(
-                    f"window_size {window_size} reads further back than the batch's keys "
-                    f"(a window of {self.window})"
-                )
-            window_size = window_size or self.window
+            window_size = min(window_size or self.window, self.window)
         if window_size not in self._masks:
             keys = self._key_positions[:, None, :]
             queries = np.minimum(self._query_positions, self._lengths[:, None] - 1)[:, :, None]
