@@ -158,6 +158,7 @@ class KVCacheManager:
         *,
         extra: BlockHashExtra = (),
         spans: Sequence[KeyedSpan] = (),
+        use_cached: bool = True,
     ) -> int | None:
         """Give a new sequence its cached prefix plus blocks for `num_new_tokens` more tokens.
 
@@ -177,6 +178,8 @@ class KVCacheManager:
                 their tokens (its images' placeholders), in position order: a block holding
                 any of them is shared only with sequences holding the same spans there (see
                 `block_extra`); blocks holding none hash as without spans.
+            use_cached: False gives the sequence no cached prefix (it computes every token);
+                its full blocks still join the prefix cache as they are committed.
 
         Returns:
             The number of cached tokens (a multiple of `block_size`), or None (nothing
@@ -195,7 +198,7 @@ class KVCacheManager:
         keys = _HashKeys(extra, tuple(spans))
         hashes = PromptHashes(token_ids, self._block_size, extra, keys.spans)
         hit = 0
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and use_cached:
             pools = [(group.pool, group.window) for group in self._groups]
             hit = longest_common_hit(pools, hashes, self._block_size)
         cached = [
