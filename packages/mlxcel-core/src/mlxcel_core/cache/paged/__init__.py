@@ -1,7 +1,8 @@
 """The paged KV cache: a block pool with prefix caching, its arrays, and batched views.
 
 `KVCacheManager` is the bookkeeping (block tables, reference counts, prefix hashes,
-copy-on-write, detach/adopt) and touches no arrays; `PagedKVStorage` holds the per-layer
+copy-on-write, detach/adopt), one pool and table per block group (full attention, each
+sliding window), and touches no arrays; `PagedKVStorage` holds the per-layer
 pools; `PagedBatch` and `PagedLayerCache` let a model's attention read and write them
 through the `KVCache` protocol (gather, then attention: the reference path).
 """

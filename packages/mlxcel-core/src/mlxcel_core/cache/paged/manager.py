@@ -131,25 +131,6 @@ class KVCacheManager:
         """Tokens per block."""
         return self._block_size
 
-    @property
-    def sliding_window(self) -> int | None:
-        """The first group's window (None: it keeps every block)."""
-        return self._groups[0].window
-
-    @property
-    def windows(self) -> tuple[int | None, ...]:
-        """Each group's window, in group order."""
-        return tuple(group.window for group in self._groups)
-
-    @property
-    def num_groups(self) -> int:
-        return len(self._groups)
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks in the first group's pool, including its null block."""
-        return self._groups[0].pool.num_blocks
-
     def admit(
         self,
         seq_id: int,
