@@ -14,7 +14,7 @@ from test_paged_decode_kernel import make_problem, paged_decode_attention_cuda, 
 from turbo_factories import verification
 
 from mlxcel_core.cache.paged import BatchRow, PagedBatch
-from mlxcel_core.cache.paged import batch as batch_module
+from mlxcel_core.cache.paged import layer_cache as layer_cache_module
 from mlxcel_core.kernels import CUDA
 from mlxcel_core.kernels.paged_attention import paged_decode_attention_reference
 
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs g++ to run CUDA 
 def emulated(monkeypatch, tmp_path):
     """The CUDA kernels compiled for and run on CPU threads, and the layer cache
     dispatching to them, while a test runs."""
-    monkeypatch.setattr(batch_module, "decode_kernel_backend", lambda *_: CUDA)
-    monkeypatch.setattr(batch_module, "turbo_decode_kernel_backend", lambda *_: CUDA)
+    monkeypatch.setattr(layer_cache_module, "decode_kernel_backend", lambda *_: CUDA)
+    monkeypatch.setattr(layer_cache_module, "turbo_decode_kernel_backend", lambda *_: CUDA)
     with kernels_built_by(monkeypatch, CUDA, CudaEmulator(tmp_path).cuda_kernel):
         yield
 

@@ -16,7 +16,7 @@ import pytest
 from turbo_factories import verification
 
 from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
-from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache
 from mlxcel_core.engine.config import EngineConfig, make_kv_storage
 from mlxcel_core.engine.memory import ModelProfile
 from mlxcel_core.kernels import CUDA, METAL

@@ -20,8 +20,8 @@ from turbo_factories import (
     written_storage,
 )
 
-from mlxcel_core.cache.paged import batch as batch_module
-from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.cache.paged import layer_cache as layer_cache_module
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache
 from mlxcel_core.kernels import CUDA
 from mlxcel_core.kernels.paged_attention import (
     turbo,
@@ -167,7 +167,7 @@ def test_layer_cache_decodes_from_turbo_pools_as_the_gather_path_does(decode_ker
         launches.append(args[0].shape)
         return turbo_decode_attention_kernel(*args, **kwargs)
 
-    monkeypatch.setattr(batch_module, "turbo_decode_attention_kernel", counted)
+    monkeypatch.setattr(layer_cache_module, "turbo_decode_attention_kernel", counted)
     storage, tables = written_storage(
         LENGTHS,
         num_kv_heads=2,

@@ -28,8 +28,9 @@ class MlxLmLanguageModel:
 
     Args:
         module: an mlx-lm `Model`; where its layout is plain, its `model` attribute, if
-            any, is the decoder body and its `args.tie_word_embeddings` says where the
-            head lives.
+            any, is the decoder body, and its head is its `lm_head` where it has one, else
+            the body's embedding (mlx-lm leaves `lm_head` out of a tied model, or, as
+            Gemma 3 does, removes it when the checkpoint has none).
 
     Raises:
         UnsupportedCacheError: a layer keeps a cache the engine has no kind for.
@@ -40,7 +41,7 @@ class MlxLmLanguageModel:
         # Whether a layer keeps more than one attention cache: the family's, fixed.
         self._hybrid = not mlx_lm_cache_layout(module).is_plain
         self._body = None if self._hybrid else module.get("model")
-        self._tied = self._body is not None and bool(module.args.tie_word_embeddings)
+        self._tied = self._body is not None and "lm_head" not in module
         route_attention_through_caches(module)
 
     @property
