@@ -2,46 +2,106 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel_core.cache import DenseKVCache, KVCache
 from mlxcel_models.cache_attention import route_attention_through_caches
 
+# Tokens of the probe that checks a body/head split against the module's own forward pass.
+_PROBE_TOKENS = (1, 2, 3)
+
 
 class MlxLmLanguageModel:
-    """An mlx-lm decoder (`model.model` body, then a tied or separate LM head).
+    """Any mlx-lm text `Model`, with its LM head run only where logits are needed.
 
-    Runs the body on all positions but the LM head only where logits are needed: during
-    prefill that saves a (L, hidden) x (hidden, vocab) matmul per chunk. Its attention
-    layers let caches that compute attention do so (`route_attention_through_caches`).
+    mlx-lm's families differ in what follows the decoder body (a tied or separate head,
+    logit scaling or soft-capping, a `language_model` wrapper), so the model is first run
+    as its own `__call__` defines it. Where that forward pass equals the decoder body
+    (`model`) followed by the head (`lm_head`, else the tied `embed_tokens`), checked once
+    on a few tokens, prefill computes the head on the last position only: that saves a
+    (L, hidden) x (hidden, vocab) matmul and an (L, vocab) logits array per chunk. Any
+    other family runs its own `__call__` and keeps the last position's logits.
+    Its attention layers let caches that compute attention do so
+    (`route_attention_through_caches`).
 
     Args:
-        module: an mlx-lm `Model` whose `model` attribute is the decoder body and whose
-            `args.tie_word_embeddings` says where the head lives.
+        module: an mlx-lm `Model`, weights loaded.
     """
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self._body = module.model
-        self._tied = bool(module.args.tie_word_embeddings)
+        self.num_caches = len(make_prompt_cache(module))
         route_attention_through_caches(module)
+        probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
+        logits = module(probe, cache=make_prompt_cache(module))
+        self.vocab_size = int(logits.shape[-1])
+        self._split = _body_and_head(module, probe, logits)
 
     @property
     def num_layers(self) -> int:
-        return len(self._body.layers)
+        """Decoder layers (mlx-lm's `layers`)."""
+        return len(self.module.layers)
+
+    @property
+    def splits_head(self) -> bool:
+        """Whether prefill runs the LM head on the last position only."""
+        return self._split is not None
 
     def make_cache(self) -> list[KVCache]:
-        return [DenseKVCache() for _ in range(self.num_layers)]
+        return [DenseKVCache() for _ in range(self.num_caches)]
 
     def __call__(
         self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
     ) -> mx.array:
-        hidden = self._body(tokens, cache=cache)
-        if last_only:
-            hidden = hidden[:, -1:, :]
-        if self._tied:
-            return self._body.embed_tokens.as_linear(hidden)
-        return self.module.lm_head(hidden)
+        if self._split is None:
+            logits = self.module(tokens, cache=cache)
+            return logits[:, -1:, :] if last_only else logits
+        body, head = self._split
+        hidden = body()(tokens, cache=cache)
+        return head(hidden[:, -1:, :] if last_only else hidden)
+
+
+_Split = tuple[Callable[[], nn.Module], Callable[[mx.array], mx.array]]
+
+
+def _body_and_head(module: nn.Module, probe: mx.array, logits: mx.array) -> _Split | None:
+    """The decoder body and LM head of `module` (its own, or its `language_model`'s) when
+    running them in turn gives `logits` on `probe`; None otherwise.
+
+    Both are looked up at each call, so layers replaced later (LoRA, sharding) are used.
+    """
+    language_model = module
+    while isinstance(language_model.get("language_model"), nn.Module):
+        language_model = language_model["language_model"]
+    body = language_model.get("model")
+    if not isinstance(body, nn.Module):
+        return None
+    lm, body_name = language_model, "model"
+
+    def find_body() -> nn.Module:
+        return lm[body_name]
+
+    if isinstance(lm.get("lm_head"), nn.Module):
+
+        def head(hidden: mx.array) -> mx.array:
+            return lm["lm_head"](hidden)
+
+    elif isinstance(body.get("embed_tokens"), nn.Embedding | nn.QuantizedEmbedding):
+
+        def head(hidden: mx.array) -> mx.array:
+            return lm[body_name]["embed_tokens"].as_linear(hidden)
+
+    else:
+        return None
+    try:
+        split_logits = head(find_body()(probe, cache=make_prompt_cache(module)))
+    # A body that is not a plain (tokens, cache) decoder fails in its own way.
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return None
+    if split_logits.shape != logits.shape or not mx.allclose(split_logits, logits).item():
+        return None
+    return find_body, head

@@ -1,11 +1,24 @@
-"""What mlxcel knows about each model family: kind, loading formats, capabilities."""
+"""What mlxcel knows about each model family: kind, loading formats, capabilities.
+
+Text families are mlx-lm's (`mlx_lm_families`): every `model_type` mlx-lm 0.32 loads, with
+what each supports derived from the caches its layers keep (`cache_kinds`). Vision-language
+families are mlxcel-vision's.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
+from mlxcel_models.cache_kinds import ENGINE_CACHE_KINDS, CacheKind
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.gguf_architectures import gguf_architectures, gguf_rope_permuted
+from mlxcel_models.mlx_lm_families import (
+    family_cache_kinds,
+    family_shards_itself,
+    mlx_lm_text_families,
+)
 
 
 class ModelKind(StrEnum):
@@ -19,6 +32,10 @@ class WeightFormat(StrEnum):
     SAFETENSORS = "safetensors"
 
 
+PIPELINE_STAGE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""The families whose body `mlxcel_distributed.pipeline_stage` splits into stages."""
+
+
 @dataclass(frozen=True)
 class FamilyMetadata:
     """One model family as `config.json`'s `model_type` (or GGUF's architecture) names it.
@@ -27,11 +44,13 @@ class FamilyMetadata:
         model_type: the `model_type` / `general.architecture` value.
         kind: text, vision-language or audio.
         formats: weight formats mlxcel loads for this family.
-        supports_adapters: LoRA adapters can be attached.
+        supports_adapters: LoRA adapters can be attached (to its linear layers).
         gguf_rope_permuted: llama.cpp's converter permuted the Q/K rows of this family
             for its interleaved RoPE layout; the loader permutes them back.
         supports_tensor_parallel: its layers can be sharded across devices.
         supports_pipeline_parallel: its layers can be split into stages across devices.
+        cache_kinds: what its layers may keep between tokens (a configuration picks some).
+        mlx_lm_module: the `mlx_lm.models` module that runs a text family; None otherwise.
     """
 
     model_type: str
@@ -41,55 +60,70 @@ class FamilyMetadata:
     gguf_rope_permuted: bool = False
     supports_tensor_parallel: bool = False
     supports_pipeline_parallel: bool = False
+    cache_kinds: frozenset[CacheKind] = frozenset({CacheKind.ATTENTION})
+    mlx_lm_module: str | None = None
+
+    @property
+    def runs_in_engine(self) -> bool:
+        """Whether every kind of layer state it may keep lives in the paged KV cache, so
+        the engine runs it with paged KV, prefix caching and speculative decoding."""
+        return self.cache_kinds <= ENGINE_CACHE_KINDS
+
+    @property
+    def supports_paged_kv(self) -> bool:
+        return self.runs_in_engine
+
+    @property
+    def supports_prefix_caching(self) -> bool:
+        return self.runs_in_engine
+
+    @property
+    def supports_speculative(self) -> bool:
+        return self.runs_in_engine
 
 
-_BOTH = frozenset(WeightFormat)
 _SAFETENSORS_ONLY = frozenset({WeightFormat.SAFETENSORS})
 
-FAMILIES: dict[str, FamilyMetadata] = {
-    family.model_type: family
-    for family in (
-        FamilyMetadata(
-            "llama",
-            ModelKind.TEXT,
-            _BOTH,
-            True,
-            gguf_rope_permuted=True,
-            supports_tensor_parallel=True,
-            supports_pipeline_parallel=True,
-        ),
-        FamilyMetadata(
-            "mistral",
-            ModelKind.TEXT,
-            _SAFETENSORS_ONLY,
-            True,
-            supports_tensor_parallel=True,
-            supports_pipeline_parallel=True,
-        ),
-        FamilyMetadata(
-            "qwen2",
-            ModelKind.TEXT,
-            _BOTH,
-            True,
-            supports_tensor_parallel=True,
-            supports_pipeline_parallel=True,
-        ),
-        FamilyMetadata(
-            "qwen3",
-            ModelKind.TEXT,
-            _BOTH,
-            True,
-            supports_tensor_parallel=True,
-            supports_pipeline_parallel=True,
-        ),
-        FamilyMetadata("llava", ModelKind.VLM, _SAFETENSORS_ONLY, False),
-        FamilyMetadata("llava_next", ModelKind.VLM, _SAFETENSORS_ONLY, False),
-        FamilyMetadata("qwen2_vl", ModelKind.VLM, _SAFETENSORS_ONLY, False),
-        FamilyMetadata("qwen2_5_vl", ModelKind.VLM, _SAFETENSORS_ONLY, False),
-        FamilyMetadata("idefics3", ModelKind.VLM, _SAFETENSORS_ONLY, False),
-        FamilyMetadata("smolvlm", ModelKind.VLM, _SAFETENSORS_ONLY, False),
-    )
+VISION_FAMILIES: dict[str, FamilyMetadata] = {
+    name: FamilyMetadata(name, ModelKind.VLM, _SAFETENSORS_ONLY, False)
+    for name in ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm")
 }
+"""The vision-language families mlxcel-vision loads."""
+
+
+def _text_family(model_type: str, module: str) -> FamilyMetadata:
+    kinds = family_cache_kinds(module)
+    formats = set(_SAFETENSORS_ONLY)
+    if model_type in gguf_architectures():
+        formats.add(WeightFormat.GGUF)
+    runs = kinds <= ENGINE_CACHE_KINDS
+    return FamilyMetadata(
+        model_type,
+        ModelKind.TEXT,
+        frozenset(formats),
+        supports_adapters=True,
+        gguf_rope_permuted=gguf_rope_permuted(model_type),
+        supports_tensor_parallel=runs and family_shards_itself(module),
+        supports_pipeline_parallel=runs and model_type in PIPELINE_STAGE_FAMILIES,
+        cache_kinds=kinds,
+        mlx_lm_module=module,
+    )
+
+
+@functools.cache
+def find_family(model_type: str) -> FamilyMetadata | None:
+    """The family of `model_type`, or None when neither mlx-lm nor mlxcel-vision has it."""
+    if model_type in VISION_FAMILIES:
+        return VISION_FAMILIES[model_type]
+    module = mlx_lm_text_families().get(model_type)
+    return None if module is None else _text_family(model_type, module)
+
+
+def all_families() -> dict[str, FamilyMetadata]:
+    """Every family mlxcel knows, by model type, sorted."""
+    names = sorted({*mlx_lm_text_families(), *VISION_FAMILIES})
+    families = {name: find_family(name) for name in names}
+    return {name: family for name, family in families.items() if family is not None}
 
 
 def family_for(model_type: str, weight_format: WeightFormat) -> FamilyMetadata:
@@ -98,11 +132,14 @@ def family_for(model_type: str, weight_format: WeightFormat) -> FamilyMetadata:
     Raises:
         ModelLoadError: the type is unknown or not loadable from this format.
     """
-    family = FAMILIES.get(model_type)
+    family = find_family(model_type)
     if family is None or weight_format not in family.formats:
-        supported = sorted(t for t, f in FAMILIES.items() if weight_format in f.formats)
+        supported = sorted(
+            name for name, f in all_families().items() if weight_format in f.formats
+        )
+        listed = ", ".join(supported) if len(supported) <= 12 else f"{len(supported)} types"
         raise ModelLoadError(
             f"unsupported model type '{model_type}' for {weight_format.value} files; "
-            f"supported: {', '.join(supported)}"
+            f"supported: {listed} (`mlxcel arch` lists them)"
         )
     return family

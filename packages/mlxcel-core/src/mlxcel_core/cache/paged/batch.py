@@ -251,6 +251,7 @@ class PagedLayerCache:
         self._batch = batch
         self._residual = residual
         self._new_kv: tuple[mx.array, mx.array] | None = None
+        self._returned: tuple[mx.array, mx.array] | None = None
         self._context_fetched = True
 
     @property
@@ -271,8 +272,10 @@ class PagedLayerCache:
             self._new_kv = (keys, values)
         if self._batch.num_queries == 1 and self._layer in self._storage.layers_attending_in_cache:
             self._context_fetched = False
-            return keys, values
-        return self._fetch_context()
+            self._returned = (keys, values)
+        else:
+            self._returned = self._fetch_context()
+        return self._returned
 
     def _fetch_context(self) -> tuple[mx.array, mx.array]:
         residual = self._residual
@@ -313,8 +316,9 @@ class PagedLayerCache:
         *,
         scale: float,
         mask: AttentionMask,
-    ) -> mx.array:
-        """Attention of this pass's queries over the layer's context.
+    ) -> mx.array | None:
+        """Attention of this pass's queries over the layer's context; None where `keys`
+        or `values` are not what `update_and_fetch` returned (`AttentionCache`).
 
         A decode pass (one query per row) under the batch's own unwindowed mask reads the
         pools through the block tables when a kernel serves the device and the pools'
@@ -333,8 +337,11 @@ class PagedLayerCache:
             mask: the mask `make_mask` gave the model.
 
         Returns:
-            (B, H_q, L, D_v) in the queries' dtype.
+            (B, H_q, L, D_v) in the queries' dtype, or None.
         """
+        returned = self._returned
+        if returned is None or keys is not returned[0] or values is not returned[1]:
+            return None
         self._storage.layers_attending_in_cache.add(self._layer)
         if self._decodes_from_pools(mask):
             attended = self._attend_from_pools(queries, scale)

@@ -1,0 +1,163 @@
+"""The text families mlx-lm ships, read from its `mlx_lm/models/` sources (docs/adr/0024).
+
+A module of `mlx_lm.models` is a family when it defines (or imports) both `Model` and
+`ModelArgs`; mlx-lm loads a config.json's `model_type` with the module of that name after
+its `MODEL_REMAPPING`, so each alias there is a family too. The modules that hold the
+language half of a vision-language checkpoint are not text families (`VISION_LANGUAGE`).
+The cache kinds a family may use are read from the `make_cache` methods in its source, so
+nothing here imports the 120-odd model modules (`mlxcel arch` lists them all at once).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import pkgutil
+from pathlib import Path
+
+import mlx_lm.models
+from mlx_lm.models import cache as mlx_lm_cache
+from mlx_lm.utils import MODEL_REMAPPING
+
+from mlxcel_models.cache_kinds import CacheKind, kind_of_cache_class
+
+VISION_LANGUAGE = {
+    "qwen2_vl": "Qwen2-VL; mlxcel-vision loads qwen2_vl and qwen2_5_vl with their images",
+    "qwen3_vl": "the language model of a Qwen3-VL checkpoint",
+    "qwen3_vl_moe": "the language model of a Qwen3-VL MoE checkpoint",
+    "kimi_vl": "the language model of a Kimi-VL checkpoint",
+    "lfm2-vl": "the language model of an LFM2-VL checkpoint",
+    "pixtral": "the language model of a Pixtral checkpoint",
+    "mistral3": "the language model of a Mistral 3 (Mistral Small 3.1+) vision checkpoint",
+}
+"""mlx-lm modules that run only the text half of a vision-language checkpoint, dropping
+its vision tower: loading them as text would silently ignore a user's images."""
+
+_MODELS_DIR = Path(mlx_lm.models.__file__).parent
+
+
+def module_for(model_type: str) -> str:
+    """The mlx-lm module that runs `model_type` (its `MODEL_REMAPPING` applied)."""
+    return MODEL_REMAPPING.get(model_type, model_type)
+
+
+_CLASS = re.compile(r"^class (\w+)\b", re.MULTILINE)
+# `from . import a, b` or `from .x import (names)`, at the top level.
+_RELATIVE_IMPORT = re.compile(r"^from \.(\w*) import (\([^)]*\)|[^\n]*)", re.MULTILINE)
+_NAME = re.compile(r"\b\w+\b")
+
+
+@functools.cache
+def _source(module: str) -> str | None:
+    path = _MODELS_DIR / f"{module}.py"
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _relative_imports(source: str) -> list[tuple[str, set[str]]]:
+    """(module, imported names) per top-level `from .module import ...`; module "" for
+    `from . import ...`."""
+    return [
+        (match[1], set(_NAME.findall(match[2].split("#")[0])) - {"as"})
+        for match in _RELATIVE_IMPORT.finditer(source)
+    ]
+
+
+def is_family_module(module: str) -> bool:
+    """Whether `mlx_lm.models.<module>` defines a model family (`Model` and `ModelArgs`,
+    defined or imported at the top level)."""
+    source = _source(module)
+    if source is None:
+        return False
+    names = set(_CLASS.findall(source))
+    for _, imported in _relative_imports(source):
+        names |= imported
+    return {"Model", "ModelArgs"} <= names
+
+
+@functools.cache
+def mlx_lm_text_families() -> dict[str, str]:
+    """Every text `model_type` mlx-lm loads, with the module that runs it, by name."""
+    modules = {info.name for info in pkgutil.iter_modules([str(_MODELS_DIR)])}
+    families = {
+        name: name for name in modules if name not in VISION_LANGUAGE and is_family_module(name)
+    }
+    for alias, module in MODEL_REMAPPING.items():
+        if module in families:
+            families[alias] = module
+    return dict(sorted(families.items()))
+
+
+def _imported_model_modules(source: str) -> set[str]:
+    """mlx-lm modules this one takes a model from: `from . import x` or `from .x import
+    <...Model...>`."""
+    modules = set()
+    for module, names in _relative_imports(source):
+        if not module:
+            modules |= names
+        elif any("Model" in name for name in names):
+            modules.add(module)
+    return modules
+
+
+def _make_cache_bodies(source: str) -> list[str]:
+    """The source of every `def make_cache` in a module, each up to its dedent."""
+    lines = source.splitlines()
+    bodies = []
+    for start, line in enumerate(lines):
+        stripped = line.lstrip()
+        if not stripped.startswith("def make_cache("):
+            continue
+        indent = len(line) - len(stripped)
+        end = start + 1
+        while end < len(lines) and (
+            not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
+        ):
+            end += 1
+        bodies.append("\n".join(lines[start:end]))
+    return bodies
+
+
+@functools.cache
+def family_cache_kinds(module: str) -> frozenset[CacheKind]:
+    """The cache kinds a family's models may use, from the classes its `make_cache`
+    methods name (mlx-lm's default, a `KVCache` per layer, where it defines none).
+
+    A module whose `make_cache` only hands on to another model's (a checkpoint's
+    `language_model`), or that defines none but takes its model from another module,
+    has that module's kinds. A configuration picks some of them: a llama model has
+    sliding-window layers only when its config asks for them.
+    """
+    source = _source(module)
+    if source is None:
+        return frozenset()
+    local_classes = set(_CLASS.findall(source))
+    kinds: set[CacheKind] = set()
+    for body in _make_cache_bodies(source):
+        for name in set(_NAME.findall(body)):
+            known = getattr(mlx_lm_cache, name, None)
+            if isinstance(known, type) and known.__module__ == mlx_lm_cache.__name__:
+                kinds.add(kind_of_cache_class(known))
+            elif name in local_classes and name.endswith("Cache"):
+                kinds.add(CacheKind.OTHER)
+    if not kinds:
+        for other in sorted(_imported_model_modules(source)):
+            if other != module and is_family_module(other):
+                kinds |= family_cache_kinds(other)
+    return frozenset(kinds or {CacheKind.ATTENTION})
+
+
+@functools.cache
+def family_shards_itself(module: str) -> bool:
+    """Whether the family's `Model` splits itself over a distributed group (mlx-lm's
+    `shard(group)`, which tensor parallelism calls), defined in its module or in the
+    module it takes its model from."""
+    source = _source(module)
+    if source is None:
+        return False
+    if "def shard(" in source:
+        return True
+    return any(
+        other != module and family_shards_itself(other)
+        for other in _imported_model_modules(source)
+        if is_family_module(other)
+    )
