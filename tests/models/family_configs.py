@@ -111,8 +111,8 @@ TEXT_ARGS: dict[str, tuple[str, str]] = {
 # Families whose tiny models otherwise repeat their last input token (see `amplify_layers`).
 LAYER_GAIN: dict[str, float] = {
     name: 3.0
-    for name in ("afm7", "cohere", "cohere2", "gemma", "gemma2", "gemma3n", "lille-130m",
-                 "openelm")
+    for name in ("afm7", "cohere", "cohere2", "gemma", "gemma2", "gemma3n", "gpt2", "hunyuan",
+                 "lille-130m", "openelm")
 } | {"phi3small": 5.0}
 # Families whose embedding, scaled with a tied LM head, would outweigh normalized layer
 # outputs: their logits are sharpened less (default 4).

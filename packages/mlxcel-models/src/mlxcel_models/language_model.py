@@ -38,6 +38,10 @@ class MlxLmLanguageModel:
         route_attention_through_caches(module)
         probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
         logits = module(probe, cache=make_prompt_cache(module))
+        # Evaluating the probe also materializes arrays the model computed lazily when it
+        # was built (RoPE tables), which a graph evaluated on another thread (the engine's)
+        # could not evaluate: MLX streams belong to the thread that made them.
+        mx.eval(logits)
         self.vocab_size = int(logits.shape[-1])
         self._split = _body_and_head(module, probe, logits)
 

@@ -294,6 +294,13 @@ class PagedLayerCache:
                 values = residual.with_new_positions(values, new_values)
         return keys, values
 
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """Each row's whole context after this pass's `update_and_fetch`, for layers that
+        attend over another layer's keys and values (mlx-lm's KV-sharing families)."""
+        if self._context_fetched and self._returned is not None:
+            return self._returned
+        return self._fetch_context()
+
     def make_mask(
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
     ) -> AttentionMask:
