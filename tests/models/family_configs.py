@@ -163,6 +163,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "glm_moe_dsa": {"index_head_dim": 16, "index_n_heads": 2, "index_topk": 4,
                     "topk_method": "noaux_tc", "scoring_func": "sigmoid",
                     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}},
+    "gpt2": {"num_key_value_heads": None},
     "gpt_neox": {"rotary_emb_base": 10000.0, "rotary_pct": 0.5},
     "granite": {"logits_scaling": 2.0, "attention_multiplier": 0.25,
                 "embedding_multiplier": 4.0, "residual_multiplier": 0.5},

@@ -17,6 +17,7 @@ from mlxcel_models.loading.gguf_architectures import gguf_architectures, gguf_ro
 from mlxcel_models.mlx_lm_families import (
     family_cache_kinds,
     family_shards_itself,
+    family_stores_latent_kv,
     mlx_lm_text_families,
 )
 
@@ -51,6 +52,8 @@ class FamilyMetadata:
         supports_pipeline_parallel: its layers can be split into stages across devices.
         cache_kinds: what its layers may keep between tokens (a configuration picks some).
         mlx_lm_module: the `mlx_lm.models` module that runs a text family; None otherwise.
+        stores_latent_kv: its attention stores multi-head latent attention's compressed KV
+            (one latent "head" per layer) instead of per-head keys and values.
     """
 
     model_type: str
@@ -62,6 +65,7 @@ class FamilyMetadata:
     supports_pipeline_parallel: bool = False
     cache_kinds: frozenset[CacheKind] = frozenset({CacheKind.ATTENTION})
     mlx_lm_module: str | None = None
+    stores_latent_kv: bool = False
 
     @property
     def runs_in_engine(self) -> bool:
@@ -107,6 +111,7 @@ def _text_family(model_type: str, module: str) -> FamilyMetadata:
         supports_pipeline_parallel=runs and model_type in PIPELINE_STAGE_FAMILIES,
         cache_kinds=kinds,
         mlx_lm_module=module,
+        stores_latent_kv=family_stores_latent_kv(module),
     )
 
 

@@ -161,3 +161,24 @@ def family_shards_itself(module: str) -> bool:
         for other in _imported_model_modules(source)
         if is_family_module(other)
     )
+
+
+_LATENT_UPDATE = re.compile(r"update_and_fetch\(\s*kv_latent\b")
+
+
+@functools.cache
+def family_stores_latent_kv(module: str) -> bool:
+    """Whether the family's attention stores multi-head latent attention's compressed KV
+    (`update_and_fetch(kv_latent, k_pe)`: one latent "head" of kv_lora_rank features as
+    the key and the RoPE part as the value) rather than per-head keys and values; as
+    `family_shards_itself`, also from the module it takes its model from."""
+    source = _source(module)
+    if source is None:
+        return False
+    if _LATENT_UPDATE.search(source):
+        return True
+    return any(
+        other != module and family_stores_latent_kv(other)
+        for other in _imported_model_modules(source)
+        if is_family_module(other)
+    )

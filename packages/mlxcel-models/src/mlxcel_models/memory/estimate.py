@@ -82,11 +82,15 @@ def activation_dtype(inventory: ModelInventory, options: ComputeOptions) -> mx.D
 
 
 def kv_layers(inventory: ModelInventory, options: ComputeOptions) -> tuple[LayerGeometry, ...]:
-    """Each attention layer's key/value geometry, as the engine's profiling pass records it."""
+    """Each attention layer's key/value geometry, as the engine's profiling pass records it
+    (`Architecture.kv_geometry` for multi-head latent attention). Sliding-window layers
+    count whole contexts, as the paged cache keeps them today."""
     arch = inventory.architecture
-    geometry = LayerGeometry(
-        arch.num_kv_heads, arch.head_dim, arch.head_dim, activation_dtype(inventory, options)
-    )
+    dtype = activation_dtype(inventory, options)
+    if arch.kv_geometry is not None:
+        geometry = LayerGeometry(*arch.kv_geometry, dtype)
+    else:
+        geometry = LayerGeometry(arch.num_kv_heads, arch.head_dim, arch.head_dim, dtype)
     return (geometry,) * arch.num_layers
 
 
