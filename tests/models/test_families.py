@@ -13,9 +13,9 @@ import pkgutil
 import mlx.core as mx
 import mlx_lm.models
 import pytest
+from family_configs import write_family_model
 from mlx_lm.utils import MODEL_REMAPPING
 
-from family_configs import write_family_model
 from mlxcel.flags import UsageError
 from mlxcel.parallel_modes import TENSOR_PARALLEL
 from mlxcel_core.engine.memory import profile_model
@@ -78,7 +78,7 @@ def test_a_recurrent_family_is_refused_in_one_line(tmp_path):
 
 def test_tensor_parallel_on_a_family_that_cannot_shard_is_a_usage_error(tmp_path):
     inventory = read_model_inventory(write_family_model(tmp_path / "gemma", "gemma"))
-    with pytest.raises(UsageError, match="^--tp: the gemma family does not support tensor"):
+    with pytest.raises(UsageError, match=r"^--tp: the gemma family does not support tensor"):
         TENSOR_PARALLEL.check_model(inventory, 2)
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from family_configs import write_family_model
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
-from family_configs import write_family_model
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue, SchedulerConfig
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
@@ -49,8 +49,7 @@ KNOWN_FAILURES: dict[str, str] = {
     "olmo": "mlx-lm's module exits unless the ai2-olmo package is installed",
     "prism_hadamard_qwen35": "it loads only 2-bit Hadamard-rotated weight packs (a "
     "checkpoint format), and its qwen3_5 layers keep recurrent state",
-    "muse_spark": "the tiny config is not accepted yet (mlx-lm refuses dense feed-forward "
-    "layers)",
+    "muse_spark": "the tiny config is not accepted yet (mlx-lm refuses dense feed-forward layers)",
 }
 # Families mlx-lm itself cannot run on this machine (skipped: they crash or need Metal).
 PLATFORM_SKIPS: dict[str, str] = {

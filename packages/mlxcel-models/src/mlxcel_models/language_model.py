@@ -34,7 +34,6 @@ class MlxLmLanguageModel:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.num_caches = len(make_prompt_cache(module))
         route_attention_through_caches(module)
         probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
         logits = module(probe, cache=make_prompt_cache(module))
@@ -56,7 +55,9 @@ class MlxLmLanguageModel:
         return self._split is not None
 
     def make_cache(self) -> list[KVCache]:
-        return [DenseKVCache() for _ in range(self.num_caches)]
+        """One dense cache per cache mlx-lm's `make_cache` gives the module (per layer,
+        as the module's layers are now: a shallow draft may have dropped some)."""
+        return [DenseKVCache() for _ in make_prompt_cache(self.module)]
 
     def __call__(
         self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False

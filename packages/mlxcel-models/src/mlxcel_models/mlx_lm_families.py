@@ -11,8 +11,8 @@ nothing here imports the 120-odd model modules (`mlxcel arch` lists them all at 
 from __future__ import annotations
 
 import functools
-import re
 import pkgutil
+import re
 from pathlib import Path
 
 import mlx_lm.models

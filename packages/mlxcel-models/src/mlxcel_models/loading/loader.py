@@ -145,9 +145,7 @@ def _evaluate_weights(module: nn.Module, progress: LoadProgress | None) -> None:
     mx.eval(module.parameters())
 
 
-def _model_config(
-    module: nn.Module, model: MlxLmLanguageModel, context_length: int
-) -> ModelConfig:
+def _model_config(module: nn.Module, model: MlxLmLanguageModel, context_length: int) -> ModelConfig:
     return ModelConfig(
         context_length=context_length,
         vocab_size=model.vocab_size,
