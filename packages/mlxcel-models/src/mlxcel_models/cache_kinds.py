@@ -23,19 +23,38 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from mlxcel_core.cache.layout import CacheLayout, LayerCacheKind
+from mlxcel_core.cache.layout import CacheKind, CacheLayout, LayerCacheKind
 from mlxcel_core.cache.state import CompositeCache, StateCache
+from mlxcel_models.errors import ModelLoadError
 
 
-class UnsupportedCacheError(ValueError):
+class UnsupportedCacheError(ModelLoadError):
     """An mlx-lm model keeps a cache mlxcel's engine has no kind for."""
 
 
+# The mlx-lm cache class of each kind. Exact types: a subclass may keep something else
+# (a chunked or quantized cache).
+_CLASS_OF_KIND = {
+    CacheKind.ATTENTION: KVCache,
+    CacheKind.SLIDING_WINDOW: RotatingKVCache,
+    CacheKind.STATE: ArraysCache,
+}
+_KIND_OF_CLASS = {cache_class: kind for kind, cache_class in _CLASS_OF_KIND.items()}
+
+
+def kind_of_cache_class(cache_class: type) -> CacheKind | None:
+    """The kind of part an mlx-lm cache class keeps; None for a class with no kind here.
+    `CacheList` is no kind of its own: its parts each have theirs."""
+    return _KIND_OF_CLASS.get(cache_class)
+
+
 def _part_kind(cache: object, layer: int) -> LayerCacheKind:
-    # Exact types: a subclass may keep something else (a chunked or quantized cache).
-    if type(cache) is KVCache:
-        return LayerCacheKind.attention()
-    if type(cache) is RotatingKVCache:
+    if kind_of_cache_class(type(cache)) is None:
+        raise UnsupportedCacheError(
+            f"layer {layer} keeps a {type(cache).__name__}, which mlxcel's engine has no "
+            "cache kind for"
+        )
+    if isinstance(cache, RotatingKVCache):
         if cache.keep:
             raise UnsupportedCacheError(
                 f"layer {layer} keeps its first {cache.keep} positions beside a window "
@@ -43,11 +62,9 @@ def _part_kind(cache: object, layer: int) -> LayerCacheKind:
                 "does not"
             )
         return LayerCacheKind.sliding_window(cache.max_size)
-    if type(cache) is ArraysCache:
+    if isinstance(cache, ArraysCache):
         return LayerCacheKind.state(len(cache.cache))
-    raise UnsupportedCacheError(
-        f"layer {layer} keeps a {type(cache).__name__}, which mlxcel's engine has no cache kind for"
-    )
+    return LayerCacheKind.attention()
 
 
 def mlx_lm_cache_layout(module: nn.Module) -> CacheLayout:

@@ -15,7 +15,7 @@ a state of N arrays.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -28,6 +28,18 @@ class CacheKind(StrEnum):
     ATTENTION = "attention"
     SLIDING_WINDOW = "sliding_window"
     STATE = "state"
+
+    @property
+    def stores_kv(self) -> bool:
+        """Whether a part of this kind keeps keys and values in the paged pool."""
+        return self is not CacheKind.STATE
+
+    @property
+    def can_rewind(self) -> bool:
+        """Whether a part of this kind can be read as of an earlier position (a shared
+        prefix's block boundary, the token before a rejected draft): keys and values keep
+        each position apart; a recurrent state has absorbed every token it saw."""
+        return self is not CacheKind.STATE
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,7 @@ class LayerCacheKind:
     @property
     def stores_kv(self) -> bool:
         """Whether the part keeps keys and values in the paged pool."""
-        return self.kind is not CacheKind.STATE
+        return self.kind.stores_kv
 
 
 LayerCache = tuple[LayerCacheKind, ...]
@@ -143,18 +155,20 @@ class CacheLayout:
         the paged storage's layers, one to one."""
         return all(len(parts) == 1 and parts[0].stores_kv for parts in self.layers)
 
+    @cached_property
+    def kinds(self) -> frozenset[CacheKind]:
+        """The kinds of the model's parts."""
+        return frozenset(part.kind for part in self.parts)
+
     @property
     def supports_prefix_caching(self) -> bool:
-        """Whether sequences may share cached prefix blocks: not when a layer keeps a
-        recurrent state, which summarizes the whole prefix in one slot that no block
-        boundary can hand to another sequence."""
-        return not self.has_state
+        """Whether sequences may share cached prefix blocks (`prefix_caching_with`)."""
+        return prefix_caching_with(self.kinds)
 
     @property
     def supports_speculative_decoding(self) -> bool:
-        """Whether rejected draft tokens can be rolled back: not through a recurrent
-        state, which has absorbed them."""
-        return not self.has_state
+        """Whether rejected draft tokens can be rolled back (`speculative_decoding_with`)."""
+        return speculative_decoding_with(self.kinds)
 
     @cached_property
     def kv_window(self) -> int | None:
@@ -165,6 +179,25 @@ class CacheLayout:
         if not attention or any(part.kind is CacheKind.ATTENTION for part in attention):
             return None
         return max(part.window_size or 0 for part in attention)
+
+
+def prefix_caching_with(kinds: Iterable[CacheKind]) -> bool:
+    """Whether a model whose layers keep `kinds` can share cached prefix blocks between
+    sequences: not when a part keeps a recurrent state, which summarizes the whole prefix
+    in one slot that no block boundary can hand to another sequence."""
+    return all(kind.can_rewind for kind in kinds)
+
+
+def speculative_decoding_with(kinds: Iterable[CacheKind]) -> bool:
+    """Whether a model whose layers keep `kinds` can roll rejected draft tokens back: not
+    through a recurrent state, which has absorbed them."""
+    return all(kind.can_rewind for kind in kinds)
+
+
+def pipeline_stages_with(kinds: Iterable[CacheKind]) -> bool:
+    """Whether a model whose layers keep `kinds` can be split into pipeline stages: the
+    stages hold attention layers only (their paged KV), no state slots."""
+    return all(kind.stores_kv for kind in kinds)
 
 
 @runtime_checkable

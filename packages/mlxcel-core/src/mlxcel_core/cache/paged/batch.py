@@ -93,14 +93,22 @@ class PagedBatch:
     Args:
         rows: the rows, at least one.
         block_size: tokens per block.
+        scalar_offset: the layers' caches give `offset` as an int (one row only), for
+            models that read it as one integer.
 
     Raises:
-        ValueError: `rows` is empty, or a row's block table is too short.
+        ValueError: `rows` is empty, a row's block table is too short, or
+            `scalar_offset` is asked of several rows.
     """
 
-    def __init__(self, rows: Sequence[BatchRow], block_size: int) -> None:
+    def __init__(
+        self, rows: Sequence[BatchRow], block_size: int, *, scalar_offset: bool = False
+    ) -> None:
         if not rows:
             raise ValueError("rows must hold at least one row")
+        if scalar_offset and len(rows) != 1:
+            raise ValueError(f"scalar_offset needs one row, got {len(rows)}")
+        self.scalar_offset = rows[0].offset if scalar_offset else None
         self.num_rows = len(rows)
         self.num_queries = max(row.num_new_tokens for row in rows)
         self.num_keys = max(row.offset + row.num_new_tokens for row in rows)
@@ -244,7 +252,8 @@ class PagedLayerCache:
     """One layer's view of the paged cache during one forward pass (the `KVCache` and
     `AttentionCache` protocols).
 
-    `offset` is a (B,) int32 array, which RoPE applies per row; `update_and_fetch` stores the
+    `offset` is a (B,) int32 array, which RoPE applies per row (an int in a batch made with
+    `scalar_offset`); `update_and_fetch` stores the
     new keys and values in their slots, then returns each row's whole context. In a decode
     pass of a layer in the storage's `layers_attending_in_cache` it returns only the new
     positions instead, and `attention` gathers the context if no kernel reads the pools:
@@ -265,11 +274,13 @@ class PagedLayerCache:
         self._batch = batch
         self._residual = residual
         self._new_kv: tuple[mx.array, mx.array] | None = None
+        self._returned: tuple[mx.array, mx.array] | None = None
         self._context_fetched = True
 
     @property
-    def offset(self) -> mx.array:
-        return self._batch.offsets
+    def offset(self) -> mx.array | int:
+        batch = self._batch
+        return batch.offsets if batch.scalar_offset is None else batch.scalar_offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         B, H, L, _ = keys.shape
@@ -288,8 +299,10 @@ class PagedLayerCache:
             and self._layer in self._storage.layers_attending_in_cache
         ):
             self._context_fetched = False
-            return keys, values
-        return self._fetch_context()
+            self._returned = (keys, values)
+        else:
+            self._returned = self._fetch_context()
+        return self._returned
 
     def _fetch_context(self) -> tuple[mx.array, mx.array]:
         residual = self._residual
@@ -307,6 +320,13 @@ class PagedLayerCache:
             if exact_values:
                 values = residual.with_new_positions(values, new_values)
         return keys, values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """Each row's whole context after this pass's `update_and_fetch`, for layers that
+        attend over another layer's keys and values (mlx-lm's KV-sharing families)."""
+        if self._context_fetched and self._returned is not None:
+            return self._returned
+        return self._fetch_context()
 
     def make_mask(
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
@@ -330,8 +350,9 @@ class PagedLayerCache:
         *,
         scale: float,
         mask: AttentionMask,
-    ) -> mx.array:
-        """Attention of this pass's queries over the layer's context.
+    ) -> mx.array | None:
+        """Attention of this pass's queries over the layer's context; None where `keys`
+        or `values` are not what `update_and_fetch` returned (`AttentionCache`).
 
         A pass of up to `MAX_QUERIES_PER_ROW` queries per row (decode; a speculative
         verification; a short prefill chunk) under the batch's own unwindowed causal mask
@@ -352,8 +373,11 @@ class PagedLayerCache:
             mask: the mask `make_mask` gave the model.
 
         Returns:
-            (B, H_q, L, D_v) in the queries' dtype.
+            (B, H_q, L, D_v) in the queries' dtype, or None.
         """
+        returned = self._returned
+        if returned is None or keys is not returned[0] or values is not returned[1]:
+            return None
         self._storage.layers_attending_in_cache.add(self._layer)
         if self._decodes_from_pools(mask):
             attended = self._attend_from_pools(queries, scale)

@@ -1,0 +1,123 @@
+"""Every mlx-lm text family through mlxcel's engine gives mlx-lm's own greedy tokens.
+
+For each family (`mlx_lm_text_families`), a tiny random-weight model (`family_configs`) is
+saved as a safetensors folder and loaded twice: by mlx-lm (`generate_step`, the reference)
+and by mlxcel's loader, whose model runs on the continuous-batching engine over the paged
+KV cache. The engine's 32 greedy tokens must equal mlx-lm's for a prompt alone, for the
+same prompt again (its full blocks now prefix-cache hits), and for three prompts of other
+lengths batched together. The prompts are longer than the sliding window the configs give
+window layers, and than the prefill chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from family_configs import write_family_model
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model as mlx_lm_load_model
+
+from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue, SchedulerConfig
+from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.sampling import SamplingParams
+from mlxcel_models.loading.loader import load_model
+from mlxcel_models.metadata import find_family
+from mlxcel_models.mlx_lm_families import mlx_lm_text_families
+
+NUM_TOKENS = 32
+CONTEXT_SIZE = 64
+TIMEOUT = 60.0
+PROMPT = tuple(range(40, 53))
+BATCH = (tuple(range(60, 67)), tuple(range(90, 111)), tuple(range(130, 140)))
+# Families that do not match, with the reason (strict: a family that starts to pass fails).
+KNOWN_FAILURES: dict[str, str] = {
+    "iquestloopcoder": "its loop attention (a second pass over the first pass's keys with a "
+    "window cache) differs from mlx-lm after a few decode steps; not yet understood",
+    "plamo3": "its window mask spans window_size + 1 positions while its mlx-lm "
+    "RotatingKVCache keeps window_size, so mlx-lm's decode sees one key fewer than the "
+    "mask allows; the paged cache follows the mask",
+    "olmo": "mlx-lm's module exits unless the ai2-olmo package is installed",
+    "prism_hadamard_qwen35": "it loads only 2-bit Hadamard-rotated weight packs (a "
+    "checkpoint format), and its qwen3_5 layers keep recurrent state",
+    "muse_spark": "the tiny config is not accepted yet (mlx-lm refuses dense feed-forward layers)",
+}
+# Families mlx-lm itself cannot run on this machine (skipped: they crash or need Metal).
+PLATFORM_SKIPS: dict[str, str] = {
+    "bitnet": "BitLinear layers use a Metal-only kernel (mx.fast.metal_kernel)",
+    "phi3small": "mlx-lm's block-sparse attention crashes the process on the CPU",
+}
+
+
+class NullDetokenizer:
+    def add_token(self, token_id: int) -> str:
+        return ""
+
+    def finalize(self) -> str:
+        return ""
+
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    if name in KNOWN_FAILURES:
+        return [pytest.mark.xfail(reason=KNOWN_FAILURES[name], strict=True)]
+    if name in PLATFORM_SKIPS and not mx.metal.is_available():
+        return [pytest.mark.skip(reason=PLATFORM_SKIPS[name])]
+    return []
+
+
+def _params(names: Sequence[str]) -> list:
+    return [pytest.param(name, marks=_marks(name)) for name in names]
+
+
+def mlx_lm_tokens(folder: Path, prompt: Sequence[int]) -> list[int]:
+    """mlx-lm's greedy tokens for `prompt` on its own load of `folder`."""
+    module, _ = mlx_lm_load_model(folder)
+    steps = generate_step(mx.array(prompt), module, max_tokens=NUM_TOKENS,
+                          prompt_cache=make_prompt_cache(module))  # fmt: skip
+    return [int(token) for token, _ in steps]
+
+
+def engine_tokens(engine: Engine, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The engine's greedy tokens for `prompts`, submitted together."""
+    generation = GenerationConfig(context_size=CONTEXT_SIZE, max_tokens=NUM_TOKENS)
+    requests = [
+        EngineRequest(tuple(prompt), SamplingParams(temperature=0.0), generation,
+                      NullDetokenizer(), index=i)
+        for i, prompt in enumerate(prompts)
+    ]  # fmt: skip
+    sink = OutputQueue()
+    engine.submit(requests, sink)
+    tokens: list[list[int]] = [[] for _ in prompts]
+    finished = 0
+    while finished < len(prompts):
+        output = sink.get(timeout=TIMEOUT)
+        assert output.error is None, f"request {output.index} failed: {output.error!r}"
+        if output.token_id is not None:
+            tokens[output.index].append(output.token_id)
+        finished += output.finished
+    return tokens
+
+
+@pytest.mark.parametrize("model_type", _params(list(mlx_lm_text_families())))
+def test_engine_matches_mlx_lm(model_type, tmp_path):
+    folder = write_family_model(tmp_path / model_type, model_type)
+    model = load_model(folder).model
+    expected = {prompt: mlx_lm_tokens(folder, prompt) for prompt in (PROMPT, *BATCH)}
+    assert len(set(expected[PROMPT])) >= 4, "the reference repeats itself; sharpen the config"
+    config = EngineConfig(
+        SchedulerConfig(max_num_seqs=4, max_prefill_chunk=8),
+        context_size=CONTEXT_SIZE,
+        block_size=4,
+        num_kv_blocks=96,
+    )
+    engine = Engine(model, config)
+    try:
+        assert engine_tokens(engine, [PROMPT]) == [expected[PROMPT]], "alone"
+        if find_family(model_type).supports_prefix_caching:
+            assert engine_tokens(engine, [PROMPT]) == [expected[PROMPT]], "warm prefix cache"
+        assert engine_tokens(engine, BATCH) == [expected[p] for p in BATCH], "batched"
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
