@@ -39,6 +39,8 @@ LAYER_GAIN: dict[str, float] = {
         "gemma3n",
         "gpt2",
         "hunyuan",
+        "lfm2",
+        "lfm2_moe",
         "lille-130m",
         "openelm",
     )
@@ -406,6 +408,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "linear_key_head_dim": 16,
         "linear_value_head_dim": 16,
         "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
     },
     "recurrent_gemma": {
         "conv1d_width": 4,

@@ -1,9 +1,9 @@
 """Families come from mlx-lm's own modules, and say what each supports.
 
 Tiny folders of real families (`family_configs`) check the parts that read a model: a
-family whose cache has no kind in the engine is refused in one line, `--tp` on a family that cannot shard is a usage
-error, and the memory preflight sizes each layer's KV as the engine's profiling pass
-records it (a latent "head" for multi-head latent attention).
+family whose cache has no kind in the engine is refused in one line, `--tp` on a family
+that cannot shard is a usage error, and the memory preflight sizes each layer's KV as the
+engine's profiling pass records it (a latent "head" for multi-head latent attention).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from mlx_lm.utils import MODEL_REMAPPING
 
 from mlxcel.flags import UsageError
 from mlxcel.parallel_modes import TENSOR_PARALLEL
-from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.cache.layout import CacheKind
+from mlxcel_core.engine.memory import profile_model
 from mlxcel_models.cache_kinds import UnsupportedCacheError
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError

@@ -11,7 +11,8 @@ only into an `ArraysCache`) and the several parts of a layer as a `CacheList`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,6 +25,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlxcel_core.cache.layout import CacheKind, CacheLayout, LayerCacheKind
+from mlxcel_core.cache.protocol import AttentionCache, AttentionMask
 from mlxcel_core.cache.state import CompositeCache, StateCache
 from mlxcel_models.errors import ModelLoadError
 
@@ -88,14 +90,28 @@ def mlx_lm_cache_layout(module: nn.Module) -> CacheLayout:
     return CacheLayout(tuple(layers))
 
 
+def mlx_lm_cache_lists(module: nn.Module) -> frozenset[int]:
+    """The layers of an mlx-lm model whose cache is a `CacheList` (one part or several),
+    which the model indexes (`cache[0]`) however many parts it holds."""
+    return frozenset(
+        index for index, cache in enumerate(make_prompt_cache(module)) if type(cache) is CacheList
+    )
+
+
 class _StateArraysCache(ArraysCache):
-    """An mlxcel `StateCache` behind mlx-lm's `ArraysCache` interface: indexing, `lengths`,
-    `advance` and `make_mask` go to the wrapped cache."""
+    """An mlxcel `StateCache` behind mlx-lm's `ArraysCache` interface: indexing, unpacking,
+    `lengths`, `advance` and `make_mask` go to the wrapped cache."""
 
     def __init__(self, state: StateCache) -> None:
         self._state = state
         self.lengths = state.lengths
         self.left_padding = None
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def __iter__(self) -> Iterator[mx.array | None]:
+        return (self._state[index] for index in range(len(self._state)))
 
     def __getitem__(self, index: int) -> mx.array | None:
         return self._state[index]
@@ -110,15 +126,63 @@ class _StateArraysCache(ArraysCache):
         return self._state.make_mask(num_queries)
 
 
-def _as_mlx_lm_cache(cache: object) -> object:
+class _ListedKVCache:
+    """An attention part of a `CacheList` as mlx-lm's `KVCache` shows it: besides the
+    cache protocol (handed to the wrapped cache), `keys` and `values` hold what the last
+    `update_and_fetch` returned, as models with an indexer read them off the cache
+    (DeepSeek V3.2's and MiniMax-M3's indexers, which also set them to shed their values
+    or keep them in the graph: a paged cache has already stored them)."""
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    @property
+    def offset(self) -> Any:
+        return self._cache.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys, self.values = self._cache.update_and_fetch(keys, values)
+        return self.keys, self.values
+
+    def make_mask(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cache.make_mask(*args, **kwargs)
+
+
+class _ListedAttentionCache(_ListedKVCache):
+    """A `_ListedKVCache` over a cache that computes attention (`AttentionCache`)."""
+
+    def attention(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        *,
+        scale: float,
+        mask: AttentionMask,
+    ) -> mx.array | None:
+        return self._cache.attention(queries, keys, values, scale=scale, mask=mask)
+
+
+def _as_mlx_lm_part(cache: object) -> object:
+    if isinstance(cache, StateCache):
+        return _StateArraysCache(cache)
+    if isinstance(cache, AttentionCache):
+        return _ListedAttentionCache(cache)
+    return _ListedKVCache(cache)
+
+
+def _as_mlx_lm_cache(cache: object, listed: bool) -> object:
     if isinstance(cache, StateCache):
         return _StateArraysCache(cache)
     if isinstance(cache, CompositeCache):
-        return CacheList(*(_as_mlx_lm_cache(part) for part in cache.parts))
-    return cache
+        return CacheList(*(_as_mlx_lm_part(part) for part in cache.parts))
+    return CacheList(_as_mlx_lm_part(cache)) if listed else cache
 
 
-def as_mlx_lm_caches(caches: Sequence[object]) -> list[object]:
+def as_mlx_lm_caches(caches: Sequence[object], lists: frozenset[int] = frozenset()) -> list[object]:
     """The engine's per-layer caches as mlx-lm's layers expect them: state caches as
-    `ArraysCache`s, composite ones as `CacheList`s, attention caches as they are."""
-    return [_as_mlx_lm_cache(cache) for cache in caches]
+    `ArraysCache`s, composite ones and those of the layers in `lists`
+    (`mlx_lm_cache_lists`) as `CacheList`s, other attention caches as they are."""
+    return [_as_mlx_lm_cache(cache, index in lists) for index, cache in enumerate(caches)]

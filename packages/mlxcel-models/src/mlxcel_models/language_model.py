@@ -11,7 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxcel_core.cache import DenseKVCache, KVCache
 from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_models.cache_attention import route_attention_through_caches
-from mlxcel_models.cache_kinds import as_mlx_lm_caches, mlx_lm_cache_layout
+from mlxcel_models.cache_kinds import as_mlx_lm_caches, mlx_lm_cache_layout, mlx_lm_cache_lists
 
 # Tokens of the probe that checks a body/head split against the module's own forward pass.
 _PROBE_TOKENS = (1, 2, 3)
@@ -45,8 +45,10 @@ class MlxLmLanguageModel:
     def __init__(self, module: nn.Module, *, batches_rows: bool = True) -> None:
         self.module = module
         self.batches_rows = batches_rows
-        # Whether a layer keeps more than one attention cache: the family's, fixed.
-        self._plain = mlx_lm_cache_layout(module).is_plain
+        # Whether every layer keeps one attention cache, handed to it as it is: the
+        # family's, fixed. Other layers get theirs as mlx-lm's (`as_mlx_lm_caches`).
+        self._lists = mlx_lm_cache_lists(module)
+        self._plain = mlx_lm_cache_layout(module).is_plain and not self._lists
         route_attention_through_caches(module)
         probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
         logits = module(probe, cache=make_prompt_cache(module))
@@ -85,7 +87,7 @@ class MlxLmLanguageModel:
         self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
     ) -> mx.array:
         if not self._plain:
-            cache = as_mlx_lm_caches(cache)  # type: ignore[assignment]
+            cache = as_mlx_lm_caches(cache, self._lists)  # type: ignore[assignment]
         if self._split is None:
             logits = self.module(tokens, cache=cache)
             return logits[:, -1:, :] if last_only else logits

@@ -148,9 +148,8 @@ def family_cache_classes(module: str) -> frozenset[str]:
     for body in _make_cache_bodies(source):
         for name in set(_NAME.findall(body)):
             known = getattr(mlx_lm_cache, name, None)
-            if isinstance(known, type) and known.__module__ == mlx_lm_cache.__name__:
-                classes.add(name)
-            elif name in local_classes and name.endswith("Cache"):
+            mlx_lms = isinstance(known, type) and known.__module__ == mlx_lm_cache.__name__
+            if mlx_lms or (name in local_classes and name.endswith("Cache")):
                 classes.add(name)
     classes.discard(mlx_lm_cache.CacheList.__name__)
     if not classes:

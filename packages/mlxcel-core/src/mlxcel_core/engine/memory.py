@@ -76,6 +76,9 @@ class _RecordingStateCache(StateCache):
     def __init__(self, num_arrays: int) -> None:
         self._values: list[mx.array | None] = [None] * num_arrays
 
+    def __len__(self) -> int:
+        return len(self._values)
+
     def __getitem__(self, index: int) -> mx.array | None:
         return self._values[index]
 
