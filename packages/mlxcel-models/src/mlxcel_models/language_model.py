@@ -11,7 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxcel_core.cache import DenseKVCache, KVCache
 from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_models.cache_attention import route_attention_through_caches
-from mlxcel_models.cache_kinds import as_mlx_lm_caches, mlx_lm_cache_layout, mlx_lm_cache_lists
+from mlxcel_models.cache_kinds import mlx_lm_cache_layout, mlx_lm_caches
 
 # Tokens of the probe that checks a body/head split against the module's own forward pass.
 _PROBE_TOKENS = (1, 2, 3)
@@ -30,7 +30,7 @@ class MlxLmLanguageModel:
     the last position's logits. Its attention layers let caches that compute attention do
     so (`route_attention_through_caches`); what each layer keeps (`cache_layout`) comes
     from mlx-lm's own caches for it, and the engine's caches for layers that keep more
-    than keys and values reach the model as mlx-lm's (`as_mlx_lm_caches`).
+    than keys and values reach the model as mlx-lm's (`MlxLmCaches.as_mlx_lm`).
 
     Args:
         module: an mlx-lm `Model`, weights loaded.
@@ -45,10 +45,9 @@ class MlxLmLanguageModel:
     def __init__(self, module: nn.Module, *, batches_rows: bool = True) -> None:
         self.module = module
         self.batches_rows = batches_rows
-        # Whether every layer keeps one attention cache, handed to it as it is: the
-        # family's, fixed. Other layers get theirs as mlx-lm's (`as_mlx_lm_caches`).
-        self._lists = mlx_lm_cache_lists(module)
-        self._plain = mlx_lm_cache_layout(module).is_plain and not self._lists
+        # The family's, fixed: whether the engine's caches reach the model as they are.
+        self._caches = mlx_lm_caches(module)
+        self._plain = self._caches.fit_as_they_are
         route_attention_through_caches(module)
         probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
         logits = module(probe, cache=make_prompt_cache(module))
@@ -76,8 +75,8 @@ class MlxLmLanguageModel:
         return mlx_lm_cache_layout(self.module)
 
     def make_cache(self) -> list[KVCache]:
-        """A dense KV cache per layer; mlx-lm's own caches for a model with layers that
-        keep a recurrent state or several caches."""
+        """A dense KV cache per layer; mlx-lm's own caches for a model whose caches the
+        engine's do not fit as they are (`MlxLmCaches.fit_as_they_are`)."""
         caches = make_prompt_cache(self.module)
         if not self._plain:
             return caches
@@ -87,7 +86,7 @@ class MlxLmLanguageModel:
         self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
     ) -> mx.array:
         if not self._plain:
-            cache = as_mlx_lm_caches(cache, self._lists)  # type: ignore[assignment]
+            cache = self._caches.as_mlx_lm(cache)  # type: ignore[assignment]
         if self._split is None:
             logits = self.module(tokens, cache=cache)
             return logits[:, -1:, :] if last_only else logits

@@ -40,6 +40,7 @@ ONE_CONTEXT_PER_PASS = {
     "gpt_bigcode": "its learned position embeddings are indexed by the cache offset as "
     "one integer (np.arange)",
     "afm7": "its KV-reuse layers take their query positions from the context's length",
+    "llama4": "it builds its chunked-attention mask from the first cache's offset as one integer",
 }
 """mlx-lm modules whose models assume one context per forward pass, with the reason: the
 engine runs each of their rows as a pass of its own (`batches_rows`)."""

@@ -1,7 +1,9 @@
 """What each layer of a model keeps between forward passes: its cache kind.
 
 Most layers are attention layers over the paged KV pool: full attention, which reads every
-earlier position, or sliding-window attention, which reads only the last `window_size`.
+earlier position, sliding-window attention, which reads only the last `window_size`, or
+chunked attention, which reads the earlier positions of its own chunk of `window_size`
+(a window aligned to chunk boundaries: Llama 4's local layers).
 Recurrent layers (Mamba's selective scan, gated delta nets, RWKV, short convolutions) keep
 instead a few fixed-size state arrays per sequence, which the engine holds in state slots
 beside the pool. A hybrid block may hold several caches at once (mlx-lm's `CacheList`,
@@ -9,8 +11,8 @@ e.g. a convolution state beside an attention layer's keys and values): its layer
 several parts.
 
 The kinds follow mlx-lm's cache classes (`mlx_lm/models/cache.py`): `KVCache` is full
-attention, `RotatingKVCache(max_size=W)` a window of W positions, `ArraysCache(size=N)`
-a state of N arrays.
+attention, `RotatingKVCache(max_size=W)` a window of W positions, `ChunkedKVCache(W)`
+chunks of W positions, `ArraysCache(size=N)` a state of N arrays.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class CacheKind(StrEnum):
 
     ATTENTION = "attention"
     SLIDING_WINDOW = "sliding_window"
+    CHUNKED = "chunked"
     STATE = "state"
 
     @property
@@ -47,9 +50,9 @@ class LayerCacheKind:
     """One cache part of a layer.
 
     Attributes:
-        kind: full attention, sliding-window attention or recurrent state.
-        window_size: positions a sliding-window layer attends to (its own included);
-            None for the other kinds.
+        kind: full, sliding-window or chunked attention, or recurrent state.
+        window_size: positions a sliding-window layer attends to (its own included), or
+            a chunked layer's chunk; None for the other kinds.
         num_arrays: state arrays a state layer reads and writes by index (`cache[i]`);
             0 for the other kinds.
 
@@ -62,10 +65,11 @@ class LayerCacheKind:
     num_arrays: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind is CacheKind.SLIDING_WINDOW:
+        if self.kind in (CacheKind.SLIDING_WINDOW, CacheKind.CHUNKED):
             if self.window_size is None or self.window_size < 1:
                 raise ValueError(
-                    f"a sliding-window layer needs window_size >= 1, got {self.window_size}"
+                    f"a {self.kind.value.replace('_', '-')} layer needs window_size >= 1, "
+                    f"got {self.window_size}"
                 )
         elif self.window_size is not None:
             raise ValueError(f"a {self.kind.value} layer takes no window_size")
@@ -82,6 +86,10 @@ class LayerCacheKind:
     @classmethod
     def sliding_window(cls, window_size: int) -> LayerCacheKind:
         return cls(CacheKind.SLIDING_WINDOW, window_size=window_size)
+
+    @classmethod
+    def chunked(cls, chunk_size: int) -> LayerCacheKind:
+        return cls(CacheKind.CHUNKED, window_size=chunk_size)
 
     @classmethod
     def state(cls, num_arrays: int) -> LayerCacheKind:
@@ -151,8 +159,8 @@ class CacheLayout:
 
     @cached_property
     def is_plain(self) -> bool:
-        """Every layer is one attention part (full or windowed): the model's cache list is
-        the paged storage's layers, one to one."""
+        """Every layer is one attention part (full, windowed or chunked): the model's cache
+        list is the paged storage's layers, one to one."""
         return all(len(parts) == 1 and parts[0].stores_kv for parts in self.layers)
 
     @cached_property
@@ -173,8 +181,9 @@ class CacheLayout:
     @cached_property
     def kv_window(self) -> int | None:
         """Positions back from the newest that any attention part still reads: the
-        largest window when every attention part is windowed, else None (a full-attention
-        part reads every position, or there is no attention part at all)."""
+        largest window (or chunk, whose positions a query reads at most) when every
+        attention part is windowed or chunked, else None (a full-attention part reads
+        every position, or there is no attention part at all)."""
         attention = self.attention_parts
         if not attention or any(part.kind is CacheKind.ATTENTION for part in attention):
             return None
