@@ -140,18 +140,18 @@ def fill_zero_matrices(module: nn.Module) -> None:
     )
 
 
-def amplify_layers(module: nn.Module, gain: float) -> None:
+def amplify_layers(module: nn.Module, gain: float, vocab_size: int = VOCAB_SIZE) -> None:
     """Scale every other matrix by `gain`, so the layers' updates outweigh a token's own
     embedding (with tied embeddings and small updates, a random model repeats its input)."""
     module.update(
         tree_map(
-            lambda a: a * gain if a.ndim >= 2 and a.shape[0] != VOCAB_SIZE else a,
+            lambda a: a * gain if a.ndim >= 2 and a.shape[0] != vocab_size else a,
             module.parameters(),
         )
     )
 
 
-def sharpen_logits(module: nn.Module, factor: float) -> None:
+def sharpen_logits(module: nn.Module, factor: float, vocab_size: int = VOCAB_SIZE) -> None:
     """Scale every vocabulary-sized matrix (embedding tables, LM heads) by `factor`.
 
     Random tiny models have nearly uniform next-token distributions, so two correct
@@ -159,7 +159,7 @@ def sharpen_logits(module: nn.Module, factor: float) -> None:
     the winner well clear of the runner-up without changing which model runs.
     """
     scaled = tree_map(
-        lambda a: a * factor if a.ndim == 2 and a.shape[0] == VOCAB_SIZE else a,
+        lambda a: a * factor if a.ndim == 2 and a.shape[0] == vocab_size else a,
         module.parameters(),
     )
     module.update(scaled)
@@ -177,8 +177,9 @@ def write_family_model(folder: Path, model_type: str, *, seed: int = 0) -> Path:
     module.update(tree_map(lambda a: a.astype(mx.float32), module.parameters()))
     fill_zero_matrices(module)
     name = module_name(model_type)
-    amplify_layers(module, LAYER_GAIN.get(name, 1.0))
-    sharpen_logits(module, LOGIT_SHARPENING.get(name, 4.0))
+    vocab_size = config.get("vocab_size", VOCAB_SIZE)
+    amplify_layers(module, LAYER_GAIN.get(name, 1.0), vocab_size)
+    sharpen_logits(module, LOGIT_SHARPENING.get(name, 4.0), vocab_size)
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(module.parameters())))
     (folder / "config.json").write_text(json.dumps(config))

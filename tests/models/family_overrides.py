@@ -47,7 +47,7 @@ LAYER_GAIN: dict[str, float] = {
 } | {"phi3small": 5.0}
 # Families whose embedding, scaled with a tied LM head, would outweigh normalized layer
 # outputs: their logits are sharpened less (default 4).
-LOGIT_SHARPENING: dict[str, float] = {"gemma2": 0.5, "gemma3n": 0.5}
+LOGIT_SHARPENING: dict[str, float] = {"gemma2": 0.5, "gemma3n": 0.5, "phi3small": 1.0}
 
 _SLIDING_THEN_FULL = ["sliding_attention", "full_attention"]
 _QWEN3_5_TEXT = {
@@ -341,6 +341,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
             "output_multiplier": 1.0,
             "moe_hidden_size": 32,
             "mlp_layer_types": ["sparse", "sparse"],
+            # mlx-lm's module refuses shared (dense) experts.
+            "num_shared_experts": 0,
         }
     },
     "nemotron": {"hidden_act": "relu2"},
@@ -380,7 +382,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "num_kv_heads": [2, 2],
         "ffn_multipliers": [1.0, 1.5],
     },
+    # Its LM head masks token ids from 100256 on by index, so its vocabulary must reach
+    # past them (an index outside the logits corrupts memory on the CPU); narrow layers
+    # keep the embedding small.
     "phi3small": {
+        "vocab_size": 100352,
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
         "dense_attention_every_n_layers": 2,
         "ff_intermediate_size": 96,
         "gegelu_limit": 20.0,

@@ -19,13 +19,14 @@ from mlx_lm.utils import MODEL_REMAPPING
 from mlxcel.flags import UsageError
 from mlxcel.parallel_modes import TENSOR_PARALLEL
 from mlxcel_core.cache.layout import CacheKind
+from mlxcel_core.cache.state import state_bytes_per_sequence
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_models.cache_kinds import UnsupportedCacheError
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_architectures import gguf_model_types
 from mlxcel_models.loading.loader import load_model
-from mlxcel_models.memory import kv_layers, read_model_inventory
+from mlxcel_models.memory import ContextRequest, estimate_memory, kv_layers, read_model_inventory
 from mlxcel_models.metadata import ModelKind, WeightFormat, all_families, family_for
 from mlxcel_models.mlx_lm_families import VISION_LANGUAGE, mlx_lm_text_families
 
@@ -96,3 +97,14 @@ def test_the_preflight_sizes_kv_as_the_engine_records_it(model_type, tmp_path):
     estimated = kv_layers(read_model_inventory(folder), options)
     profiled = profile_model(load_model(folder, compute=options).model, 4).layers
     assert estimated == profiled
+
+
+def test_the_preflight_of_a_family_without_attention_counts_its_states(tmp_path):
+    """Mamba's config has no head counts; its estimate holds no KV, and the state per
+    sequence the engine's profiling pass records."""
+    folder = write_family_model(tmp_path / "mamba", "mamba")
+    options = ComputeOptions(float_dtype=mx.float32)
+    estimate = estimate_memory(read_model_inventory(folder), ContextRequest(64), options)
+    profile = profile_model(load_model(folder, compute=options).model, 4)
+    assert profile.layers == () and estimate.kv_cache == 0
+    assert estimate.states == state_bytes_per_sequence(profile.state_layers) > 0

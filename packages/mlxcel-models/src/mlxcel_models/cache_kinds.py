@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -36,6 +37,10 @@ from mlxcel_models.errors import ModelLoadError
 
 class UnsupportedCacheError(ModelLoadError):
     """An mlx-lm model keeps a cache mlxcel's engine has no kind for."""
+
+    def of_model(self, path: str | Path, model_type: str) -> UnsupportedCacheError:
+        """The same refusal, naming the model's files and type."""
+        return UnsupportedCacheError(f"{path}: mlxcel cannot run this {model_type} model: {self}")
 
 
 # The mlx-lm cache class of each kind. Exact types: a subclass may keep something else

@@ -54,6 +54,8 @@ class AttentionCache(Protocol):
     unchanged. A model that attends with other keys or values than those (multi-head
     latent attention projects its stored latent first) is declined: `attention` returns
     None, the model attends by itself, and the layer keeps getting its whole context.
+    Keys and values another layer's cache of the same pass returned are attended over in
+    full (that layer's whole context), where a model hands them to this layer's cache.
     Attention with sinks must not be routed to the cache.
     """
 

@@ -73,9 +73,7 @@ def load_model(
     try:
         model = MlxLmLanguageModel(module, batches_rows=read.family.batches_rows)
     except UnsupportedCacheError as error:
-        raise UnsupportedCacheError(
-            f"{source.path}: mlxcel cannot run this {source.model_type} model: {error}"
-        ) from error
+        raise error.of_model(source.path, source.model_type) from error
     config = _model_config(module, model, read.context_length)
     seconds = time.perf_counter() - start
     return LoadedModel(

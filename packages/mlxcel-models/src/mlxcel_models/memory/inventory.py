@@ -57,7 +57,7 @@ class Architecture:
         num_layers: decoder layers, each with one attention layer.
         hidden_size: width of the residual stream.
         intermediate_size: width of the MLP.
-        num_heads: query heads.
+        num_heads: query heads (0 for a family without attention layers).
         num_kv_heads: key/value heads.
         head_dim: features per key and per value head.
         vocab_size: rows of the embedding table.
@@ -210,14 +210,22 @@ def _hyperparameter(config: dict[str, Any], name: str) -> Any:
     return _hyperparameter(text_config, name) if isinstance(text_config, dict) else None
 
 
-def _architecture(config: dict[str, Any], *, latent: bool = False) -> Architecture:
+def _architecture(
+    config: dict[str, Any], *, latent: bool = False, attention: bool = True
+) -> Architecture:
+    """The header's numbers; a family without attention layers (`attention` False: Mamba,
+    RWKV) may have no head counts, and then has none."""
+
     def required(name: str) -> int:
         value = _hyperparameter(config, name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise KeyError(name)
         return value
 
-    num_heads = required("num_attention_heads")
+    if attention or _hyperparameter(config, "num_attention_heads") is not None:
+        num_heads = required("num_attention_heads")
+    else:
+        num_heads = 0
     hidden_size = required("hidden_size")
     kv_geometry = _latent_attention_geometry(config, num_heads, hidden_size, latent=latent)
     num_kv_heads = _hyperparameter(config, "num_key_value_heads")
@@ -227,7 +235,7 @@ def _architecture(config: dict[str, Any], *, latent: bool = False) -> Architectu
         intermediate_size=int(_hyperparameter(config, "intermediate_size") or 4 * hidden_size),
         num_heads=num_heads,
         num_kv_heads=int(num_kv_heads if isinstance(num_kv_heads, int) else num_heads),
-        head_dim=int(_hyperparameter(config, "head_dim") or hidden_size // num_heads),
+        head_dim=int(_hyperparameter(config, "head_dim") or hidden_size // max(num_heads, 1)),
         vocab_size=required("vocab_size"),
         context_length=int(_hyperparameter(config, "max_position_embeddings") or 4096),
         kv_geometry=kv_geometry,
@@ -303,7 +311,9 @@ def _read_safetensors(
                     f"{file}: tensor '{name}' has no usable dtype/shape"
                 ) from error
     try:
-        architecture = _architecture(config, latent=family.stores_latent_kv)
+        architecture = _architecture(
+            config, latent=family.stores_latent_kv, attention=family.supports_paged_kv
+        )
     except (KeyError, TypeError, ValueError) as error:
         raise ModelLoadError(
             f"{source.path / 'config.json'} lacks a hyperparameter: {error}"

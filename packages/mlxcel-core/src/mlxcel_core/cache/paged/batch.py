@@ -268,8 +268,11 @@ class PagedLayerCache:
         layer: int,
         batch: PagedBatch,
         residual: ResidualSlots | None = None,
+        *,
+        siblings: Sequence[PagedLayerCache] = (),
     ) -> None:
         self._storage = storage
+        self._siblings = siblings
         self._layer = layer
         self._batch = batch
         self._residual = residual
@@ -377,7 +380,10 @@ class PagedLayerCache:
         """
         returned = self._returned
         if returned is None or keys is not returned[0] or values is not returned[1]:
-            return None
+            context = self._sibling_context(keys, values)
+            if context is None:
+                return None
+            return mx.fast.scaled_dot_product_attention(queries, *context, scale=scale, mask=mask)
         self._storage.layers_attending_in_cache.add(self._layer)
         if self._decodes_from_pools(mask):
             attended = self._attend_from_pools(queries, scale)
@@ -395,6 +401,19 @@ class PagedLayerCache:
         ):
             return causal_attention_at_rounded_length(queries, keys, values, scale=scale)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    def _sibling_context(
+        self, keys: mx.array, values: mx.array
+    ) -> tuple[mx.array, mx.array] | None:
+        """The whole context of the layer of this pass whose `update_and_fetch` returned
+        `keys` and `values` (perhaps its new positions only), where a model attends over
+        another layer's keys through this layer (IQuest-Loop-Coder's second loop attends
+        over the first loop's); None where no layer returned them."""
+        for cache in self._siblings:
+            returned = cache._returned
+            if returned is not None and keys is returned[0] and values is returned[1]:
+                return cache.keys_and_values()
+        return None
 
     def _groups_by_length(self, mask: AttentionMask) -> bool:
         """Attend by length groups: on the CPU, where they were measured to pay (a GPU
@@ -513,6 +532,9 @@ def make_layer_caches(storage: PagedKVStorage, batch: PagedBatch) -> list[PagedL
     """One view per layer, for the model's `cache` argument; plans the pass's residual
     blocks, so call it once per pass, in the order the passes write."""
     residual = batch.residual_slots(storage)
-    return [
-        PagedLayerCache(storage, layer, batch, residual) for layer in range(len(storage.layers))
-    ]
+    caches: list[PagedLayerCache] = []
+    caches.extend(
+        PagedLayerCache(storage, layer, batch, residual, siblings=caches)
+        for layer in range(len(storage.layers))
+    )
+    return caches
