@@ -1,9 +1,10 @@
 """`mlxcel arch`: the model architectures mlxcel loads, and what each supports.
 
 Read from the models package's family metadata (`mlxcel_models.metadata.all_families`):
-the text families are mlx-lm's, each with the caches its layers keep; a family whose
-layers keep state the engine cannot store yet says no to paged KV, prefix caching and
-speculative decoding, and its load is refused with the reason.
+the text families are mlx-lm's, each with the caches its layers keep and what the engine
+does with them: no prefix caching, speculative decoding or pipeline stages with recurrent
+state; a cache class of the family's own is named, and its load is refused with the
+reason.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TextIO
 
 from mlxcel.flags import Flag, add_command, resolve_defaults
 from mlxcel.tables import format_table
+from mlxcel_core.cache.layout import CacheKind
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, all_families
 
 FLAGS = (
@@ -52,7 +54,7 @@ def _row(family: FamilyMetadata) -> tuple[str, ...]:
         family.model_type,
         ", ".join(INPUTS[family.kind]),
         ", ".join(sorted(family.formats)),
-        ", ".join(sorted(family.cache_kinds)),
+        ", ".join(_layers(family)),
         _yes_no(family.supports_paged_kv),
         _yes_no(family.supports_prefix_caching),
         _yes_no(family.supports_speculative),
@@ -68,7 +70,7 @@ def _as_json(family: FamilyMetadata) -> dict[str, object]:
         "inputs": list(INPUTS[family.kind]),
         "formats": sorted(family.formats),
         "mlx_lm_module": family.mlx_lm_module,
-        "layers": sorted(family.cache_kinds),
+        "layers": _layers(family),
         "paged_kv": family.supports_paged_kv,
         "prefix_caching": family.supports_prefix_caching,
         "speculative": family.supports_speculative,
@@ -76,6 +78,22 @@ def _as_json(family: FamilyMetadata) -> dict[str, object]:
         "tensor_parallel": family.supports_tensor_parallel,
         "pipeline_parallel": family.supports_pipeline_parallel,
     }
+
+
+# What each cache kind keeps, as the LAYERS column says it.
+_KIND_NAMES = {
+    CacheKind.ATTENTION: "attention",
+    CacheKind.SLIDING_WINDOW: "sliding window",
+    CacheKind.CHUNKED: "chunked attention",
+    CacheKind.STATE: "recurrent state",
+}
+
+
+def _layers(family: FamilyMetadata) -> list[str]:
+    """What the family's layers may keep: its cache kinds, then any cache class of its
+    own (which the engine has no kind for)."""
+    kinds = [_KIND_NAMES[kind] for kind in CacheKind if kind in family.cache_kinds]
+    return kinds + [f"{name} (own class)" for name in sorted(family.unknown_caches)]
 
 
 def _yes_no(supported: bool) -> str:

@@ -1,4 +1,4 @@
-"""The text families mlx-lm ships, read from its `mlx_lm/models/` sources (docs/adr/0020).
+"""The text families mlx-lm ships, read from its `mlx_lm/models/` sources (docs/adr/0025).
 
 A module of `mlx_lm.models` is a family when it defines (or imports) both `Model` and
 `ModelArgs`; mlx-lm loads a config.json's `model_type` with the module of that name after
