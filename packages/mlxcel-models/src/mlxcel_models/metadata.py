@@ -154,7 +154,7 @@ def family_for(model_type: str, weight_format: WeightFormat) -> FamilyMetadata:
     family = find_family(model_type)
     if family is None or weight_format not in family.formats:
         supported = sorted(name for name, f in all_families().items() if weight_format in f.formats)
-        listed = ", ".join(supported) if len(supported) <= 12 else f"{len(supported)} types"
+        listed = ", ".join(supported) if len(supported) <= 30 else f"{len(supported)} types"
         raise ModelLoadError(
             f"unsupported model type '{model_type}' for {weight_format.value} files; "
             f"supported: {listed} (`mlxcel arch` lists them)"
