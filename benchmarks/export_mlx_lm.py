@@ -25,8 +25,9 @@ from mlx_lm.utils import save_config, save_model
 
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
-from mlxcel_models.loading.gguf_file import read_gguf
-from mlxcel_models.loading.gguf_model import ROPE_FACTORS_TENSOR, gguf_model_config
+from mlxcel_models.loading.gguf_file import read_gguf_header
+from mlxcel_models.loading.gguf_model import gguf_model_config
+from mlxcel_models.loading.gguf_names import ROPE_FACTOR_TENSORS
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.metadata import WeightFormat
 
@@ -76,10 +77,10 @@ def export_gguf(
     loaded = load_model(gguf_path, compute=ComputeOptions())
     if loaded.source.weight_format is not WeightFormat.GGUF:
         raise ValueError(f"gguf_path must be a GGUF file, got {gguf_path}")
-    contents = read_gguf(loaded.source.path)
-    if ROPE_FACTORS_TENSOR in contents.tensors:
+    header = read_gguf_header(loaded.source.path, arrays=True)
+    if ROPE_FACTOR_TENSORS & set(header.tensors):
         raise ValueError(f"{gguf_path}: RoPE frequency factors cannot be exported to mlx-lm")
-    config = gguf_model_config(contents.metadata, set(contents.tensors), loaded.family)
+    config = gguf_model_config(header, loaded.source.path)
     config["eos_token_id"] = sorted(loaded.tokenizer.eos_token_ids)
     module = loaded.model.module
     if num_layers is not None:

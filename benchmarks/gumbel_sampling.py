@@ -1,5 +1,5 @@
 """The final draw of the sampler, three ways, on the default device:
-- kernel: `gumbel_max_sample_cuda`, one fused launch (CUDA devices only; skipped elsewhere);
+- kernel: `gumbel_max_sample_kernel`, one fused launch (CUDA devices only; skipped elsewhere);
 - reference: `gumbel_max_sample_reference`, the same draw in plain MLX operations;
 - categorical: `mx.random.categorical` vmapped over per-row keys, as `sample_batch` draws.
 
@@ -13,15 +13,16 @@ calls evaluated together; printed per call in µs, with categorical / kernel.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
 from mlxcel_core.autotune.harness import measure_interleaved
+from mlxcel_core.kernels import kernel_backend
 from mlxcel_core.kernels.gumbel_sampling import (
-    gumbel_max_sample_cuda,
+    gumbel_max_sample_kernel,
     gumbel_max_sample_reference,
-    uses_gumbel_kernel,
 )
 
 Draw = Callable[[mx.array, mx.array, mx.array], mx.array]
@@ -58,8 +59,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     draws: dict[str, Draw] = {}
-    if uses_gumbel_kernel(mx.default_device()):
-        draws["kernel"] = gumbel_max_sample_cuda
+    backend = kernel_backend(mx.default_device())
+    if backend is not None:
+        draws["kernel"] = functools.partial(gumbel_max_sample_kernel, backend=backend)
     draws["reference"] = gumbel_max_sample_reference
     draws["categorical"] = categorical_rows
 

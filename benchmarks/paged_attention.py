@@ -28,12 +28,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from mlxcel_core.kernels import CUDA
 from mlxcel_core.kernels.paged_attention import (
     paged_decode_attention,
-    paged_decode_attention_cuda,
+    paged_decode_attention_kernel,
     paged_decode_attention_reference,
 )
-from mlxcel_core.kernels.paged_attention.cuda import num_partitions_for
+from mlxcel_core.kernels.paged_attention.grid import num_partitions_for
+
+paged_decode_attention_cuda = functools.partial(paged_decode_attention_kernel, backend=CUDA)
 
 BLOCK_SIZE = 16
 # (query heads, KV heads, head dim) of the model shapes in benchmarks/random_model.py.

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 from paged_attention import time_call
 
-from mlxcel_core.kernels.quantized_matvec import MAX_ROWS, quantized_matvec_cuda
+from mlxcel_core.kernels import CUDA
+from mlxcel_core.kernels.quantized_matvec import MAX_ROWS, quantized_matvec_kernel
 
 # (outputs, inputs) of the 8B shape's gate/up, down, q/o and k/v projections.
 SHAPES = {
@@ -59,8 +60,8 @@ def tactics_for(x: mx.array, dense: list[mx.array], quantized: list[tuple]) -> d
         return x @ mx.dequantize(*q, group_size=GROUP_SIZE, bits=BITS).astype(x.dtype).T
 
     def kernel(q, per_block):
-        return quantized_matvec_cuda(
-            x, *q, group_size=GROUP_SIZE, bits=BITS, rows_per_block=per_block
+        return quantized_matvec_kernel(
+            x, *q, group_size=GROUP_SIZE, bits=BITS, backend=CUDA, rows_per_block=per_block
         )
 
     quantized_bytes = sum(a.nbytes for a in quantized[0])
@@ -88,7 +89,7 @@ def kernel_error(x: mx.array, quantized: tuple) -> float:
         weight, scales.astype(mx.float32), biases.astype(mx.float32),
         group_size=GROUP_SIZE, bits=BITS,
     ).T  # fmt: skip
-    out = quantized_matvec_cuda(x, *quantized, group_size=GROUP_SIZE, bits=BITS)
+    out = quantized_matvec_kernel(x, *quantized, group_size=GROUP_SIZE, bits=BITS, backend=CUDA)
     return (mx.abs(out - exact).max() / mx.abs(exact).max()).item()
 
 

@@ -2,7 +2,7 @@
 
 Rows of `--context` positions are written into `PagedKVStorage` pools by one prefill pass
 (keys centered past the first block, as the engine stores them), then timed:
-- turbo kernel: `turbo_decode_attention_cuda` reading the codes as stored;
+- turbo kernel: `turbo_decode_attention_kernel` reading the codes as stored;
 - turbo gather then attend: decode every row's keys and values (`PagedKVStorage.gather`),
   then `mx.fast.scaled_dot_product_attention`, the path without the kernel;
 - turbo write: encoding and storing each row's new key and value;

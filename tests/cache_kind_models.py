@@ -9,7 +9,11 @@ Each has an untied LM head (a tied one makes a random model repeat its last toke
 - `falcon_h1`: each layer a Mamba-2 mixer beside attention (mlx-lm's `CacheList`);
 - `recurrent_gemma`: RG-LRU recurrent layers and local attention over a window of 8
   (every attention layer windowed, so blocks behind the window are freed);
-- `step3p5`: attention layers all windowed (8 positions), no recurrent state.
+- `step3p5`: attention layers all windowed (8 positions), no recurrent state;
+- `gemma3_text`: windowed (8 positions) and full-attention layers alternating (sliding
+  window pattern 2), QK-norm, local and global RoPE bases;
+- `gpt_oss`: windowed and full-attention layers alternating, with attention sinks and
+  MoE layers.
 """
 
 from __future__ import annotations
@@ -154,6 +158,37 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "share_expert_dim": 32,
         "moe_layers_enum": "1",
         "tie_word_embeddings": False,
+    },
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "hidden_size": 32,
+        "num_hidden_layers": 4,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "query_pre_attn_scalar": 8,
+        "vocab_size": 64,
+        "rope_theta": 10000.0,
+        "rope_local_base_freq": 1000.0,
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 2,
+        "max_position_embeddings": 256,
+    },
+    "gpt_oss": {
+        "model_type": "gpt_oss",
+        "hidden_size": 32,
+        "num_hidden_layers": 4,
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+        "intermediate_size": 32,
+        "head_dim": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+        "sliding_window": WINDOW,
+        "rope_theta": 10000,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
     },
 }
 

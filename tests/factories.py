@@ -296,3 +296,14 @@ def write_tokenizer(folder: Path) -> None:
             }
         )
     )
+
+
+def write_sliding_window_model(folder: Path, config: TinyConfig, window: int) -> Path:
+    """A tiny llama folder whose first layer is sliding-window attention (mlx-lm's
+    `layer_types` / `sliding_window` config keys); the second stays full attention."""
+    write_safetensors_model(folder, config)
+    hf_config = json.loads((folder / "config.json").read_text())
+    hf_config["layer_types"] = ["sliding_attention", "full_attention"]
+    hf_config["sliding_window"] = window
+    (folder / "config.json").write_text(json.dumps(hf_config))
+    return folder

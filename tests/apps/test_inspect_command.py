@@ -17,6 +17,7 @@ from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.memory import MemoryBudget
 
+from factories import TinyConfig, write_sliding_window_model
 from hf_hub_server import HubServer, folder_files
 
 REFUSAL = "mlxcel: error: the model and one sequence of the context size need "
@@ -206,3 +207,23 @@ def test_the_default_model_fits_and_its_estimate_is_what_loading_holds():
     # Exact on this CPU (docs/memory.md); 1% leaves room for allocator rounding elsewhere.
     assert abs(report["weights"]["resident_bytes"] - held) <= 0.01 * held
     assert loaded.config.weight_bytes == report["weights"]["resident_bytes"]
+
+
+def test_inspect_counts_a_windowed_layer_at_its_window(tmp_path):
+    """A llama whose first layer reads the last 5 tokens only: that layer holds its window
+    and a chunk (in blocks of 16) per sequence, the other every position."""
+    folder = write_sliding_window_model(tmp_path / "llama", TinyConfig(), window=5)
+    code, out, err = run_cli(
+        "inspect", "-m", str(folder), "-c", "1000", "-np", "2", "-ub", "64", "--json"
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["windowed_layers"] == {"5": 1}
+    auto = next(row for row in report["kv_cache"] if row["type"] == "auto")
+    per_layer = auto["bytes_per_token"] // 2
+    # Window 5: 4 positions back, a chunk of 64 and the two blocks they start inside of.
+    windowed = (-(-(4 + 64 + 32) // 16) + 1) * 16 * per_layer
+    assert auto["context_bytes"] == (-(-1000 // 16) + 1) * 16 * per_layer + windowed
+    assert report["memory"]["kv_cache"] == auto["context_bytes"]
+    code, out, _ = run_cli("inspect", "-m", str(folder), "-c", "1000")
+    assert "2 layers, 1 of them reading only the last 5 tokens" in out

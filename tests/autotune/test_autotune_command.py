@@ -17,7 +17,7 @@ from mlxcel.flags import BATCH_SIZE_FLAG, resolve_defaults
 from mlxcel.generate_command import FLAGS as GENERATE_FLAGS
 from mlxcel.store_flags import resolve_store_flags
 from mlxcel.tune_searches import search_prefill_chunk
-from mlxcel_core.autotune import (
+from mlxcel_core.tuning import (
     PREFILL_CHUNK,
     TunedEntry,
     Tunings,

@@ -6,7 +6,11 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mlxcel_core.autotune import (
+from mlxcel_core.autotune.paged_decode import partition_candidates
+from mlxcel_core.kernels import CUDA
+from mlxcel_core.kernels.paged_attention import decode
+from mlxcel_core.kernels.paged_attention.grid import num_partitions_for
+from mlxcel_core.tuning import (
     PAGED_DECODE_PARTITIONS,
     TunedEntry,
     Tunings,
@@ -15,8 +19,6 @@ from mlxcel_core.autotune import (
     install_tunings,
     paged_decode_bucket,
 )
-from mlxcel_core.autotune.paged_decode import partition_candidates
-from mlxcel_core.kernels.paged_attention.cuda import launch_paged_decode, num_partitions_for
 
 ROWS, Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCKS_PER_ROW = 2, 8, 2, 64, 16, 256
 
@@ -27,7 +29,7 @@ class FakeKernels:
     def __init__(self) -> None:
         self.grids: list[tuple[int, int, int]] = []
 
-    def __call__(self) -> dict[str, object]:
+    def __call__(self, backend) -> dict[str, object]:
         return {name: self._launch for name in ("one_pass", "split", "merge")}
 
     def _launch(self, *, grid, output_shapes, output_dtypes, **_):
@@ -42,10 +44,10 @@ def uninstall_tunings():
     install_tunings(Tunings(None))
 
 
-def launched_partitions() -> int:
+def launched_partitions(monkeypatch) -> int:
     kernels = FakeKernels()
-    launch_paged_decode(
-        kernels,
+    monkeypatch.setattr(decode, "kernels", kernels)
+    decode.paged_decode_attention_kernel(
         mx.zeros((ROWS, Q_HEADS, 1, HEAD_DIM), mx.float16),
         mx.zeros((8, KV_HEADS, HEAD_DIM), mx.float16),
         mx.zeros((8, KV_HEADS, HEAD_DIM), mx.float16),
@@ -53,14 +55,14 @@ def launched_partitions() -> int:
         mx.ones((ROWS,), mx.int32),
         block_size=BLOCK_SIZE,
         scale=0.125,
-        num_partitions=None,
+        backend=CUDA,
     )
     return kernels.grids[0][2]
 
 
 @pytest.mark.parametrize("enabled", [False, True])
 def test_the_launch_takes_the_stored_split_only_with_autotune_set(
-    tmp_path, uninstall_tunings, enabled
+    tmp_path, monkeypatch, uninstall_tunings, enabled
 ):
     capacity = BLOCKS_PER_ROW * BLOCK_SIZE
     bucket = paged_decode_bucket(
@@ -74,7 +76,7 @@ def test_the_launch_takes_the_stored_split_only_with_autotune_set(
     )
     environ = {"MLXCEL_CACHE_DIR": str(tmp_path), "MLXCEL_AUTOTUNE": "1" if enabled else "0"}
     install_tunings(Tunings.from_environ(environ))
-    assert launched_partitions() == (stored if enabled else default)
+    assert launched_partitions(monkeypatch) == (stored if enabled else default)
 
 
 def test_split_candidates_are_capped_as_the_default_is_and_include_it():

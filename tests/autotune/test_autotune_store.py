@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from mlxcel_core.autotune import (
+from mlxcel_core.tuning import (
     PAGED_DECODE_PARTITIONS,
     PREFILL_CHUNK,
     TunedEntry,

@@ -45,8 +45,10 @@ def perplexity(model, token_ids, cache_type, chunk_size) -> float:
 @pytest.mark.parametrize("chunk_size", [1, 7, 64])
 def test_paged_perplexity_in_chunks_equals_one_dense_forward(model, chunk_size):
     expected = dense_perplexity(model, TOKENS)
-    assert perplexity(model, TOKENS, "f32", chunk_size) == pytest.approx(expected)
-    assert perplexity(model, TOKENS, "auto", chunk_size) == pytest.approx(expected)
+    # OpenBLAS rounds a float32 product over one row differently from one over many; the
+    # chunked passes agree with the whole-sequence pass to about 1e-6, not to the last bit.
+    assert perplexity(model, TOKENS, "f32", chunk_size) == pytest.approx(expected, rel=1e-5)
+    assert perplexity(model, TOKENS, "auto", chunk_size) == pytest.approx(expected, rel=1e-5)
 
 
 def test_lossy_types_move_perplexity_and_attention_by_their_bits(model):

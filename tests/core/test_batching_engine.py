@@ -15,7 +15,6 @@ from contextlib import contextmanager
 import mlx.core as mx
 import pytest
 from test_engine import drain
-from test_paged_attention import write_sliding_window_model
 
 from mlxcel_core.cache import DenseKVCache, KVCache
 from mlxcel_core.engine import (
@@ -39,7 +38,7 @@ from mlxcel_core.generate import (
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.loading.loader import load_model
 
-from factories import TinyConfig
+from factories import TinyConfig, write_sliding_window_model
 
 TIMEOUT = 20.0
 BLOCK_SIZE = 4

@@ -6,6 +6,8 @@ mlxcel's engine must equal mlx-lm's own `generate_step` (its `ArraysCache`s,
 other lengths (prefill chunks of different lengths in one step, decode rows together),
 under preemption, and forked into several choices; blocks behind a window return to the
 pool; prefix caching is off where a state cannot be shared and right where a window is.
+Models that mix windowed and full-attention layers (Gemma 3, gpt-oss) run the same tests;
+what their windowed layers' block group does is tested in `test_window_groups_engine`.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ GENERATION = GenerationConfig(context_size=CONTEXT_SIZE, max_tokens=NUM_TOKENS)
 PROMPT_LENGTHS = (5, 11, 3, 17, 9)
 STATE_FAMILIES = ("mamba", "mamba2", "jamba", "qwen3_next", "falcon_h1", "recurrent_gemma")
 WINDOWED_FAMILIES = ("recurrent_gemma", "step3p5")
-FAMILIES = (*STATE_FAMILIES, "step3p5")
+# Windowed layers beside full-attention ones: a block group of their own.
+MIXED_FAMILIES = ("gemma3_text", "gpt_oss")
+FAMILIES = (*STATE_FAMILIES, "step3p5", *MIXED_FAMILIES)
 
 
 def make_prompts(lengths: Sequence[int]) -> list[tuple[int, ...]]:

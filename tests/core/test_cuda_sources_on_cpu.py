@@ -9,17 +9,14 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from cuda_emulation import COMPILER, CudaEmulator
-from test_paged_decode_kernel import make_problem, run
+from kernel_caches import kernels_built_by
+from test_paged_decode_kernel import make_problem, paged_decode_attention_cuda, run
 from turbo_factories import verification
 
 from mlxcel_core.cache.paged import BatchRow, PagedBatch
-from mlxcel_core.cache.paged import batch as batch_module
-from mlxcel_core.kernels.paged_attention import (
-    cuda,
-    paged_decode_attention_cuda,
-    paged_decode_attention_reference,
-    turbo_cuda,
-)
+from mlxcel_core.cache.paged import layer_cache as layer_cache_module
+from mlxcel_core.kernels import CUDA
+from mlxcel_core.kernels.paged_attention import paged_decode_attention_reference
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs g++ to run CUDA on the CPU")
 
@@ -28,15 +25,10 @@ pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs g++ to run CUDA 
 def emulated(monkeypatch, tmp_path):
     """The CUDA kernels compiled for and run on CPU threads, and the layer cache
     dispatching to them, while a test runs."""
-    monkeypatch.setattr(mx.fast, "cuda_kernel", CudaEmulator(tmp_path).cuda_kernel)
-    monkeypatch.setattr(batch_module, "uses_decode_kernel", lambda *_: True)
-    monkeypatch.setattr(batch_module, "uses_turbo_decode_kernel", lambda *_: True)
-    monkeypatch.setattr(batch_module, "paged_decode_attention", paged_decode_attention_cuda)
-    for module in (cuda, turbo_cuda):
-        module._kernels.cache_clear()
-    yield
-    for module in (cuda, turbo_cuda):
-        module._kernels.cache_clear()
+    monkeypatch.setattr(layer_cache_module, "decode_kernel_backend", lambda *_: CUDA)
+    monkeypatch.setattr(layer_cache_module, "turbo_decode_kernel_backend", lambda *_: CUDA)
+    with kernels_built_by(monkeypatch, CUDA, CudaEmulator(tmp_path).cuda_kernel):
+        yield
 
 
 def relative_error(out: mx.array, expected: mx.array) -> float:

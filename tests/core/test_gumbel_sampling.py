@@ -10,23 +10,26 @@ needs nothing else to run it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxcel_core.kernels import CUDA, METAL, kernel_backend
 from mlxcel_core.kernels.gumbel_sampling import (
-    cuda,
-    gumbel_max_sample_cuda,
-    gumbel_max_sample_metal,
+    gumbel_max_sample_kernel,
     gumbel_max_sample_reference,
     philox4x32_10,
     token_uniforms,
-    uses_gumbel_kernel,
 )
+from mlxcel_core.kernels.gumbel_sampling import kernel as kernel_module
 from mlxcel_core.sampling import Sampler, SamplerStage, SamplingParams, sample_batch
 from mlxcel_core.sampling import sampler as sampler_module
+
+gumbel_max_sample_cuda = functools.partial(gumbel_max_sample_kernel, backend=CUDA)
+gumbel_max_sample_metal = functools.partial(gumbel_max_sample_kernel, backend=METAL)
 
 NEG_INF = float("-inf")
 # Five finite tokens (a chi-square test of 4 degrees of freedom) and one removed.
@@ -231,7 +234,7 @@ class FakeCudaKernel:
 def test_cuda_launch_takes_one_block_per_row(monkeypatch):
     fake = FakeCudaKernel()
     monkeypatch.setattr(mx.fast, "cuda_kernel", fake)
-    cuda._kernel.cache_clear()
+    kernel_module.kernel.cache_clear()
     logits = mx.array(np.random.default_rng(2).standard_normal((3, 50)).astype(np.float32))
     logits = logits.astype(mx.bfloat16)
     temperatures = mx.array([0.5, 1.0, 2.0])
@@ -239,13 +242,13 @@ def test_cuda_launch_takes_one_block_per_row(monkeypatch):
     try:
         tokens = gumbel_max_sample_cuda(logits, temperatures, seeds)
     finally:
-        cuda._kernel.cache_clear()
+        kernel_module.kernel.cache_clear()
     assert fake.built["input_names"] == ["logits", "temperatures", "seeds"]
     assert fake.built["output_names"] == ["tokens"]
     (launch,) = fake.launches
-    assert launch["grid"] == (3 * cuda.THREADS, 1, 1)
-    assert launch["threadgroup"] == (cuda.THREADS, 1, 1)
-    assert launch["template"] == {"T": mx.bfloat16, "THREADS": cuda.THREADS}
+    assert launch["grid"] == (3 * kernel_module.THREADS, 1, 1)
+    assert launch["threadgroup"] == (kernel_module.THREADS, 1, 1)
+    assert launch["template"] == {"T": mx.bfloat16, "THREADS": kernel_module.THREADS}
     inputs = launch["inputs"]
     assert inputs[0] is logits and inputs[1] is temperatures and inputs[2] is seeds
     assert launch["outputs"] == ([(3,)], [mx.int32])
@@ -253,12 +256,12 @@ def test_cuda_launch_takes_one_block_per_row(monkeypatch):
 
 
 def test_the_cpu_keeps_the_categorical_draw(monkeypatch):
-    assert not uses_gumbel_kernel(mx.Device(mx.cpu))
+    assert kernel_backend(mx.Device(mx.cpu)) is None
 
-    def no_kernel(*_):
+    def no_kernel(*_, **__):
         raise AssertionError("the kernel ran on the CPU")
 
-    monkeypatch.setattr(sampler_module, "gumbel_max_sample_cuda", no_kernel)
+    monkeypatch.setattr(sampler_module, "gumbel_max_sample_kernel", no_kernel)
     logits = mx.array(np.random.default_rng(3).standard_normal((2, 40)).astype(np.float32))
     params = SamplingParams(temperature=0.8, seed=11)
     with mx.stream(mx.cpu):
@@ -275,7 +278,10 @@ class KernelOnTheCpu:
     def __init__(self) -> None:
         self.calls: list[tuple[mx.array, mx.array, mx.array]] = []
 
-    def __call__(self, logits: mx.array, temperatures: mx.array, seeds: mx.array) -> mx.array:
+    def __call__(
+        self, logits: mx.array, temperatures: mx.array, seeds: mx.array, *, backend
+    ) -> mx.array:
+        assert backend is CUDA
         self.calls.append((logits, temperatures, seeds))
         return gumbel_max_sample_reference(logits, temperatures, seeds)
 
@@ -283,8 +289,8 @@ class KernelOnTheCpu:
 @pytest.fixture
 def kernel_dispatch(monkeypatch) -> KernelOnTheCpu:
     kernel = KernelOnTheCpu()
-    monkeypatch.setattr(sampler_module, "uses_gumbel_kernel", lambda device: True)
-    monkeypatch.setattr(sampler_module, "gumbel_max_sample_cuda", kernel)
+    monkeypatch.setattr(sampler_module, "kernel_backend", lambda device: CUDA)
+    monkeypatch.setattr(sampler_module, "gumbel_max_sample_kernel", kernel)
     return kernel
 
 

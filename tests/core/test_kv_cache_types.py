@@ -59,13 +59,13 @@ def random_kv(num: int, seed: int) -> mx.array:
 
 def test_storage_counts_the_encoded_bytes_of_each_type():
     auto = make_storage("auto", "auto")
-    assert auto.bytes_per_block == BLOCK_SIZE * 2 * 2 * (256 + 256)
+    assert auto.bytes_per_block[0] == BLOCK_SIZE * 2 * 2 * (256 + 256)
     mixed = make_storage("turbo4", "q8_0")
-    assert mixed.bytes_per_block == BLOCK_SIZE * 2 * 2 * (37 + 68)
+    assert mixed.bytes_per_block[0] == BLOCK_SIZE * 2 * 2 * (37 + 68)
     assert GEOMETRY.bytes_per_token("turbo4", "q8_0") == 2 * (37 + 68)
     mixed.ensure_capacity(20)
     allocated = sum(a.nbytes for a in mixed.arrays())
-    assert mixed.nbytes == allocated == mixed.capacity_blocks * mixed.bytes_per_block
+    assert mixed.nbytes == allocated == mixed.capacity_blocks[0] * mixed.bytes_per_block[0]
 
 
 @pytest.mark.parametrize(("cache_type_k", "cache_type_v"), [("q4_0", "turbo3"), ("f16", "bf16")])

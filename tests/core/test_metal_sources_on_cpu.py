@@ -8,18 +8,19 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from kernel_caches import kernels_built_by
 from metal_emulation import COMPILER, MetalEmulator
-from test_paged_decode_kernel import make_problem, run
-from test_turbo_metal_kernels import encoder_problem, kernels_built_by
+from test_paged_decode_kernel import make_problem, paged_decode_attention_metal, run
+from test_turbo_metal_kernels import (
+    encoder_problem,
+    turbo_decode_attention_metal,
+    turbo_encode_metal,
+)
 from turbo_factories import attend_from_storage, decode_batch, gather_then_attend, written_storage
 
 from mlxcel_core.cache.paged.centering import first_block_means
-from mlxcel_core.kernels.paged_attention import (
-    metal,
-    paged_decode_attention_reference,
-    turbo_decode_attention_metal,
-)
-from mlxcel_core.kernels.turbo_encode_metal import turbo_encode_metal
+from mlxcel_core.kernels import METAL
+from mlxcel_core.kernels.paged_attention import paged_decode_attention_reference
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs g++ to run Metal on the CPU")
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.skipif(COMPILER is None, reason="needs g++ to run Metal
 @pytest.fixture
 def emulated(monkeypatch, tmp_path):
     """The Metal kernels compiled for and run on CPU threads while a test runs."""
-    with kernels_built_by(monkeypatch, MetalEmulator(tmp_path).metal_kernel):
+    with kernels_built_by(monkeypatch, METAL, MetalEmulator(tmp_path).metal_kernel):
         yield
 
 
@@ -74,7 +75,7 @@ def test_float_decode_source_on_cpu_threads_matches_the_reference(emulated):
         [70, 1, 33, 17], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4, seed=3
     )
     with mx.stream(mx.cpu):
-        out = run(metal.paged_decode_attention_metal, problem, 0.25, num_partitions=3)
+        out = run(paged_decode_attention_metal, problem, 0.25, num_partitions=3)
         expected = run(paged_decode_attention_reference, problem, 0.25)
     assert relative_error(out, expected) < 1e-5
 

@@ -8,9 +8,7 @@ with the same tokens run alone through dense caches.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -29,7 +27,7 @@ from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.generate import LanguageModel
 from mlxcel_models.loading.loader import load_model
 
-from factories import TinyConfig, write_safetensors_model
+from factories import TinyConfig, write_safetensors_model, write_sliding_window_model
 
 BLOCK_SIZE = 4
 FLOAT32_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
@@ -85,6 +83,60 @@ def test_window_mask_keeps_only_the_last_window_size_keys():
         [[1, 0, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]],
         [[0, 0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1, 1]],
     ]
+
+
+def test_a_windowed_batch_reads_each_rows_window_only():
+    """Row 2 (offset 6) under a window of 3 reads positions 4..7 (its first query's
+    window back from 6, through its last): block 9's slots; rows 0 and 1 from 0."""
+    batch = PagedBatch(three_rows(), BLOCK_SIZE, window=3)
+    assert batch.num_keys == 5
+    assert batch.read_slots.tolist() == [
+        [12, 13, 14, 15, 20],
+        [28, 0, 0, 0, 0],
+        [36, 37, 38, 39, 0],
+    ]
+    assert batch.write_slots.tolist() == [14, 15, 20, 28, 0, 0, 38, 39, 0]
+    # The window mask of the unwindowed batch, over each row's keys read.
+    assert batch.mask()[:, 0].astype(mx.int32).tolist() == [
+        [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1]],
+        [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]],
+        [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 1, 1, 1, 0]],
+    ]
+    # No wider than the keys read, as a rotating cache of the window's size.
+    assert batch.mask(window_size=4) is batch.mask()
+    assert not mx.array_equal(batch.mask(window_size=2), batch.mask())
+
+
+@pytest.mark.parametrize("cache_type", ["auto", "turbo4"])
+def test_a_windowed_batch_attends_as_the_window_mask_over_every_key(cache_type):
+    """Chunks and decode rows, past the window: attention over the window's keys only
+    equals attention over every key under the window mask; a row's whole table is still
+    there, as in a group that frees nothing."""
+    rows = [BatchRow([1, 2, 3, 4, 5], 13, 4), BatchRow([6, 7, 8], 10, 1), BatchRow([9], 0, 3)]
+    geometry = LayerGeometry(2, 8, 8, mx.float32)
+    storages = twin_storages(cache_type, geometry, max_blocks=12)
+    outputs = []
+    for storage, window in zip(storages, (5, None), strict=True):
+        storage.ensure_capacity(10)
+        prefill = [BatchRow(row.block_table, 0, row.offset) for row in rows if row.offset]
+        batch = PagedBatch(prefill, BLOCK_SIZE, window=window)
+        cache = PagedLayerCache(storage, 0, batch)
+        B, L = batch.num_rows, batch.num_queries
+        fill = [mx.random.normal((B, 2, L, 8), key=mx.random.key(i)) for i in range(2)]
+        cache.update_and_fetch(*fill)
+        batch = PagedBatch(rows, BLOCK_SIZE, window=window)
+        cache = PagedLayerCache(storage, 0, batch)
+        queries, keys, values = (
+            mx.random.normal((3, 2, 4, 8), key=mx.random.key(10 + i)) for i in range(3)
+        )
+        keys, values = cache.update_and_fetch(keys, values)
+        assert keys.shape[2] == (8 if window else 17)
+        mask = cache.make_mask(4, window_size=5)
+        outputs.append(cache.attention(queries, keys, values, scale=0.5, mask=mask))
+    windowed, full = outputs
+    # Padding queries of rows 1 and 2 aside.
+    for row, num_new in enumerate((4, 1, 3)):
+        assert mx.allclose(windowed[row, :, :num_new], full[row, :, :num_new], **FLOAT32_TOLERANCE)
 
 
 def test_paged_batch_rejects_no_rows_and_short_block_tables():
@@ -340,7 +392,7 @@ class PagedHarness:
             inputs.append(chunk + [0] * (num_queries - num_new))
         for seq_id, num_new in work.items():
             rows.append(BatchRow(self.kv.block_table(seq_id), self.num_computed[seq_id], num_new))
-        self.storage.ensure_capacity(self.kv.num_materialized_blocks)
+        self.storage.ensure_capacity(self.kv.materialized_blocks[0])
         self.storage.copy_blocks(self.kv.take_block_copies())
         batch = PagedBatch(rows, BLOCK_SIZE)
         logits = self.model(
@@ -485,17 +537,6 @@ def test_copy_on_write_copy_is_needed_for_the_shared_positions(tiny_safetensors)
 SLIDING_WINDOW = 5
 
 
-def write_sliding_window_model(folder: Path, config: TinyConfig, window: int) -> Path:
-    """A tiny llama folder whose first layer is sliding-window attention (mlx-lm's
-    `layer_types` / `sliding_window` config keys); the second stays full attention."""
-    write_safetensors_model(folder, config)
-    hf_config = json.loads((folder / "config.json").read_text())
-    hf_config["layer_types"] = ["sliding_attention", "full_attention"]
-    hf_config["sliding_window"] = window
-    (folder / "config.json").write_text(json.dumps(hf_config))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def sliding_models(tmp_path_factory) -> tuple[LanguageModel, LanguageModel]:
     """The same tiny llama weights with a sliding-window first layer, and without."""
@@ -566,17 +607,17 @@ def test_sliding_window_dense_path_matches_mlx_lm(sliding_models):
 def test_one_row_prefill_chunks_at_rounded_lengths_match_dense(tiny_safetensors, monkeypatch):
     # What CUDA does (`prefill_lengths`), forced here: every chunk after the first starts
     # at an offset, so the rounded keys must stay aligned with the real queries.
-    from mlxcel_core.cache.paged import batch as batch_module
+    from mlxcel_core.cache.paged import layer_cache as layer_cache_module
 
     rounded: list[int] = []
-    attend = batch_module.causal_attention_at_rounded_length
+    attend = layer_cache_module.causal_attention_at_rounded_length
 
     def counted(queries, keys, values, *, scale):
         rounded.append(queries.shape[2])
         return attend(queries, keys, values, scale=scale)
 
-    monkeypatch.setattr(batch_module, "rounds_prefill_lengths", lambda queries, values: True)
-    monkeypatch.setattr(batch_module, "causal_attention_at_rounded_length", counted)
+    monkeypatch.setattr(layer_cache_module, "rounds_prefill_lengths", lambda queries, values: True)
+    monkeypatch.setattr(layer_cache_module, "causal_attention_at_rounded_length", counted)
     model = load_model(tiny_safetensors).model
     harness = PagedHarness(model)
     tokens = random_tokens(3, [150 + 3])[0]

@@ -7,6 +7,7 @@ shuffled order through the pool, and the same keys and values are attended dense
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -15,17 +16,22 @@ import pytest
 from turbo_factories import verification
 
 from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
-from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache
 from mlxcel_core.engine.config import EngineConfig, make_kv_storage
 from mlxcel_core.engine.memory import ModelProfile
+from mlxcel_core.kernels import CUDA, METAL
 from mlxcel_core.kernels.paged_attention import (
+    decode_kernel_backend,
     paged_decode_attention,
-    paged_decode_attention_cuda,
-    paged_decode_attention_metal,
+    paged_decode_attention_kernel,
     paged_decode_attention_reference,
-    uses_decode_kernel,
 )
-from mlxcel_core.kernels.paged_attention.cuda import num_partitions_for, supports
+from mlxcel_core.kernels.paged_attention.decode import supports
+from mlxcel_core.kernels.paged_attention.grid import num_partitions_for
+
+# The kernels of each backend, called as the reference is.
+paged_decode_attention_cuda = functools.partial(paged_decode_attention_kernel, backend=CUDA)
+paged_decode_attention_metal = functools.partial(paged_decode_attention_kernel, backend=METAL)
 
 
 @dataclass
@@ -158,7 +164,7 @@ def test_reference_ignores_block_table_entries_past_each_row():
 
 
 def test_dispatch_runs_the_reference_on_the_cpu():
-    assert not uses_decode_kernel(mx.Device(mx.cpu), mx.bfloat16, 32, 8, 64, 64)
+    assert decode_kernel_backend(mx.Device(mx.cpu), mx.bfloat16, 32, 8, 64, 64) is None
     problem = make_problem(RAGGED_LENGTHS, num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4)
     with mx.stream(mx.cpu):
         out = run(paged_decode_attention, problem, 0.25)
@@ -167,12 +173,16 @@ def test_dispatch_runs_the_reference_on_the_cpu():
 
 
 def test_kernels_take_float_pools_of_one_lane_tiled_head_dim_within_shared_memory():
-    assert supports(mx.bfloat16, 4, 64, 64)
-    assert supports(mx.float32, 8, 128, 128)
-    assert not supports(mx.bfloat16, 4, 96, 96)
-    assert not supports(mx.bfloat16, 4, 128, 64)
-    assert not supports(mx.uint8, 4, 64, 64)
-    assert not supports(mx.bfloat16, 32, 128, 128)
+    for backend in (CUDA, METAL):
+        assert supports(backend, mx.bfloat16, 4, 64, 64)
+        assert supports(backend, mx.float32, 4, 128, 128)
+        assert not supports(backend, mx.bfloat16, 4, 96, 96)
+        assert not supports(backend, mx.bfloat16, 4, 128, 64)
+        assert not supports(backend, mx.uint8, 4, 64, 64)
+        assert not supports(backend, mx.bfloat16, 32, 128, 128)
+    # 8 query heads per KV head at head dim 128 take 33 KiB: within CUDA's 48, not Metal's 32.
+    assert supports(CUDA, mx.float32, 8, 128, 128)
+    assert not supports(METAL, mx.float32, 8, 128, 128)
 
 
 def test_kernel_arguments_are_checked_before_launch():

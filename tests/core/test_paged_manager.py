@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from mlxcel_core.cache.paged.block_pool import NULL_BLOCK_ID, BlockPool, InvariantError
-from mlxcel_core.cache.paged.manager import BlockCopy, DetachedBlocks, KVCacheManager
+from mlxcel_core.cache.paged.manager import (
+    BlockCopy,
+    DetachedBlocks,
+    KVCacheManager,
+    WindowGroup,
+)
 from mlxcel_core.cache.paged.prefix import BlockHash, hash_block_tokens, hash_token_blocks
+from mlxcel_core.cache.paged.prefix_hit import PromptHashes, longest_common_hit, longest_hit
 
 BLOCK_SIZE = 4
 
@@ -226,7 +232,7 @@ def test_admit_allocates_only_for_the_tokens_of_this_step():
     manager = make_manager()
     (prompt,) = create_prompts(1, 10)
     assert manager.admit(1, prompt, 3) == 0
-    assert (manager.num_blocks_of(1), manager.num_materialized_blocks) == (1, 2)
+    assert (manager.num_blocks_of(1), manager.materialized_blocks) == (1, (2,))
     assert manager.allocate_slots(1, 3, 7)
     assert manager.num_blocks_of(1) == 3
 
@@ -397,7 +403,7 @@ def test_detach_then_adopt_keeps_references_and_the_block_table():
     manager.fork(1, 2, 10)
     table, used = manager.block_table(1), manager.num_used_blocks
     detached = manager.detach(1)
-    assert detached.block_ids == tuple(table)
+    assert detached.block_ids == (tuple(table),)
     assert len(detached.block_hashes) == 2
     assert manager.num_used_blocks == used
     with pytest.raises(ValueError, match="seq_id 1"):
@@ -420,7 +426,7 @@ def test_adopt_rejects_blocks_it_cannot_own():
     with pytest.raises(ValueError, match="block_size must be 4, got 8"):
         manager.adopt(2, DetachedBlocks(detached.block_ids, (), 8))
     with pytest.raises(ValueError, match=r"block_id must be in \[1, 2\], got 9"):
-        manager.adopt(2, DetachedBlocks((9,), (), BLOCK_SIZE))
+        manager.adopt(2, DetachedBlocks(((9,),), (), BLOCK_SIZE))
     manager.adopt(2, detached)
     manager.free(2)
     with pytest.raises(ValueError, match="block 1 is free"):
@@ -532,3 +538,117 @@ def test_a_child_forks_only_while_the_parent_holds_the_blocks_its_window_reads()
     plain = make_manager(num_blocks=32)
     assert plain.admit(0, tokens, 30) == 0
     assert plain.can_fork(0, 9)
+
+
+# Block groups: full-attention layers beside windowed ones, each over its own pool
+
+
+def make_mixed_manager(
+    num_blocks: int = 32, window: int = 6, window_blocks: int = 8
+) -> KVCacheManager:
+    """A full-attention group of `num_blocks` and a group of `window`-position layers."""
+    return KVCacheManager(
+        num_blocks, BLOCK_SIZE, window_groups=[WindowGroup(window, window_blocks)]
+    )
+
+
+def test_the_window_group_frees_its_blocks_while_the_full_group_keeps_all():
+    manager = make_mixed_manager()
+    (tokens,) = create_prompts(1, 40)
+    assert manager.admit(0, tokens, 1) == 0
+    decode(manager, 0, tokens, 0)
+    assert manager.allocate_slots(0, 40, 1)
+    full, windowed = manager.block_tables(0)
+    assert len(full) == len(windowed) == 11
+    assert NULL_BLOCK_ID not in full
+    # Position 40 reads 35-40: blocks 8-10 of the window group, and its first block.
+    assert windowed[1:8] == [NULL_BLOCK_ID] * 7
+    assert NULL_BLOCK_ID not in (windowed[0], *windowed[8:])
+    assert [(g.window, g.num_used) for g in manager.group_usage()] == [(None, 11), (6, 4)]
+    assert manager.block_table(0) == full
+    manager.free(0)
+    assert [g.num_used for g in manager.group_usage()] == [0, 0]
+    assert manager.num_free_blocks == 31 + 7
+
+
+def test_a_full_window_pool_refuses_the_slots_of_every_group():
+    manager = make_mixed_manager(window_blocks=4)
+    tokens, other = create_prompts(2, 12)
+    assert manager.admit(0, tokens, 8) == 0  # two blocks in each group
+    assert manager.admit(1, other, 4) == 0  # one more each: the window pool is full
+    used = manager.num_used_blocks
+    assert not manager.allocate_slots(1, 4, 4)
+    assert manager.num_used_blocks == used
+    assert manager.admit(2, create_prompts(3, 4)[2], 4) is None
+    assert manager.materialized_blocks == (4, 4)
+
+
+def test_copies_on_write_name_their_group():
+    manager = make_mixed_manager()
+    (tokens,) = create_prompts(1, 6)
+    assert manager.admit(0, tokens, 6) == 0
+    manager.fork(0, 1, 5)
+    assert manager.allocate_slots(1, 5, 1)
+    copies = manager.take_block_copies()
+    assert sorted(copy.group for copy in copies) == [0, 1]
+    assert all(copy.dst_block_id == manager.block_tables(1)[copy.group][1] for copy in copies)
+
+
+def test_a_hit_is_the_longest_prefix_both_groups_serve():
+    manager = make_mixed_manager(window_blocks=10)
+    tokens, other = create_prompts(2, 30)
+    prefill_in_chunks(manager, 0, tokens)
+    manager.free(0)
+    # The full group keeps every block cached; the window group loses blocks 1-3 and 6
+    # to another prompt (as `test_a_windowed_hit_stops_where_a_window_block_is_missing`).
+    assert manager.admit(1, other, 24) == 0
+    manager.free(1)
+    assert manager.admit(2, tokens, 2) == 24
+    full, windowed = manager.block_tables(2)
+    assert NULL_BLOCK_ID not in full
+    assert windowed[1:4] == [NULL_BLOCK_ID] * 3
+
+
+def test_forks_and_adoption_carry_every_group():
+    manager = make_mixed_manager()
+    (tokens,) = create_prompts(1, 30)
+    assert manager.admit(0, tokens, 1) == 0
+    decode(manager, 0, tokens, 0)
+    assert manager.allocate_slots(0, 30, 1)
+    assert manager.can_fork(0, 29)
+    assert not manager.can_fork(0, 9)  # the window group freed what position 9 reads
+    manager.fork(0, 1, 29)
+    detached = manager.detach(1)
+    assert detached.block_ids == tuple(tuple(t[:8]) for t in manager.block_tables(0))
+    manager.adopt(2, detached)
+    assert manager.block_tables(2) == tuple(t[:8] for t in manager.block_tables(0))
+    with pytest.raises(ValueError, match="must hold 2 block tables, got 1"):
+        manager.adopt(3, DetachedBlocks(detached.block_ids[:1], (), BLOCK_SIZE))
+    manager.free(2)
+    manager.free(0)
+    assert manager.num_used_blocks == 0
+
+
+def cache_blocks(pool: BlockPool, hashes: PromptHashes, indices: set[int]) -> None:
+    """Make `pool` hold the prompt's blocks `indices` as cached free blocks."""
+    blocks = pool.allocate(len(indices))
+    for block, index in zip(blocks, sorted(indices), strict=True):
+        pool.cache_block(block, hashes[index])
+    pool.free(blocks)
+
+
+def test_the_common_hit_iterates_until_no_group_lowers_it():
+    """Full attention serves 9 blocks; a window of 6 then 8; a window of 2 then 7; at 7
+    the window of 6 misses block 5, and every shorter hit of it misses a block, down to
+    1: a single pass over the groups would have answered 7."""
+    hashes = PromptHashes(list(range(37)), BLOCK_SIZE)
+    full, six, two = BlockPool(16), BlockPool(16), BlockPool(16)
+    cache_blocks(full, hashes, set(range(9)))
+    cache_blocks(six, hashes, {0, 6, 7})
+    cache_blocks(two, hashes, {0, 3, 6})
+    assert longest_hit(six, hashes, BLOCK_SIZE, window=6, limit=9) == 8
+    assert longest_hit(two, hashes, BLOCK_SIZE, window=2, limit=8) == 7
+    assert longest_hit(six, hashes, BLOCK_SIZE, window=6, limit=7) == 1
+    groups = [(full, None), (six, 6), (two, 2)]
+    assert longest_common_hit(groups, hashes, BLOCK_SIZE) == 1
+    assert longest_common_hit(groups[:2], hashes, BLOCK_SIZE) == 8

@@ -10,22 +10,25 @@ bfloat16 within 1e-2 (a few units of the output's last place).
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 import pytest
 from cuda_emulation import COMPILER, CudaEmulator
+from kernel_caches import kernels_built_by
 from metal_emulation import MetalEmulator
 
-from mlxcel_core.kernels import quantized_linear
+from mlxcel_core.kernels import CUDA, METAL, quantized_linear
 from mlxcel_core.kernels.quantized_matvec import (
-    cuda,
-    metal,
-    quantized_matvec_cuda,
-    quantized_matvec_metal,
+    quantized_matvec_backend,
+    quantized_matvec_kernel,
     supports,
-    uses_quantized_matvec_kernel,
 )
-from mlxcel_core.kernels.quantized_matvec.cuda import threads_for
+from mlxcel_core.kernels.quantized_matvec.kernel import threads_for
+
+quantized_matvec_cuda = functools.partial(quantized_matvec_kernel, backend=CUDA)
+quantized_matvec_metal = functools.partial(quantized_matvec_kernel, backend=METAL)
 
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1e-2}
 ON_CUDA = mx.cuda.is_available()
@@ -64,19 +67,15 @@ def assert_close(out: mx.array, expected: np.ndarray, dtype: mx.Dtype) -> None:
 @pytest.fixture
 def emulated_cuda(monkeypatch, tmp_path):
     """The CUDA kernel compiled for and run on CPU threads while a test runs."""
-    monkeypatch.setattr(mx.fast, "cuda_kernel", CudaEmulator(tmp_path).cuda_kernel)
-    cuda._kernel.cache_clear()
-    yield
-    cuda._kernel.cache_clear()
+    with kernels_built_by(monkeypatch, CUDA, CudaEmulator(tmp_path).cuda_kernel):
+        yield
 
 
 @pytest.fixture
 def emulated_metal(monkeypatch, tmp_path):
     """The Metal kernel compiled for and run on CPU threads while a test runs."""
-    monkeypatch.setattr(mx.fast, "metal_kernel", MetalEmulator(tmp_path).metal_kernel)
-    metal._kernel.cache_clear()
-    yield
-    metal._kernel.cache_clear()
+    with kernels_built_by(monkeypatch, METAL, MetalEmulator(tmp_path).metal_kernel):
+        yield
 
 
 # (rows, N, K, bits, group_size, dtype): N is not a multiple of the block's outputs; K of
@@ -179,7 +178,7 @@ def test_arguments_are_checked_before_launch():
 
 
 def test_the_cpu_keeps_quantized_matmul():
-    assert not uses_quantized_matvec_kernel(mx.Device(mx.cpu), mx.bfloat16, 4, 64, 1)
+    assert quantized_matvec_backend(mx.Device(mx.cpu), mx.bfloat16, 4, 64, 1) is None
     x, weight, scales, biases, _ = make_product(2, 8, 128, bits=4, group_size=64, dtype=mx.float32)
     with mx.stream(mx.cpu):
         out = quantized_linear(x, weight, scales, biases, group_size=64, bits=4)
@@ -201,7 +200,7 @@ def test_cuda_kernel_matches_the_exact_product(n, k):
         8, n, k, bits=4, group_size=64, dtype=mx.bfloat16, seed=n + k
     )
     for rows in (1, 2, 5, 8):
-        assert uses_quantized_matvec_kernel(mx.default_device(), mx.bfloat16, 4, 64, rows)
+        assert quantized_matvec_backend(mx.default_device(), mx.bfloat16, 4, 64, rows) is CUDA
         out = quantized_linear(x[:rows], weight, scales, biases, group_size=64, bits=4)
         assert_close(out, exact(x[:rows], dense), mx.bfloat16)
 

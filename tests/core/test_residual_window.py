@@ -249,11 +249,10 @@ def test_an_unquantized_side_is_read_from_its_pool_as_it_is():
 def test_the_storage_counts_the_exact_copies_of_quantized_sides_only():
     storage = storage_with(window=6, num_residual_blocks=4)
     exact = 2 * (4 + 1) * BLOCK_SIZE * 2 * 64 * 2  # keys and values, float16
-    assert storage.nbytes == storage.capacity_blocks * storage.bytes_per_block + exact
+    assert storage.nbytes == storage.capacity_blocks[0] * storage.bytes_per_block[0] + exact
     values_only = storage_with(window=6, num_residual_blocks=4, cache_type_k="f16")
-    assert (
-        values_only.nbytes == values_only.capacity_blocks * values_only.bytes_per_block + exact // 2
-    )
+    (capacity,), (block_bytes,) = values_only.capacity_blocks, values_only.bytes_per_block
+    assert values_only.nbytes == capacity * block_bytes + exact // 2
     for cache_type in ("auto", "f16", "bf16", "f32"):
         with pytest.raises(ValueError, match="needs a quantized cache type"):
             PagedKVStorage(

@@ -79,7 +79,7 @@ class DeferredRunner(ModelRunner):
     def num_started(self) -> int:
         return len(self.in_flight)
 
-    def prepare_storage(self, num_blocks: int, copies) -> None:
+    def prepare_storage(self, num_blocks, copies) -> None:
         self._fail_if_busy("prepare")
         super().prepare_storage(num_blocks, copies)
 
@@ -90,7 +90,7 @@ class DeferredRunner(ModelRunner):
 
     def start(self, rows: Sequence[RowInput]) -> None:
         self._fail_if_busy("start")
-        firsts = frozenset(row.block_table[0] for row in rows)
+        firsts = frozenset(row.block_tables[0][0] for row in rows)
         self.shared_sequences += sum(len(firsts & earlier) for _, earlier in self.in_flight)
         self.overlapping_starts.append(len(self.in_flight))
         self.in_flight.append((self.run(rows), firsts))

@@ -8,6 +8,8 @@ stored centered, in blocks scattered in a shuffled order through the pool.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -18,31 +20,34 @@ from turbo_factories import (
     written_storage,
 )
 
-from mlxcel_core.cache.paged import batch as batch_module
-from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.cache.paged import layer_cache as layer_cache_module
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache
+from mlxcel_core.kernels import CUDA
 from mlxcel_core.kernels.paged_attention import (
-    turbo_cuda,
-    turbo_decode_attention_cuda,
-    uses_turbo_decode_kernel,
+    turbo,
+    turbo_decode_attention_kernel,
+    turbo_decode_kernel_backend,
 )
-from mlxcel_core.kernels.paged_attention.turbo_cuda import supports_turbo
-from mlxcel_core.kernels.turbo_encode_cuda import uses_turbo_encode_kernel
+from mlxcel_core.kernels.paged_attention.turbo import supports_turbo
+from mlxcel_core.kernels.turbo_encode import turbo_encode_backend
+
+turbo_decode_attention_cuda = functools.partial(turbo_decode_attention_kernel, backend=CUDA)
 
 LENGTHS = [700, 1, 33, 257, 16]
 
 
 def test_dispatch_takes_no_kernel_on_the_cpu():
-    assert not uses_turbo_decode_kernel(mx.Device(mx.cpu), 32, 8, 64, 64, 4, 4)
-    assert not uses_turbo_encode_kernel(mx.Device(mx.cpu), 64)
+    assert turbo_decode_kernel_backend(mx.Device(mx.cpu), 32, 8, 64, 64, 4, 4) is None
+    assert turbo_encode_backend(mx.Device(mx.cpu), 64) is None
 
 
 def test_kernel_takes_one_head_dim_tiled_by_code_runs_within_shared_memory():
-    assert supports_turbo(4, 64, 64, 4, 4)
-    assert supports_turbo(8, 128, 128, 4, 3)
-    assert supports_turbo(1, 8, 8, 2, 2)
-    assert not supports_turbo(4, 128, 64, 4, 4)
-    assert not supports_turbo(4, 512, 512, 4, 4)
-    assert not supports_turbo(32, 128, 128, 4, 4)
+    assert supports_turbo(CUDA, 4, 64, 64, 4, 4)
+    assert supports_turbo(CUDA, 8, 128, 128, 4, 3)
+    assert supports_turbo(CUDA, 1, 8, 8, 2, 2)
+    assert not supports_turbo(CUDA, 4, 128, 64, 4, 4)
+    assert not supports_turbo(CUDA, 4, 512, 512, 4, 4)
+    assert not supports_turbo(CUDA, 32, 128, 128, 4, 4)
 
 
 class FakeKernels:
@@ -53,7 +58,7 @@ class FakeKernels:
         self.rotated = rotated
         self.launches: list[tuple[str, tuple[int, int, int], dict[str, object]]] = []
 
-    def kernels(self) -> dict[str, object]:
+    def kernels(self, backend) -> dict[str, object]:
         return {name: self._launcher(name) for name in ("one_pass", "split", "merge")}
 
     def _launcher(self, name: str):
@@ -87,7 +92,7 @@ def test_launch_rotates_the_kernels_output_back(monkeypatch, num_partitions, lau
     key_codec, _ = storage.codecs(0)
     rotated = mx.array(np.random.default_rng(4).standard_normal((2, 8, 1, 64)).astype(np.float32))
     fake = FakeKernels(rotated)
-    monkeypatch.setattr(turbo_cuda, "_kernels", fake.kernels)
+    monkeypatch.setattr(turbo, "kernels", fake.kernels)
     with mx.stream(mx.cpu):
         out = attend_from_storage(
             turbo_decode_attention_cuda,
@@ -160,9 +165,9 @@ def test_layer_cache_decodes_from_turbo_pools_as_the_gather_path_does(decode_ker
 
     def counted(*args, **kwargs):
         launches.append(args[0].shape)
-        return turbo_decode_attention_cuda(*args, **kwargs)
+        return turbo_decode_attention_kernel(*args, **kwargs)
 
-    monkeypatch.setattr(batch_module, "turbo_decode_attention_cuda", counted)
+    monkeypatch.setattr(layer_cache_module, "turbo_decode_attention_kernel", counted)
     storage, tables = written_storage(
         LENGTHS,
         num_kv_heads=2,

@@ -6,30 +6,32 @@ TurboQuant kernels against decode-then-attend and the plain encoder.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
+import functools
 import re
 import struct
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from kernel_caches import kernels_built_by
 from turbo_factories import attend_from_storage, decode_batch, gather_then_attend, written_storage
 
 from mlxcel_core.cache.paged import BatchRow, PagedBatch
 from mlxcel_core.cache.paged.centering import first_block_means
+from mlxcel_core.kernels import CUDA, METAL, turbo_encode
 from mlxcel_core.kernels.paged_attention import (
-    metal,
-    turbo_decode_attention_metal,
-    turbo_metal,
+    decode,
+    paged_decode_attention_kernel,
+    turbo,
+    turbo_decode_attention_kernel,
 )
-from mlxcel_core.kernels.paged_attention.turbo_cuda import supports_turbo
-from mlxcel_core.kernels.paged_attention.turbo_metal import supports_turbo_metal
-from mlxcel_core.kernels.turbo_encode_cuda import FirstBlockCentering
-from mlxcel_core.kernels.turbo_encode_metal import turbo_encode_metal
+from mlxcel_core.kernels.paged_attention.turbo import supports_turbo
+from mlxcel_core.kernels.turbo_encode import FirstBlockCentering, turbo_encode_kernel
 
-# The module, which the package's export of its function shadows.
-encode_module = importlib.import_module("mlxcel_core.kernels.turbo_encode_metal")
+# The Metal kernels, called as their references are.
+turbo_decode_attention_metal = functools.partial(turbo_decode_attention_kernel, backend=METAL)
+turbo_encode_metal = functools.partial(turbo_encode_kernel, backend=METAL)
+paged_decode_attention_metal = functools.partial(paged_decode_attention_kernel, backend=METAL)
 
 # What the Metal compiler would not take: CUDA's intrinsics, built-in indices, qualifiers
 # and math functions.
@@ -64,17 +66,6 @@ class RecordedKernel:
         return outputs
 
 
-@contextlib.contextmanager
-def kernels_built_by(monkeypatch, metal_kernel):
-    """The Metal modules' kernels built anew through `metal_kernel` inside the block."""
-    monkeypatch.setattr(mx.fast, "metal_kernel", metal_kernel)
-    for module in (metal, turbo_metal, encode_module):
-        module._kernels.cache_clear()
-    yield
-    for module in (metal, turbo_metal, encode_module):
-        module._kernels.cache_clear()
-
-
 @pytest.fixture
 def built(monkeypatch):
     """The Metal kernels built while a test runs, by name."""
@@ -85,7 +76,7 @@ def built(monkeypatch):
         kernels[definition["name"]] = RecordedKernel(fill, **definition)
         return kernels[definition["name"]]
 
-    with kernels_built_by(monkeypatch, metal_kernel):
+    with kernels_built_by(monkeypatch, METAL, metal_kernel):
         yield kernels
 
 
@@ -242,8 +233,8 @@ def test_encoder_launch_matches_what_the_source_reads(built, centered):
 
 def all_kernels(built) -> dict[str, RecordedKernel]:
     """Every Metal kernel of the paged decode modules and the encoder, built."""
-    for module in (metal, turbo_metal, encode_module):
-        module._kernels()
+    for module in (decode, turbo, turbo_encode):
+        module.kernels(METAL)
     return built
 
 
@@ -281,7 +272,7 @@ def test_source_names_only_what_mlx_passes_and_metal_knows(built, name):
     assert not set(declared) & set(METAL_ADDRESS_SPACES), "a variable named as an address space"
     for text in (source, header):
         assert text.count("{") == text.count("}") and text.count("(") == text.count(")")
-    assert "STORE" not in identifiers(source) and "CENTERING" not in identifiers(source)
+    assert "$" not in source + header, "a placeholder left unspelled"
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -299,7 +290,7 @@ def test_template_values_passed_are_those_the_source_uses(built, name):
                 scale=0.125,
                 num_partitions=num_partitions,
             )
-            metal.paged_decode_attention_metal(
+            paged_decode_attention_metal(
                 mx.zeros((2, 8, 1, 64), mx.bfloat16),
                 mx.zeros((64, 2, 64), mx.bfloat16),
                 mx.zeros((64, 2, 64), mx.bfloat16),
@@ -326,12 +317,12 @@ def test_template_values_passed_are_those_the_source_uses(built, name):
 
 
 def test_metal_takes_fewer_group_sizes_than_cuda_within_its_threadgroup_memory():
-    assert supports_turbo_metal(4, 128, 128, 4, 4)
-    assert supports_turbo_metal(4, 64, 64, 4, 3)
+    assert supports_turbo(METAL, 4, 128, 128, 4, 4)
+    assert supports_turbo(METAL, 4, 64, 64, 4, 3)
     for group_size, head_dim in [(8, 128), (8, 64)]:
-        assert supports_turbo(group_size, head_dim, head_dim, 4, 4)
-        assert not supports_turbo_metal(group_size, head_dim, head_dim, 4, 4)
-    assert not supports_turbo_metal(4, 128, 64, 4, 4)
+        assert supports_turbo(CUDA, group_size, head_dim, head_dim, 4, 4)
+        assert not supports_turbo(METAL, group_size, head_dim, head_dim, 4, 4)
+    assert not supports_turbo(METAL, 4, 128, 64, 4, 4)
 
 
 on_metal = pytest.mark.skipif(not mx.metal.is_available(), reason="needs an Apple GPU")

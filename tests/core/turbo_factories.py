@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKVStorage
-from mlxcel_core.cache.paged.batch import PagedLayerCache
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache
 from mlxcel_core.kernels.paged_attention import TurboPool
 
 

@@ -30,7 +30,7 @@ NUM_STEPS = 3
 def message(step: int) -> StepMessage:
     # Step 2 carries a prompt longer than the first frame, so it takes a second one.
     tokens = list(range(600 if step == 2 else 3))
-    return StepMessage(step, (), (RowInput(tokens, [step], 0, 1),))
+    return StepMessage((step,), (), (RowInput(tokens, ([step],), 0, 1),))
 
 
 def report(rank: int, step: int) -> StageReport:

@@ -84,20 +84,20 @@ def run_paged(
     profile = profile_model(model, max(map(len, prompts)))
     blocks_per_row = -(-(max(map(len, prompts)) + num_steps + 1) // BLOCK_SIZE)
     storage = PagedKVStorage(profile.layers, BLOCK_SIZE, 1 + blocks_per_row * len(prompts))
-    storage.ensure_capacity(storage.max_blocks)
+    storage.ensure_capacity(storage.max_blocks[0])
     runner = ModelRunner(model, storage)
     tables = [
         list(range(1 + row * blocks_per_row, 1 + (row + 1) * blocks_per_row))
         for row in range(len(prompts))
     ]
-    step = runner.run([RowInput(p, tables[i], 0) for i, p in enumerate(prompts)])
+    step = runner.run([RowInput(p, (tables[i],), 0) for i, p in enumerate(prompts)])
     logits = step.last(range(len(prompts)))
     mx.eval(logits, storage.arrays())
     offsets = [len(p) for p in prompts]
     step_logits = [logits]
     tokens = [next_tokens(group, logits)]
     for _ in range(num_steps):
-        rows = [RowInput([t], tables[i], offsets[i]) for i, t in enumerate(tokens[-1])]
+        rows = [RowInput([t], (tables[i],), offsets[i]) for i, t in enumerate(tokens[-1])]
         logits = runner.run(rows).last(range(len(rows)))
         mx.eval(logits, storage.arrays())
         offsets = [offset + 1 for offset in offsets]

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 import pytest
+from cache_kind_models import make_model
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import (
@@ -210,3 +211,24 @@ def test_kv_arriving_for_an_ended_request_is_dropped(model) -> None:
         assert cancelled_sink.get(timeout=TIMEOUT).error is not None
         hold.set()
         assert tokens_of(engine, [PROMPTS[1]]) == expected
+
+
+def test_a_model_with_windowed_layers_keeps_one_block_group_for_the_prefill_rank() -> None:
+    """The prefill rank hands over one block table's contents, so a model mixing windowed
+    and full-attention layers (Gemma 3) keeps every layer in one group there, and gives
+    the tokens it gives with its window group prefilling itself."""
+    mixed = make_model("gemma3_text")
+    prompts = [tuple(p % 64 for p in prompt) for prompt in PROMPTS]
+    engine = Engine(mixed, make_config())
+    try:
+        local = tokens_of(engine, prompts)
+        assert len(engine.stats.kv_groups) == 2
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+    hold = threading.Event()
+    hold.set()
+    with disaggregated_engine(mixed, hold) as (remote_engine, prefills):
+        remote = tokens_of(remote_engine, prompts)
+        assert len(remote_engine.stats.kv_groups) == 1
+    assert remote == local
+    assert prefills[0].num_jobs > 0

@@ -121,7 +121,7 @@ def test_send_returns_the_bytes_of_its_frames():
     channel = StepChannel(mx.distributed.init())  # a group of one: rank 0 alone
     int_bytes = np.dtype(np.int32).itemsize
     assert channel.send(Shutdown()) == Sent(FRAME_INTS * int_bytes)
-    prefill = StepMessage(20, (), (RowInput(list(range(600)), list(range(20)), 0, 1),))
+    prefill = StepMessage((20,), (), (RowInput(list(range(600)), (list(range(20)),), 0, 1),))
     rest = len(encode_message(prefill)) - (FRAME_INTS - 1)
     assert rest > 0
     assert channel.send(prefill) == Sent((FRAME_INTS + rest) * int_bytes)

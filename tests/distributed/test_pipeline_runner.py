@@ -95,7 +95,7 @@ def make_runner(
 
 
 def rows(count: int) -> list[RowInput]:
-    return [RowInput([5], [1 + i], 3) for i in range(count)]
+    return [RowInput([5], ([1 + i],), 3) for i in range(count)]
 
 
 def test_rank_0_receives_the_oldest_step_before_it_sends_the_next(storage):

@@ -40,7 +40,9 @@ from mlxcel_models.memory import (
     ModelInventory,
     estimate_memory,
     kv_cache_bytes,
+    kv_group_bytes_per_token,
     kv_layers,
+    sequences_kv_bytes,
 )
 from mlxcel_models.memory.estimate import cache_geometry
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat
@@ -170,3 +172,26 @@ def test_the_estimate_of_an_all_windowed_model_holds_its_window_and_a_chunk():
     )
     assert estimate.kv_cache == kv_cache_bytes(per_token, 7 + 64 + 32, 16)
     assert estimate.states == 0
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "gpt_oss"])
+def test_the_estimate_of_mixed_layers_holds_a_window_for_the_windowed_ones(name):
+    """Two layers read every position, two a window of 8: those hold the window and a
+    chunk only, in a block group of their own."""
+    options = ComputeOptions(float_dtype=mx.float32)
+    request = ContextRequest(4096, chunk_tokens=64, block_size=16)
+    inventory = inventory_of(name)
+    layers = kv_layers(inventory, options)
+    assert len(layers) == 4
+    full = sum(layer.bytes_per_token() for layer in layers[1::2])
+    windowed = sum(layer.bytes_per_token() for layer in layers[0::2])
+    estimate = estimate_memory(inventory, request, options)
+    assert estimate.kv_cache == kv_cache_bytes(full, 4096, 16) + kv_cache_bytes(
+        windowed, 7 + 64 + 32, 16
+    )
+    geometry = cache_geometry(inventory, options)
+    assert kv_group_bytes_per_token(geometry, "auto", "auto") == [(None, full), (8, windowed)]
+    four = sequences_kv_bytes(
+        geometry, request, 4096, cache_type_k="auto", cache_type_v="auto", num_sequences=4
+    )
+    assert four == kv_cache_bytes(full, 4096, 16, 4) + kv_cache_bytes(windowed, 103, 16, 4)

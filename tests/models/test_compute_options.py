@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from mlxcel_core.kernels import KernelOptions, install_kernel_options, options
 from mlxcel_models.compute import (
     CUDA_DEQUANTIZE_MIN_ROWS,
     ComputeOptions,
@@ -28,6 +29,25 @@ def test_cpu_defaults_are_float32_with_dense_weights_up_to_a_quarter_of_memory()
         else ComputeOptions()
     )
     assert ComputeOptions.for_device(mx.Device(mx.gpu)) == on_gpu
+
+
+def test_an_apple_gpu_with_the_metal_kernels_on_routes_quantized_layers_through_them(
+    tiny_gguf, monkeypatch
+):
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(options, "_cuda_available", lambda: False)
+    monkeypatch.setattr(options, "_metal_available", lambda: True)
+    gpu = mx.Device(mx.gpu)
+    try:
+        assert ComputeOptions.for_device(gpu) == ComputeOptions()
+        install_kernel_options(KernelOptions(metal_kernels=True))
+        assert ComputeOptions.for_device(gpu) == ComputeOptions(kernel_linear=True)
+    finally:
+        install_kernel_options(KernelOptions())
+    loaded = load_model(tiny_gguf, compute=ComputeOptions(kernel_linear=True))
+    layers = [m for _, m in loaded.model.module.named_modules()]
+    routed = [m for m in layers if isinstance(m, PrefillDequantizingLinear)]
+    assert len(routed) == 14 and all(m.dequantize_min_rows is None for m in routed)
 
 
 def test_dense_weights_replace_every_quantized_layer_within_the_limit(tiny_gguf):

@@ -131,7 +131,7 @@ def test_kv_bytes_per_token_match_the_pools_the_engine_allocates(tmp_path, cache
     storage = PagedKVStorage(layers, 16, 64, cache_type_k=cache_type, cache_type_v=cache_type)
     storage.ensure_capacity(3)
     measured = sum(array.nbytes for array in storage.arrays())
-    assert measured == storage.capacity_blocks * 16 * per_token
+    assert measured == storage.capacity_blocks[0] * 16 * per_token
     # TurboQuant: b bits per coordinate, a float16 norm, and one outlier feature kept apart
     # (a uint8 position and its float16 value) per 32-wide vector.
     expected_vector = {"auto": 128, "f32": 128, "f16": 64, "bf16": 64, "q8_0": 34,

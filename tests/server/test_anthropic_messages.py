@@ -211,7 +211,7 @@ def test_ending_names_the_stop_sequence_met_first(
         ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "budget_tokens"),
         ({"thinking": {"type": "adaptive"}}, "thinking"),
         ({"frequency_penalty": 1.0}, "unsupported parameter"),
-        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "any"}}, "constrained decoding"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "x"}}, "not among"),
         ({"messages": [{"role": "user", "content": [IMAGE]}]}, "has no vision support"),
         (
             {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
@@ -333,11 +333,13 @@ def test_streamed_tool_calls_are_input_json_deltas(make_tool_client):
     assert [s["index"] for s in starts] == [0, 1, 2]
     assert [s["content_block"]["type"] for s in starts] == ["text", "tool_use", "tool_use"]
     assert all(s["content_block"]["input"] == {} for s in starts[1:])
-    inputs = {
-        data["index"]: json.loads(data["delta"]["partial_json"])
-        for name, data in events
-        if name == "content_block_delta" and data["delta"]["type"] == "input_json_delta"
-    }
+    pieces: dict[int, list[str]] = {}
+    for name, data in events:
+        if name == "content_block_delta" and data["delta"]["type"] == "input_json_delta":
+            pieces.setdefault(data["index"], []).append(data["delta"]["partial_json"])
+    # The input comes in the pieces it is generated in (the engine replays 7 characters a time).
+    assert all(len(chunks) > 1 for chunks in pieces.values())
+    inputs = {index: json.loads("".join(chunks)) for index, chunks in pieces.items()}
     assert inputs == {1: {"city": "Paris"}, 2: {"city": "Tokyo", "unit": "°C"}}
     stops = [data["index"] for name, data in events if name == "content_block_stop"]
     assert stops == [0, 1, 2]
@@ -399,11 +401,11 @@ def test_tool_results_render_through_the_template(make_tool_client, hermes_loade
     assert "I should look both up." not in prompt
 
 
-def test_tool_blocks_need_a_template_with_a_tool_convention(client):
+def test_tool_blocks_on_a_template_without_a_convention_are_written_as_text(client):
     history = [
         *ASK,
         {"role": "assistant", "content": [TOOL_USE]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1"}]},
     ]
     reply = create(client, messages=history)
-    assert_anthropic_error(reply, 400, "invalid_request_error", "tool-call convention")
+    assert reply.status == 200, reply.body

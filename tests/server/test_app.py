@@ -147,26 +147,12 @@ def test_more_prompts_than_the_queue_holds_names_the_prompts(make_client, tiny_l
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, ""),
         ({"messages": [{"role": "user"}]}, "messages[0]", "needs content"),
         ({"messages": [*HELLO, {"role": "assistant"}]}, "messages[1]", "content or tool_calls"),
-        (
-            {
-                "messages": [
-                    *HELLO,
-                    {
-                        "role": "assistant",
-                        "tool_calls": [
-                            {
-                                "id": "call_1",
-                                "type": "function",
-                                "function": {"name": "weather", "arguments": "{}"},
-                            }
-                        ],
-                    },
-                    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-                ]
-            },
-            "messages[1]",
-            "no tool-call convention",
-        ),
+        ({"min_tokens": -1}, "min_tokens", ">= 0"),
+        ({"n_probs": -1}, "n_probs", ">= 0"),
+        ({"samplers": ["top_k", "mirostat"]}, "samplers", "unknown sampler name"),
+        ({"samplers": "kz"}, "samplers", "unknown sampler letter"),
+        ({"t_max_predict_ms": -5}, "t_max_predict_ms", ">= 0"),
+        ({"id_slot": -2}, "id_slot", "-1"),
         ({"messages": [{"role": "system", "content": []}]}, "messages[0]", "needs content"),
         ({"logit_bias": {"": 5}}, "logit_bias", "names no token"),
         ({"logit_bias": {"9" * 5000: 5}}, "logit_bias", "is not a token id"),

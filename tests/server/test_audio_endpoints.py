@@ -58,7 +58,7 @@ def test_srt_numbers_cues_with_comma_times(client):
 
 def test_vtt_has_its_header_and_dot_times(client):
     reply = client.post("/v1/audio/transcriptions", **upload(wav_bytes(2.0), response_format="vtt"))
-    assert reply.headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert reply.headers["Content-Type"] == "text/vtt; charset=utf-8"
     assert reply.body.decode() == (
         "WEBVTT\n\n00:00:00.000 --> 00:00:01.000\nHello world,\n\n"
         "00:00:01.000 --> 00:00:02.000\nthis is a test.\n"

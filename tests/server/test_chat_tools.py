@@ -62,14 +62,18 @@ def test_two_calls_streamed_match_the_unstreamed_reply(make_tool_client):
     assert "<tool" not in content and "</" not in content
     assert content.strip() == full["content"]
     streamed = [call for d in deltas for call in d["tool_calls"] or []]
-    assert [call["index"] for call in streamed] == [0, 1]
+    # Each call's first piece names it; its arguments follow in the pieces generated.
+    firsts = [call for call in streamed if "id" in call]
+    assert [call["index"] for call in firsts] == [0, 1]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in firsts)
+    assert [c["function"]["name"] for c in firsts] == ["get_weather", "get_weather"]
+    assert all(set(c) == {"index", "function"} for c in streamed if "id" not in c)
+    assert len(streamed) > 4
     arguments: dict[int, str] = {}
     for call in streamed:
-        assert call["id"].startswith("call_") and call["type"] == "function"
-        assert call["function"]["name"] == "get_weather"
         arguments[call["index"]] = arguments.get(call["index"], "") + call["function"]["arguments"]
-    assert [json.loads(arguments[i]) for i in (0, 1)] == [
-        json.loads(c["function"]["arguments"]) for c in full["tool_calls"]
+    assert [arguments[i] for i in (0, 1)] == [
+        c["function"]["arguments"] for c in full["tool_calls"]
     ]
     finishes = [e["choices"][0]["finish_reason"] for e in events[:-1]]
     assert [f for f in finishes if f] == ["tool_calls"] and finishes[-1] == "tool_calls"
@@ -103,17 +107,21 @@ def test_parallel_tool_calls_false_keeps_the_first_call(make_tool_client):
     calls = ask(client, parallel_tool_calls=False).json()["choices"][0]["message"]["tool_calls"]
     assert len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     events = ask(client, parallel_tool_calls=False, stream=True).events()[:-1]
-    assert sum(len(e["choices"][0]["delta"]["tool_calls"] or []) for e in events) == 1
+    streamed = [call for e in events for call in e["choices"][0]["delta"].get("tool_calls") or []]
+    assert {call["index"] for call in streamed} == {0}
 
 
-def test_malformed_tool_markup_is_plain_content(make_tool_client):
+def test_markup_that_breaks_off_reads_the_same_streamed_or_not(make_tool_client):
+    # The grammar never lets a model write this; a reply is still read one way only.
     text = 'Sure <tool_call>\n{"name": "get_weather", "arguments": {oops}\n</tool_call>'
     client, _ = make_tool_client(text)
-    choice = ask(client).json()["choices"][0]
-    assert choice["finish_reason"] == "stop"
-    assert choice["message"] == {"role": "assistant", "content": text, "tool_calls": None}
+    message = ask(client).json()["choices"][0]["message"]
     events = ask(client, stream=True).events()[:-1]
-    assert "".join(e["choices"][0]["delta"]["content"] or "" for e in events) == text
+    deltas = [e["choices"][0]["delta"] for e in events]
+    assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+    streamed = [call for d in deltas for call in d.get("tool_calls") or []]
+    assert "".join(c["function"]["arguments"] for c in streamed) == "{"
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ["{"]
 
 
 def test_tool_choice_none_neither_renders_nor_parses(make_tool_client):
@@ -126,11 +134,10 @@ def test_tool_choice_none_neither_renders_nor_parses(make_tool_client):
 @pytest.mark.parametrize(
     ("fields", "param", "text"),
     [
-        ({"tool_choice": "required"}, "tool_choice", "constrained decoding"),
         (
-            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
             "tool_choice",
-            "constrained decoding",
+            "not among the tools",
         ),
         ({"tools": None, "tool_choice": "auto"}, "tool_choice", "needs tools"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, None, "pattern"),
@@ -147,6 +154,10 @@ def test_tool_fields_that_cannot_be_honoured_are_400s(make_tool_client, fields, 
         assert error["param"] == param
 
 
-def test_tools_on_a_template_without_a_tool_convention_are_a_400(client):
-    reply = client.post(CHAT, {"messages": ASK, "tools": [WEATHER_TOOL]})
-    assert reply.status == 400 and reply.json()["error"]["param"] == "tools"
+def test_every_tool_request_is_constrained_and_none_is_not(make_tool_client):
+    client, engine = make_tool_client()
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
+        assert ask(client, tool_choice=choice).status == 200
+        assert engine.requests[-1].constraint is not None
+    ask(client, tool_choice="none")
+    assert engine.requests[-1].constraint is None

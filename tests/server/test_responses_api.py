@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from mlxcel_server.responses_api.conversation import ChatTurn
 from mlxcel_server.responses_api.objects import ResponseObject
 from mlxcel_server.responses_api.store import ResponseStore, StoredResponse
+from mlxcel_server.schemas import ChatMessage
 
 RESPONSES = "/v1/responses"
 OUTPUT_YO = {"type": "output_text", "text": "yo"}
@@ -132,7 +132,9 @@ def test_stream_event_order_and_text(client):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": []}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
@@ -164,7 +166,7 @@ def test_store_evicts_the_least_recently_used():
         response = ResponseObject(
             id=response_id, created_at=0, status="completed", model="m", output=[], store=True
         )
-        return StoredResponse(response, (ChatTurn("user", response_id),))
+        return StoredResponse(response, (ChatMessage(role="user", content=response_id),))
 
     store.put(entry("a"))
     store.put(entry("b"))

@@ -153,7 +153,7 @@ def test_a_paged_batch_of_a_row_with_images_and_a_text_row_matches(parts: Vision
     expected_text_row = expected_text_row.logits[0].numpy()
     block_size = 16
     storage = PagedKVStorage([LayerGeometry(2, 16, 16, mx.float32)] * 2, block_size, 8)
-    storage.ensure_capacity(storage.max_blocks)
+    storage.ensure_capacity(storage.max_blocks[0])
     tables = [[1, 2], [3, 4]]
     lengths = [len(image_ids), len(text_ids)]
     longest = max(lengths)

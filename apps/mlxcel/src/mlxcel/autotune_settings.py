@@ -2,7 +2,7 @@
 is set (docs/autotune.md).
 
 The stored values of this device and MLX version are installed for the kernels
-(`mlxcel_core.autotune.install_tunings`), and a command whose prefill chunk flag came from
+(`mlxcel_core.tuning.install_tunings`), and a command whose prefill chunk flag came from
 neither the command line nor its environment variable takes the chunk tuned for the
 model's shape: `-ub` for `generate`, `run` and `serve`, `-b` (its prefill step) for
 `bench`, and says so in one line on stderr. The shape is read from the model's headers
@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from mlxcel.engine_flags import UBATCH_SIZE_FLAG
 from mlxcel.flags import Flag
-from mlxcel_core.autotune import (
+from mlxcel_core.tuning import (
     AUTOTUNE_VARIABLE,
     PREFILL_CHUNK,
     Tunings,

@@ -31,6 +31,7 @@ from mlxcel.flags import (
     resolve_defaults,
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
+from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel.loading import load_for_command
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
@@ -51,6 +52,7 @@ BENCH_FLAGS = (
          is_switch=True),
     SURGERY_FLAG,
     GGUF_DEQUANT_FLAG,
+    METAL_KERNELS_FLAG,
 )  # fmt: skip
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
@@ -151,6 +153,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, BENCH_FLAGS, environ)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err, BATCH_SIZE_FLAG)
+    apply_kernel_flags(args)
     for name, value, low in (
         ("-p/--n-prompt", args.n_prompt, 1),
         ("-n/--n-gen", args.n_gen, 2),

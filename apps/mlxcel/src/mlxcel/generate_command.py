@@ -39,6 +39,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
+from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel.loading import load_target_model
 from mlxcel.media_flags import IMAGE_FLAGS, check_image_mode, read_images
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
@@ -88,6 +89,7 @@ FLAGS = (
     GGUF_DEQUANT_FLAG,
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
+    METAL_KERNELS_FLAG,
 )
 
 
@@ -200,6 +202,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err)
+    apply_kernel_flags(args)
     prompts = _read_prompts(args)
     check_image_mode(args)
     images = read_images(args)

@@ -42,13 +42,13 @@ from mlxcel_models.memory import (
     MemoryEstimate,
     ModelInventory,
     activation_dtype,
+    cache_geometry,
     device_memory_budget,
     estimate_memory,
     estimate_weights,
     kv_bytes_per_token,
-    kv_cache_bytes,
-    kv_layers,
     read_model_inventory,
+    sequences_kv_bytes,
 )
 from mlxcel_models.store import resolve_model
 
@@ -97,11 +97,13 @@ def _verdict(
 def _kv_table(
     inventory: ModelInventory, options: ComputeOptions, tokens: int, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
-    layers = kv_layers(inventory, options)
+    geometry = cache_geometry(inventory, options)
+    request = context_request_from(args)
     rows: list[dict[str, Any]] = []
     for cache_type in CACHE_TYPES:
+        types = {"cache_type_k": cache_type, "cache_type_v": cache_type}
         try:
-            per_token = kv_bytes_per_token(layers, cache_type, cache_type)
+            per_token = kv_bytes_per_token(geometry.layers, cache_type, cache_type)
         except CacheTypeError as error:
             rows.append({"type": cache_type, "error": str(error)})
             continue
@@ -109,11 +111,22 @@ def _kv_table(
             {
                 "type": cache_type,
                 "bytes_per_token": per_token,
-                "context_bytes": kv_cache_bytes(per_token, tokens, args.block_size),
-                "parallel_bytes": kv_cache_bytes(per_token, tokens, args.block_size, args.parallel),
+                "context_bytes": sequences_kv_bytes(geometry, request, tokens, **types),
+                "parallel_bytes": sequences_kv_bytes(
+                    geometry, request, tokens, **types, num_sequences=args.parallel
+                ),
             }
         )
     return rows
+
+
+def _windowed_layers(inventory: ModelInventory, options: ComputeOptions) -> dict[int, int]:
+    """Attention layers per window, for the layers that read a window only."""
+    geometry = cache_geometry(inventory, options)
+    counts = Counter(
+        part.window_size for part in geometry.layout.attention_parts if part.window_size
+    )
+    return dict(sorted(counts.items()))
 
 
 def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, Any]:
@@ -171,6 +184,7 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
         "parallel": args.parallel,
         "kv_dtype": _dtype_name(activation_dtype(inventory, options)),
         "kv_cache": _kv_table(inventory, options, tokens, args),
+        "windowed_layers": _windowed_layers(inventory, options),
         "cache_type_k": request.cache_type_k,
         "cache_type_v": request.cache_type_v,
         "memory": {
@@ -197,12 +211,17 @@ def _all_sequences(
     estimate: MemoryEstimate,
     parallel: int,
 ) -> MemoryEstimate:
-    layers = kv_layers(inventory, options)
-    per_token = kv_bytes_per_token(layers, request.cache_type_k, request.cache_type_v)
     tokens = request.tokens(inventory)
     return MemoryEstimate(
         estimate.weights,
-        kv_cache_bytes(per_token, tokens, request.block_size, parallel),
+        sequences_kv_bytes(
+            cache_geometry(inventory, options),
+            request,
+            tokens,
+            cache_type_k=request.cache_type_k,
+            cache_type_v=request.cache_type_v,
+            num_sequences=parallel,
+        ),
         estimate.activations,
         estimate.states * parallel,
     )
@@ -236,7 +255,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"context       {report['context_length']} tokens trained; -c {report['ctx_size']}, "
         f"-np {report['parallel']}",
         "",
-        f"KV cache (keys + values, {report['layers']} layers; auto = {report['kv_dtype']})",
+        f"KV cache (keys + values, {report['layers']} layers{_windows_text(report)}; "
+        f"auto = {report['kv_dtype']})",
         f"  {'type':<8} {'bytes/token':>12} {'-c tokens':>12} {'x -np':>12}",
     ]
     for row in report["kv_cache"]:
@@ -260,6 +280,14 @@ def format_report(report: dict[str, Any]) -> str:
         f"verdict       {_verdict_text(report)}",
     ]
     return "\n".join(lines)
+
+
+def _windows_text(report: dict[str, Any]) -> str:
+    """Which layers hold a window of positions only, for the KV cache's heading."""
+    return "".join(
+        f", {count} of them reading only the last {window} tokens"
+        for window, count in report["windowed_layers"].items()
+    )
 
 
 def _share(fraction: float) -> str:

@@ -40,6 +40,7 @@ from mlxcel.flags import (
 )
 from mlxcel.generate_command import check_length_flags, generate_one
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
+from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel.loading import load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.repl import run_repl
@@ -73,6 +74,7 @@ FLAGS = (
     SURGERY_FLAG,
     GGUF_DEQUANT_FLAG,
     *SAMPLING_FLAGS,
+    METAL_KERNELS_FLAG,
 )  # fmt: skip
 
 
@@ -93,6 +95,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     args.model = _model_from(args)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err)
+    apply_kernel_flags(args)
     params = sampling_params_from(args)
     check_length_flags(args)
     check_reasoning_budget(args)

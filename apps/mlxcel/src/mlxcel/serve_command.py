@@ -47,6 +47,7 @@ from mlxcel.flags import (
     sampling_params_from,
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
+from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel.loading import load_target_model
 from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
@@ -128,6 +129,7 @@ FLAGS = (
     *TEMPLATE_FLAGS,
     *AUDIO_FLAGS,
     *MEDIA_FLAGS,
+    METAL_KERNELS_FLAG,
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
     STAGE_TIMEOUT_FLAG,
@@ -364,6 +366,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err)
+    apply_kernel_flags(args)
     settings = settings_from(args)
     check_parallel(args, settings.engine)
     check_stage_timeout(args)

@@ -24,17 +24,17 @@ from mlxcel.tune_searches import (
     search_paged_decode_partitions,
     search_prefill_chunk,
 )
-from mlxcel_core.autotune import (
+from mlxcel_core.autotune import SearchResult
+from mlxcel_core.autotune.prefill import PREFILL_CHUNK_CANDIDATES, prefill_chunk_candidates
+from mlxcel_core.tuning import (
     PAGED_DECODE_PARTITIONS,
     PREFILL_CHUNK,
     TACTICS,
-    SearchResult,
     TunedEntry,
     TuningScope,
     TuningStore,
     autotune_dir,
 )
-from mlxcel_core.autotune.prefill import PREFILL_CHUNK_CANDIDATES, prefill_chunk_candidates
 from mlxcel_models.memory import read_model_inventory
 
 

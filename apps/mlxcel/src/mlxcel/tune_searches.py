@@ -8,18 +8,17 @@ from collections.abc import Callable, Iterator, Sequence
 import mlx.core as mx
 
 from mlxcel.flags import RunError
-from mlxcel_core.autotune import (
-    PAGED_DECODE_PARTITIONS,
-    PREFILL_CHUNK,
-    SearchResult,
-    paged_decode_bucket,
-    search,
-)
-from mlxcel_core.autotune.buckets import next_power_of_two
+from mlxcel_core.autotune import SearchResult, search
 from mlxcel_core.autotune.paged_decode import DecodeKernelProblem, partition_candidates
 from mlxcel_core.autotune.prefill import EnginePrefill
 from mlxcel_core.engine import InsufficientMemoryError
-from mlxcel_core.kernels.paged_attention import uses_decode_kernel
+from mlxcel_core.kernels.paged_attention import decode_kernel_backend
+from mlxcel_core.tuning import (
+    PAGED_DECODE_PARTITIONS,
+    PREFILL_CHUNK,
+    next_power_of_two,
+    paged_decode_bucket,
+)
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.memory import ModelInventory, activation_dtype
@@ -70,8 +69,11 @@ def decode_kernel_skip_reason(inventory: ModelInventory) -> str | None:
     arch = inventory.architecture
     dtype = activation_dtype(inventory, ComputeOptions.for_device(mx.default_device()))
     head_dim = arch.head_dim
-    if not uses_decode_kernel(
-        mx.default_device(), dtype, arch.num_heads, arch.num_kv_heads, head_dim, head_dim
+    if (
+        decode_kernel_backend(
+            mx.default_device(), dtype, arch.num_heads, arch.num_kv_heads, head_dim, head_dim
+        )
+        is None
     ):
         return (
             f"the paged decode kernel does not take this model's layers ({dtype}, head dim "

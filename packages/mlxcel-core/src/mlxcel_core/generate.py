@@ -19,7 +19,7 @@ from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache import KVCache
 from mlxcel_core.logprobs import PendingLogprobs, TokenLogprobs, make_logprobs
 from mlxcel_core.sampling.constraint import TokenConstraint, apply_constraint
-from mlxcel_core.stopping import StopStringMatcher
+from mlxcel_core.stopping import StopStringMatcher, StopTokenBan, ban_tokens, ban_unless_alone
 
 Sampler = Callable[[mx.array, mx.array], mx.array]
 """Maps logits (V,) float and the token history (T,) int32 to a token id, shape () int32."""
@@ -83,6 +83,13 @@ class GenerationConfig:
         stop_strings: strings that end generation; never shown.
         num_top_logprobs: None computes no log probabilities (no cost); k >= 0 reports each
             sampled token's log probability and the k likeliest alternatives.
+        min_tokens: the stop tokens cannot be drawn, and stop strings do not stop, before
+            this many tokens are generated (vLLM's `min_tokens`).
+        ignore_eos: the stop tokens cannot be drawn at all (llama-server's and vLLM's
+            `ignore_eos`); stop strings and the token limit still end generation.
+        max_predict_seconds: once this long has passed since the first token and the text
+            holds a newline, generation ends with `LENGTH` (llama-server's
+            `t_max_predict_ms`); None for no limit.
     """
 
     context_size: int
@@ -91,6 +98,9 @@ class GenerationConfig:
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
     num_top_logprobs: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    max_predict_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.context_size < 1:
@@ -101,6 +111,17 @@ class GenerationConfig:
             raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
         if self.num_top_logprobs is not None and self.num_top_logprobs < 0:
             raise ValueError(f"num_top_logprobs must be None or >= 0, got {self.num_top_logprobs}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_predict_seconds is not None and not self.max_predict_seconds > 0:
+            raise ValueError(
+                f"max_predict_seconds must be None or > 0, got {self.max_predict_seconds}"
+            )
+
+    @property
+    def stop_token_ban(self) -> StopTokenBan:
+        """The stop tokens kept from being drawn, by `min_tokens` and `ignore_eos`."""
+        return StopTokenBan(self.stop_token_ids, self.min_tokens, self.ignore_eos)
 
 
 @dataclass(frozen=True)
@@ -202,6 +223,7 @@ def generate_steps(
     prefill_step_size: int = 2048,
     num_top_logprobs: int | None = None,
     constraint: TokenConstraint | None = None,
+    stop_ban: StopTokenBan | None = None,
 ) -> Iterator[SampledToken]:
     """Yield sampled tokens without end; the caller decides when to stop.
 
@@ -218,6 +240,8 @@ def generate_steps(
         num_top_logprobs: None for no log probabilities; k >= 0 for the sampled token's
             log probability and the k likeliest alternatives (see `make_logprobs`).
         constraint: the request's token constraint (structured output), or None.
+        stop_ban: the stop tokens kept from being drawn, by the number drawn before (see
+            `StopTokenBan`); a constraint that allows nothing else still gets them.
 
     Raises:
         ValueError: `prompt` is empty.
@@ -226,12 +250,18 @@ def generate_steps(
         raise ValueError("prompt must hold at least one token")
     cache = model.make_cache() if cache is None else cache
     history = mx.array(prompt, dtype=mx.int32)
+    num_drawn = 0
 
     def sample(logits: mx.array) -> tuple[mx.array, PendingLogprobs | None]:
+        nonlocal num_drawn
+        banned = frozenset() if stop_ban is None else stop_ban.banned(num_drawn)
+        num_drawn += 1
         allowed = logits
         if constraint is not None:
-            allowed = apply_constraint(logits, constraint.allowed_mask(logits.shape[-1]))
-        token = sampler(allowed, history)
+            mask = constraint.allowed_mask(logits.shape[-1])
+            allowed = apply_constraint(logits, mask)
+            banned = ban_unless_alone(mask, banned)
+        token = sampler(ban_tokens(allowed[None], [banned])[0], history)
         pending = None
         if num_top_logprobs is None:
             mx.async_eval(token)
@@ -273,21 +303,28 @@ def generate_tokens(
 class TextAssembler:
     """Applies one sequence's stop criteria to its sampled tokens and assembles its text.
 
-    Generation ends with `FinishReason.STOP` on a stop token or stop string, and with
-    `FinishReason.LENGTH` at `max_tokens` or when the context window is full. Stop tokens
-    and stop strings are never part of the text.
+    Generation ends with `FinishReason.STOP` on a stop token or stop string (a stop string
+    only from `min_tokens` tokens on), and with `FinishReason.LENGTH` at `max_tokens`, when
+    the context window is full, or past `max_predict_seconds` once the text holds a newline.
+    Stop tokens and stop strings are never part of the text.
 
     Args:
         detokenizer: the sequence's own incremental detokenizer.
         config: its limits and stop criteria.
         num_prompt_tokens: its prompt length (tokens).
+        clock: seconds from an arbitrary origin (`time.perf_counter`).
 
     Raises:
         ContextOverflowError: the prompt fills the whole context window.
     """
 
     def __init__(
-        self, detokenizer: Detokenizer, config: GenerationConfig, num_prompt_tokens: int
+        self,
+        detokenizer: Detokenizer,
+        config: GenerationConfig,
+        num_prompt_tokens: int,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if num_prompt_tokens >= config.context_size:
             raise ContextOverflowError(
@@ -303,6 +340,17 @@ class TextAssembler:
         self._detokenizer = detokenizer
         self._stop_token_ids = config.stop_token_ids
         self._matcher = StopStringMatcher(config.stop_strings)
+        self._min_tokens = config.min_tokens
+        self._ban = config.stop_token_ban
+        self._max_predict_seconds = config.max_predict_seconds
+        self._clock = clock
+        self._first_token_time = 0.0
+        self._has_newline = False
+
+    def banned_token_ids(self, ahead: int = 0) -> frozenset[int]:
+        """The stop tokens the draw `ahead` tokens after the next one may not give (see
+        `GenerationConfig.min_tokens` and `ignore_eos`)."""
+        return self._ban.banned(self.num_generated + ahead)
 
     def add(self, token_id: int) -> str:
         """Take one sampled token; return the text it makes final.
@@ -315,20 +363,33 @@ class TextAssembler:
         if self.finish_reason is not None:
             raise ValueError("the sequence has already finished")
         self.num_generated += 1
+        if self.num_generated == 1:
+            self._first_token_time = self._clock()
         if token_id in self._stop_token_ids:
             self.finish_reason = FinishReason.STOP
             return ""
-        match = self._matcher.feed(self._detokenizer.add_token(token_id))
+        text = self._detokenizer.add_token(token_id)
+        self._has_newline = self._has_newline or "\n" in text
+        match = self._matcher.feed(text, may_stop=self.num_generated >= self._min_tokens)
         if match.stopped:
             self.finish_reason = FinishReason.STOP
-        elif self.num_generated == self.budget:
+        elif self.num_generated == self.budget or self._out_of_time():
             self.finish_reason = FinishReason.LENGTH
         return match.text
+
+    def _out_of_time(self) -> bool:
+        limit = self._max_predict_seconds
+        return (
+            limit is not None
+            and self._has_newline
+            and self._clock() - self._first_token_time > limit
+        )
 
     def finish(self) -> str:
         """The text still held back, once the sequence has ended (a stop string may still
         complete in it, which makes the finish reason `STOP`)."""
-        rest = self._matcher.feed(self._detokenizer.finalize())
+        may_stop = self.num_generated >= self._min_tokens
+        rest = self._matcher.feed(self._detokenizer.finalize(), may_stop=may_stop)
         if rest.stopped:
             self.finish_reason = FinishReason.STOP
             return rest.text
@@ -367,6 +428,7 @@ def stream_generate(
         prefill_step_size=config.prefill_step_size,
         num_top_logprobs=config.num_top_logprobs,
         constraint=constraint,
+        stop_ban=config.stop_token_ban,
     )
     for step in steps if text.finish_reason is None else ():
         if text.num_generated == 0:

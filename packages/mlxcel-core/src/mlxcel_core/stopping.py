@@ -1,9 +1,77 @@
-"""Stop strings matched on streamed text, across token boundaries, never leaked."""
+"""Stop criteria beside the token budget: stop strings matched on streamed text, across token
+boundaries, never leaked; and stop tokens kept from being drawn while a request asks for a
+minimum length (`min_tokens`) or to ignore end of sequence (`ignore_eos`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class StopTokenBan:
+    """Stop tokens a request may not draw yet, as vLLM's `min_tokens` and llama-server's
+    `ignore_eos` keep them out: their logits are set to -inf before the sampler chain, so the
+    distribution over the other tokens is unchanged.
+
+    Attributes:
+        token_ids: the request's stop tokens (EOS, end of turn).
+        min_tokens: they are banned while fewer tokens than this have been generated.
+        ignore_eos: they are banned for the whole generation.
+
+    Raises:
+        ValueError: `min_tokens` is negative.
+    """
+
+    token_ids: frozenset[int] = frozenset()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+
+    def banned(self, num_generated: int) -> frozenset[int]:
+        """The stop tokens banned for the draw that follows `num_generated` tokens."""
+        if self.ignore_eos or num_generated < self.min_tokens:
+            return self.token_ids
+        return frozenset()
+
+
+def ban_tokens(logits: mx.array, banned: Sequence[frozenset[int]]) -> mx.array:
+    """Logits with each row's banned token ids at -inf.
+
+    Args:
+        logits: (rows, V) float logits.
+        banned: one set of token ids per row; ids >= V are ignored.
+
+    Returns:
+        (rows, V) logits; `logits` itself when nothing is banned.
+    """
+    vocab_size = logits.shape[-1]
+    pairs = [(row, token) for row, ids in enumerate(banned) for token in ids if token < vocab_size]
+    if not pairs:
+        return logits
+    rows, tokens = zip(*pairs, strict=True)
+    return logits.at[mx.array(rows), mx.array(tokens)].add(-math.inf)
+
+
+def ban_unless_alone(allowed: mx.array, banned: frozenset[int]) -> frozenset[int]:
+    """`banned`, or nothing when a token constraint allows no other token: a grammar that
+    is complete allows only stop tokens, and must still be able to end.
+
+    Args:
+        allowed: (V,) bool, the constraint's allowed tokens.
+        banned: the stop tokens banned now.
+    """
+    if not banned:
+        return banned
+    ids = mx.array([token for token in banned if token < allowed.shape[0]], dtype=mx.int32)
+    others = allowed.at[ids].multiply(False) if ids.size else allowed
+    return banned if mx.any(others).item() else frozenset()
 
 
 @dataclass(frozen=True)
@@ -35,13 +103,17 @@ class StopStringMatcher:
         self._pending = ""
         self._stopped = False
 
-    def feed(self, text: str) -> StopMatch:
-        """Add newly decoded text; return what may be shown and whether to stop."""
+    def feed(self, text: str, *, may_stop: bool = True) -> StopMatch:
+        """Add newly decoded text; return what may be shown and whether to stop.
+
+        With `may_stop` False (a minimum length not reached yet), whole stop strings are
+        released as text; only a tail that could still become one is held back.
+        """
         if self._stopped:
             return StopMatch("", True)
         pending = self._pending + text
         first_stop = min(
-            (index for s in self._stop_strings if (index := pending.find(s)) >= 0),
+            (index for s in self._stop_strings if may_stop and (index := pending.find(s)) >= 0),
             default=-1,
         )
         if first_stop >= 0:

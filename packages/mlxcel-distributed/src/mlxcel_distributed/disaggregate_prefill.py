@@ -73,11 +73,11 @@ class PrefillWorker:
                 if not self._kv.allocate_slots(_SEQ_ID, num_computed, num_new):
                     raise InvariantError(f"no KV blocks for a prompt of {len(tokens)} tokens")
                 self._runner.prepare_storage(
-                    self._kv.num_materialized_blocks, self._kv.take_block_copies()
+                    self._kv.materialized_blocks, self._kv.take_block_copies()
                 )
                 row = RowInput(
                     tokens[num_computed : num_computed + num_new],
-                    self._kv.block_table(_SEQ_ID),
+                    self._kv.block_tables(_SEQ_ID),
                     num_computed,
                 )
                 self._runner.run([row])

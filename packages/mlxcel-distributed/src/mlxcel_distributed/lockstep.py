@@ -62,13 +62,13 @@ class LockstepRunner(ModelRunner):
         super().__init__(model, storage)
         self._channel = channel
         self._guard = guard
-        self._num_blocks = 0
+        self._num_blocks: tuple[int, ...] = ()
         self._copies: tuple[BlockCopy, ...] = ()
         self._num_steps = 0
 
-    def prepare_storage(self, num_blocks: int, copies: Sequence[BlockCopy]) -> None:
+    def prepare_storage(self, num_blocks: Sequence[int], copies: Sequence[BlockCopy]) -> None:
         super().prepare_storage(num_blocks, copies)
-        self._num_blocks = num_blocks
+        self._num_blocks = tuple(num_blocks)
         self._copies = (*self._copies, *copies)  # with any a failed step never sent
 
     def run(self, rows: Sequence[RowInput]) -> StepLogits:

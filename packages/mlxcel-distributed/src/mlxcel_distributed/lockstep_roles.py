@@ -6,6 +6,8 @@ engine, and the followers' loop. Over a pipeline both are the stage runners of
 from __future__ import annotations
 
 from mlxcel_core.adapters import RowAdapterScales
+from mlxcel_core.cache.block_groups import BlockGroups
+from mlxcel_core.cache.layout import model_cache_layout
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RunnerFactory
 from mlxcel_core.engine.config import make_kv_storage
@@ -27,10 +29,10 @@ class LockstepError(RuntimeError):
 def make_lockstep_runner_factory(
     channel: Channel, guard: StageGuard | None = None
 ) -> RunnerFactory:
-    """The `Engine(make_runner=...)` factory of rank 0: it sends the KV plan (the number of
-    blocks the engine sized its cache to, and whether the other ranks report their steps:
-    `asks_for_reports`) and returns a `LockstepRunner` under `guard` (None: unguarded), or for a
-    pipeline stage a `PipelineRunner`.
+    """The `Engine(make_runner=...)` factory of rank 0: it sends the KV plan (the blocks
+    the engine sized each block group of its cache to, the groups' windows, and whether
+    the other ranks report their steps: `asks_for_reports`) and returns a `LockstepRunner`
+    under `guard` (None: unguarded), or for a pipeline stage a `PipelineRunner`.
 
     The factory raises `ValueError` for a model with unfused LoRA adapters.
     """
@@ -40,7 +42,7 @@ def make_lockstep_runner_factory(
     ) -> ModelRunner:
         if adapters is not None:
             raise ValueError("lockstep ranks do not support unfused LoRA adapters")
-        channel.send(KVPlan(storage.max_blocks, reports=asks_for_reports(guard)))
+        channel.send(KVPlan(storage.max_blocks, storage.windows, reports=asks_for_reports(guard)))
         if isinstance(model, PipelineStage):
             return PipelineRunner(model, storage, channel, guard)
         return LockstepRunner(model, storage, channel, guard)
@@ -70,7 +72,14 @@ def follow_steps(model: LanguageModel, config: EngineConfig, channel: Channel) -
         return 0
     if not isinstance(plan, KVPlan):
         raise LockstepError(f"expected the KV plan from rank 0, got {type(plan).__name__}")
-    storage = make_kv_storage(config, profile, plan.num_blocks)
+    groups = BlockGroups(plan.windows)
+    storage = make_kv_storage(
+        config,
+        profile,
+        plan.num_blocks,
+        windows=groups.windows,
+        layer_groups=groups.layer_groups(model_cache_layout(model)),
+    )
     report = channel.report if plan.reports else None
     runner = (
         StageRunner(model, storage, report)

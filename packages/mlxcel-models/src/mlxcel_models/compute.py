@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map, tree_unflatten
 
-from mlxcel_core.kernels import quantized_linear
+from mlxcel_core.kernels import METAL, kernel_backend, quantized_linear
 
 # Rows of input from which quantized layers dequantize for a dense GEMM (prefill chunks).
 CPU_DEQUANTIZE_MIN_ROWS = 4
@@ -35,11 +35,15 @@ class ComputeOptions:
             by dense ones, dequantized once at load to `float_dtype`, when all of them take
             at most this many bytes dense; then `dequantize_min_rows` has nothing left to
             act on. None keeps the quantized layers.
+        kernel_linear: quantized linear layers kept quantized go through
+            `quantized_linear` even with `dequantize_min_rows` None, so its matvec kernel
+            serves decode rows.
     """
 
     float_dtype: mx.Dtype | None = None
     dequantize_min_rows: int | None = None
     dense_weights_max_bytes: int | None = None
+    kernel_linear: bool = False
 
     def __post_init__(self) -> None:
         if self.dequantize_min_rows is not None and self.dequantize_min_rows < 1:
@@ -69,7 +73,8 @@ class ComputeOptions:
         dequantize per prefill chunk. On a CUDA GPU the file's dtypes are kept, and
         quantized layers go through `quantized_linear`: its kernel for decode rows, a
         dequantized GEMM from `CUDA_DEQUANTIZE_MIN_ROWS` rows. Elsewhere (Apple GPUs) the
-        file's dtypes and MLX's quantized kernels are kept.
+        file's dtypes and MLX's quantized kernels are kept; with the Metal kernels on
+        (`mlxcel_core.kernels.KernelOptions`), decode rows take the matvec kernel.
         """
         if device.type == mx.DeviceType.cpu:
             memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -80,21 +85,23 @@ class ComputeOptions:
             )
         if mx.cuda.is_available():
             return cls(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
-        return cls()
+        return cls(kernel_linear=kernel_backend(device) is METAL)
 
 
 class PrefillDequantizingLinear(nn.QuantizedLinear):
-    """An affine `QuantizedLinear` whose product is `quantized_linear`'s: the CUDA kernel
-    for decode rows, a dense product for long inputs.
+    """An affine `QuantizedLinear` whose product is `quantized_linear`'s: the matvec
+    kernel for decode rows on a GPU, a dense product for long inputs.
 
     Parameters and their names are those of `nn.QuantizedLinear`, so anything that walks
     the model's parameters (saving, adapters) sees no difference.
     """
 
-    dequantize_min_rows: int
+    dequantize_min_rows: int | None
 
     @classmethod
-    def replacing(cls, layer: nn.QuantizedLinear, min_rows: int) -> PrefillDequantizingLinear:
+    def replacing(
+        cls, layer: nn.QuantizedLinear, min_rows: int | None
+    ) -> PrefillDequantizingLinear:
         """A layer with `layer`'s parameters; the constructor's random init is never run."""
         input_dims = layer.weight.shape[1] * 32 // layer.bits
         replacement = cls(
@@ -175,7 +182,7 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
         module.update_modules(
             tree_unflatten([(name, _dense_layer(layer, dtype)) for name, layer in quantized])
         )
-    elif options.dequantize_min_rows is not None:
+    elif options.dequantize_min_rows is not None or options.kernel_linear:
         replacements = [
             (name, PrefillDequantizingLinear.replacing(layer, options.dequantize_min_rows))
             for name, layer in module.named_modules()

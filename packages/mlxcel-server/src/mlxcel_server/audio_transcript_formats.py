@@ -1,7 +1,8 @@
 """A transcript in each of OpenAI's `response_format`s: json, text, srt, vtt, verbose_json.
 
-Content types follow OpenAI's API: `application/json` for the JSON formats and
-`text/plain; charset=utf-8` for text and both subtitle formats.
+Content types: `application/json` for the JSON formats, `text/vtt; charset=utf-8` for WebVTT
+(its registered type, which browsers' `<track>` elements require), and
+`text/plain; charset=utf-8` for text and SRT (as OpenAI's API answers).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
+_VTT = "text/vtt; charset=utf-8"
 
 
 def _timestamp(seconds: float, decimal_marker: str) -> str:
@@ -99,5 +101,5 @@ def format_transcript(
     if response_format == "srt":
         return _srt(transcript), _TEXT
     if response_format == "vtt":
-        return _vtt(transcript), _TEXT
+        return _vtt(transcript), _VTT
     raise ValueError(f"response_format must be one of {', '.join(TRANSCRIPT_FORMATS)}")

@@ -40,7 +40,7 @@ from mlxcel_server.schemas import GenerationFields
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sink import AsyncOutputQueue
 from mlxcel_server.state import ServingModel
-from mlxcel_server.structured import GrammarConstraint, make_matcher
+from mlxcel_server.structured import Grammar, GrammarConstraint, compile_grammar
 
 logger = logging.getLogger(__name__)
 
@@ -132,22 +132,25 @@ def prepare(
     *,
     id_prefix: str,
     num_top_logprobs: int | None = None,
-    format_param: str = "response_format",
+    grammar: Grammar | None = None,
     reasoning: ReasoningPlan | None = None,
     prompt_images: Sequence[tuple[PromptImage, ...]] | None = None,
+    keep_special_tokens: bool = False,
 ) -> Prepared:
     """Build one engine request per choice of each prompt.
 
-    With a `response_format` other than text, each choice gets its own grammar constraint;
-    with a reasoning plan, the grammar applies to the answer only and a reasoning budget
-    is enforced per choice.
+    With a grammar (structured output, tool calls), each choice gets its own grammar
+    constraint; with a reasoning plan, the grammar applies to the answer only and a
+    reasoning budget is enforced per choice.
 
     Args:
         num_top_logprobs: None for no log probabilities, else the alternatives per token.
-        format_param: the request field `fields.response_format` came from, named in errors.
+        grammar: the grammar replies follow, or None for free text.
         reasoning: how the replies are read for reasoning, or None.
         prompt_images: each prompt's images (placeholder runs in its ids), or None when
             no prompt holds any.
+        keep_special_tokens: keep special tokens in the text (a tool convention's marker
+            that is one); reasoning markers that are special tokens are kept anyway.
 
     Raises:
         ApiError: 400 naming the field at fault.
@@ -163,10 +166,10 @@ def prepare(
         if params.dry_multiplier > 0
         else frozenset()
     )
-    matcher = make_matcher(fields.response_format, tokenizer, param=format_param)
+    matcher = None if grammar is None else compile_grammar(grammar, tokenizer)
     scales = adapter_scales(fields, model.loaded.adapters)
     # Special-token markers (gpt-oss's) must reach the text to be split out of it.
-    keep_markers = (
+    keep_markers = keep_special_tokens or (
         reasoning is not None and reasoning.splits and reasoning.syntax.markers_are_special
     )
 
@@ -185,6 +188,7 @@ def prepare(
             constraint=constraint(),
             adapter_scales=scales,
             images=() if prompt_images is None else prompt_images[prompt_index],
+            use_prefix_cache=fields.cache_prompt,
         )
         for prompt_index, ids in enumerate(prompts)
         for choice in range(fields.n)

@@ -9,6 +9,7 @@ import re
 from mlxcel_core.adapters import AdapterScales
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
+from mlxcel_core.sampling.params import parse_sampler_chars, parse_sampler_names
 from mlxcel_models.lora import AdapterScaleError, LoraAdapters
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.errors import invalid
@@ -85,11 +86,27 @@ def sampling_params(
         overrides["seed"] = None if fields.seed == -1 else fields.seed
     if fields.logit_bias is not None:
         overrides["logit_bias"] = _logit_bias(fields, tokenizer)
+    if fields.samplers is not None:
+        overrides["samplers"] = _samplers(fields.samplers)
     try:
         return dataclasses.replace(defaults, **overrides)
     except ValueError as error:
         name = re.match(r"[a-z_]+", str(error))
         raise invalid(str(error), name.group(0) if name else None) from error
+
+
+def _samplers(samplers: list[str] | str) -> tuple:
+    """llama-server's `samplers`: a list of stage names, or a string of one letter each.
+
+    Raises:
+        ApiError: 400 naming `samplers` for an unknown name or letter.
+    """
+    try:
+        if isinstance(samplers, str):
+            return parse_sampler_chars(samplers)
+        return parse_sampler_names(samplers)
+    except ValueError as error:
+        raise invalid(str(error), "samplers") from error
 
 
 def choice_sampling(params: SamplingParams, choice: int) -> SamplingParams:
@@ -137,8 +154,14 @@ def chat_num_top_logprobs(body: ChatCompletionRequest) -> int | None:
     """Alternatives per token a chat request asks for; None when it wants no logprobs.
 
     Raises:
-        ApiError: 400 naming `top_logprobs` when out of [0, 20] or set without `logprobs`.
+        ApiError: 400 naming `top_logprobs` when out of [0, 20] or set without `logprobs`,
+            or `n_probs` when negative. llama-server's `n_probs`, when the logprobs fields
+            are left out, asks for that many alternatives (0 asks for none).
     """
+    if body.n_probs is not None and body.logprobs is None and body.top_logprobs is None:
+        if body.n_probs < 0:
+            raise invalid(f"n_probs must be >= 0, got {body.n_probs}", "n_probs")
+        return body.n_probs or None
     top = body.top_logprobs
     if top is not None and not 0 <= top <= _MAX_CHAT_TOP_LOGPROBS:
         raise invalid(
@@ -155,8 +178,14 @@ def completion_num_logprobs(body: CompletionRequest) -> int | None:
     """Alternatives per token a completion request asks for; None when it wants no logprobs.
 
     Raises:
-        ApiError: 400 naming `logprobs` when out of [0, 5] or combined with `echo`.
+        ApiError: 400 naming `logprobs` when out of [0, 5] or combined with `echo`, or
+            `n_probs` when negative. llama-server's `n_probs`, when `logprobs` is left out,
+            asks for that many alternatives (0 asks for none).
     """
+    if body.n_probs is not None and body.logprobs is None:
+        if body.n_probs < 0:
+            raise invalid(f"n_probs must be >= 0, got {body.n_probs}", "n_probs")
+        return body.n_probs or None
     count = body.logprobs
     if count is None:
         return None
@@ -184,12 +213,22 @@ def generation_config(
     Raises:
         ApiError: 400 naming the field at fault.
     """
+    if fields.min_tokens is not None and fields.min_tokens < 0:
+        raise invalid(f"min_tokens must be >= 0, got {fields.min_tokens}", "min_tokens")
+    time_limit = fields.t_max_predict_ms
+    if time_limit is not None and time_limit < 0:
+        raise invalid(f"t_max_predict_ms must be >= 0, got {time_limit}", "t_max_predict_ms")
+    if fields.id_slot is not None and fields.id_slot < -1:
+        raise invalid(f"id_slot must be -1 (any) or >= 0, got {fields.id_slot}", "id_slot")
     return GenerationConfig(
         context_size=context_size,
         max_tokens=max_tokens(fields, settings.n_predict),
         stop_token_ids=tokenizer.eos_token_ids,
         stop_strings=stop_strings(fields),
         num_top_logprobs=num_top_logprobs,
+        min_tokens=fields.min_tokens or 0,
+        ignore_eos=fields.ignore_eos,
+        max_predict_seconds=time_limit / 1000 if time_limit else None,
     )
 
 

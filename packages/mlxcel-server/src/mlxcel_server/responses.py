@@ -89,13 +89,29 @@ class ChatCompletion(BaseModel):
     timings: Timings
 
 
-class ToolCallDelta(BaseModel):
-    """A streamed tool call, whole: `index` orders the calls of one choice."""
+class _OmitsNone(BaseModel):
+    """Leaves out the fields that are None, as OpenAI's streamed tool calls do."""
+
+    @model_serializer(mode="wrap")
+    def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class FunctionCallDelta(_OmitsNone):
+    """A piece of a streamed call: its name on the first piece, then arguments text."""
+
+    name: str | None = None
+    arguments: str = ""
+
+
+class ToolCallDelta(_OmitsNone):
+    """A piece of a streamed tool call: `index` orders the calls of one choice; the first
+    piece of a call carries its `id`, `type` and name, the later ones arguments only."""
 
     index: int
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallOut
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
 
 
 class ChatDelta(_OmitsNoReasoning):

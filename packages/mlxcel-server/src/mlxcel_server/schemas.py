@@ -150,11 +150,13 @@ class ChatMessage(_Strict):
 
 
 class FunctionDefinition(_Strict):
-    """A function the model may call; `parameters` is a JSON schema of its arguments."""
+    """A function the model may call; `parameters` is a JSON schema of its arguments.
+    `strict` is accepted and the schema is always enforced."""
 
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class Tool(_Strict):
@@ -220,6 +222,15 @@ class GenerationFields(_Strict):
     Sampling fields left out (None) take the server's defaults (its sampling flags).
     `lora` sets this request's adapter scales as llama-server does: adapters not listed get
     0; left out, the server's current scales apply.
+
+    llama-server's and vLLM's own fields: `cache_prompt: false` computes the whole prompt
+    without the prefix cache; `ignore_eos` never draws an end-of-sequence token;
+    `min_tokens` draws none, and lets no stop string stop, before that many tokens;
+    `n_probs` asks for that many alternatives per token when the API's own logprobs fields
+    are left out; `samplers` orders the sampler chain (names, or one letter per stage);
+    `t_max_predict_ms` ends generation with "length" once that long has passed since the
+    first token and a newline was generated (0: no limit). `id_slot` is accepted and has no
+    effect: the scheduler assigns slots, and all slots share one prefix cache.
     """
 
     model: str | None = None
@@ -250,13 +261,22 @@ class GenerationFields(_Strict):
     logit_bias: dict[str, float | bool] | None = None
     response_format: ResponseFormat | None = None
     lora: list[LoraScale] | None = None
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    min_tokens: int | None = None
+    n_probs: int | None = None
+    samplers: list[str] | str | None = None
+    t_max_predict_ms: int | float | None = None
+    id_slot: int | None = None
 
 
 class ChatCompletionRequest(GenerationFields):
     """A chat completion; `top_logprobs` (0-20) needs `logprobs: true`.
 
-    `tool_choice` defaults to "auto" with tools and "none" without; `parallel_tool_calls:
-    false` keeps only a reply's first call.
+    `tool_choice` defaults to "auto" with tools and "none" without. `parallel_tool_calls`
+    lets a reply make several calls; left out, it does where the model's convention has
+    several calls in one reply (Hermes, Mistral) and not otherwise (Llama 3, generic), as
+    small models asked for a list of calls tend to repeat a call until the token limit.
     `reasoning_format` overrides the server's `--reasoning-format` for this request, and
     `chat_template_kwargs` passes extra variables to the chat template (`enable_thinking`),
     as llama-server accepts them.
@@ -267,7 +287,7 @@ class ChatCompletionRequest(GenerationFields):
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None
     reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -1,7 +1,9 @@
-"""Structured output: `response_format` enforced by constrained decoding with llguidance.
+"""Structured output: `response_format` and tool calls enforced by constrained decoding with
+llguidance.
 
-A JSON schema (or, for `json_object`, any JSON object) is compiled by llguidance into a
-grammar over the model's tokenizer; each step's allowed tokens come from its matcher as a
+A JSON schema (or, for `json_object`, any JSON object), or a Lark grammar holding schemas
+(tool calls, `mlxcel_server.tools.grammar`), is compiled by llguidance into a grammar over
+the model's tokenizer; each step's allowed tokens come from its matcher as a
 bitmask, which the engine applies to the logits before the sampler chain (see
 `mlxcel_core.sampling.TokenConstraint`). JSON is generated compactly (no whitespace between
 tokens), so a reply does not drift into blank space. A schema llguidance cannot enforce is a
@@ -11,6 +13,7 @@ tokens), so a reply does not drift into blank space. A schema llguidance cannot 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -66,34 +69,68 @@ def _grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
     )
 
 
-def make_matcher(
-    response_format: ResponseFormat | None,
-    tokenizer: Tokenizer,
-    *,
-    param: str = "response_format",
-) -> llguidance.LLMatcher | None:
-    """The validated matcher `response_format` asks for; None for free text.
+@dataclass(frozen=True)
+class Grammar:
+    """A grammar replies must follow.
+
+    Attributes:
+        text: the grammar, as llguidance's `grammar_from_*` functions write it.
+        param: the request field it came from, named in errors.
+    """
+
+    text: str
+    param: str
+
+
+def answer_schema(response_format: ResponseFormat | None) -> dict[str, Any] | None:
+    """The JSON schema `response_format` asks for; None for free text."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.json_schema is not None:
+        return response_format.json_schema.json_schema
+    return dict(_JSON_OBJECT)
+
+
+def response_format_grammar(
+    response_format: ResponseFormat | None, param: str = "response_format"
+) -> Grammar | None:
+    """The grammar `response_format` asks for; None for free text.
+
+    Args:
+        param: the request field the format came from (`text.format` for the Responses
+            API).
+
+    Raises:
+        ApiError: 400 naming `param` when the schema is not a JSON object.
+    """
+    schema = answer_schema(response_format)
+    if schema is None:
+        return None
+    try:
+        text = llguidance.LLMatcher.grammar_from_json_schema(schema, _COMPILE_DEFAULTS)
+    except ValueError as error:
+        raise invalid(f"{param}: {error}", param) from error
+    return Grammar(text, param)
+
+
+def lark_grammar(lark: str, param: str) -> Grammar:
+    """A grammar in llguidance's Lark syntax (`%json` rules inline JSON schemas)."""
+    return Grammar(llguidance.LLMatcher.grammar_from_lark(lark), param)
+
+
+def compile_grammar(grammar: Grammar, tokenizer: Tokenizer) -> llguidance.LLMatcher:
+    """A matcher of `grammar` over the model's tokenizer.
 
     Each choice gets its own copy (`LLMatcher.deep_copy`), as matchers hold their position.
 
-    Args:
-        param: the request field the format came from, named in errors (`text.format` for
-            the Responses API).
-
     Raises:
-        ApiError: 400 naming `param` when llguidance cannot enforce the schema (an invalid
+        ApiError: 400 naming `grammar.param` when llguidance cannot enforce it (an invalid
             regex `pattern`, an unsupported keyword, ...).
     """
-    if response_format is None or response_format.type == "text":
-        return None
-    schema = _JSON_OBJECT
-    if response_format.json_schema is not None:
-        schema = response_format.json_schema.json_schema
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, _COMPILE_DEFAULTS)
-    except ValueError as error:
-        raise invalid(f"{param}: {error}", param) from error
-    matcher = llguidance.LLMatcher(_grammar_tokenizer(tokenizer), grammar, log_level=0)
+    matcher = llguidance.LLMatcher(_grammar_tokenizer(tokenizer), grammar.text, log_level=0)
     if matcher.is_error():
-        raise invalid(f"{param}: the schema cannot be enforced: {matcher.get_error()}", param)
+        raise invalid(
+            f"{grammar.param}: the schema cannot be enforced: {matcher.get_error()}",
+            grammar.param,
+        )
     return matcher

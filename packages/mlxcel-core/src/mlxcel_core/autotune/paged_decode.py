@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcel_core.kernels.paged_attention.cuda import (
-    MIN_PARTITION_TOKENS,
-    num_partitions_for,
-    paged_decode_attention_cuda,
-)
+from mlxcel_core.kernels.backend import CUDA
+from mlxcel_core.kernels.paged_attention.decode import paged_decode_attention_kernel
+from mlxcel_core.kernels.paged_attention.grid import MIN_PARTITION_TOKENS, num_partitions_for
 
 # Split counts a search tries, besides the default, up to what `num_partitions_for` allows.
 PARTITION_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
@@ -72,7 +70,7 @@ class DecodeKernelProblem:
     def __call__(self, num_partitions: int) -> None:
         """Run the kernel `LAUNCHES_PER_CALL` times with `num_partitions` and wait."""
         outputs = [
-            paged_decode_attention_cuda(
+            paged_decode_attention_kernel(
                 self.queries,
                 self.key_pool,
                 self.value_pool,
@@ -80,6 +78,7 @@ class DecodeKernelProblem:
                 self.context_lengths,
                 block_size=self.block_size,
                 scale=self.scale,
+                backend=CUDA,
                 num_partitions=num_partitions,
             )
             for _ in range(LAUNCHES_PER_CALL)

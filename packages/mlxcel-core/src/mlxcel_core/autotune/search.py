@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from mlxcel_core.autotune.decision import Verdict, choose
 from mlxcel_core.autotune.harness import Measurement, measure_interleaved
-from mlxcel_core.autotune.store import TunedEntry
+from mlxcel_core.tuning.store import TunedEntry
 
 
 @dataclass(frozen=True)

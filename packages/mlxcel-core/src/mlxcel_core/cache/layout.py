@@ -100,6 +100,14 @@ class LayerCacheKind:
         """Whether the part keeps keys and values in the paged pool."""
         return self.kind.stores_kv
 
+    @property
+    def kv_window(self) -> int | None:
+        """Positions back from the newest whose keys and values the part reads from the
+        pool: a sliding window's size; None for full attention, and for chunked
+        attention too, whose model numbers its chunk mask's keys from position 0 (mlx-lm's
+        `ChunkedKVCache.start_position`), so its blocks are all kept and read."""
+        return self.window_size if self.kind is CacheKind.SLIDING_WINDOW else None
+
 
 LayerCache = tuple[LayerCacheKind, ...]
 """One model layer's cache parts: one for a plain layer, several for a hybrid block."""
@@ -181,13 +189,13 @@ class CacheLayout:
     @cached_property
     def kv_window(self) -> int | None:
         """Positions back from the newest that any attention part still reads: the
-        largest window (or chunk, whose positions a query reads at most) when every
-        attention part is windowed or chunked, else None (a full-attention part reads
-        every position, or there is no attention part at all)."""
-        attention = self.attention_parts
-        if not attention or any(part.kind is CacheKind.ATTENTION for part in attention):
+        largest window when every attention part is windowed (`LayerCacheKind.kv_window`),
+        else None (a full-attention or chunked part reads from position 0, or there is no
+        attention part at all)."""
+        windows = [part.kv_window for part in self.attention_parts]
+        if not windows or None in windows:
             return None
-        return max(part.window_size or 0 for part in attention)
+        return max(window for window in windows if window is not None)
 
 
 def prefix_caching_with(kinds: Iterable[CacheKind]) -> bool:

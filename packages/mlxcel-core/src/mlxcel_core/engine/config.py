@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row
 from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
 from mlxcel_core.cache.state import state_bytes_per_sequence
-from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_num_blocks
+from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes
 from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.speculative import SpeculativeConfig
 
@@ -118,18 +119,19 @@ class EngineConfig:
         """Bytes the recurrent state slots take: one slot per running sequence."""
         return self.scheduler.max_num_seqs * state_bytes_per_sequence(profile.state_layers)
 
-    def blocks_per_sequence(self, kv_window: int | None) -> int:
-        """Most blocks one sequence of `context_size` holds at once. With every attention
-        layer windowed (`kv_window` positions), blocks wholly behind the window are freed,
-        so a sequence holds its first block, the window before a step's first new token,
-        and the step's tokens (a prefill chunk, or a token and its drafts)."""
+    def blocks_per_sequence(self, window: int | None) -> int:
+        """Most blocks one sequence of `context_size` holds at once in a block group. In a
+        group of layers with a window of `window` positions, blocks wholly behind the
+        window are freed, so a sequence holds its first block, the window before a step's
+        first new token, and the step's tokens (a prefill chunk, or a token and its
+        drafts); None: every block."""
         whole = math.ceil(self.context_size / self.block_size)
-        if kv_window is None:
+        if window is None:
             return whole
         step_tokens = self.scheduler.max_prefill_chunk
         if self.speculative is not None:
             step_tokens = max(step_tokens, 1 + self.speculative.num_draft_tokens)
-        return min(whole, 2 + math.ceil((kv_window - 1 + step_tokens) / self.block_size))
+        return min(whole, 2 + math.ceil((window - 1 + step_tokens) / self.block_size))
 
 
 def plan_kv_blocks(
@@ -139,62 +141,139 @@ def plan_kv_blocks(
     *,
     kv_window: int | None = None,
 ) -> int:
-    """KV blocks (null block included): `config.num_kv_blocks`, else what memory allows.
-
-    Blocks are counted at their stored size, so smaller cache types fit more of them. With
-    a draft model (speculative decoding) a block also holds the draft's KV, in its own dtype,
-    and both models' weights and the larger of their transient peaks are set aside. The
-    recurrent state slots (`EngineConfig.state_bytes`) are set aside too. A model that
-    keeps no keys and values (all its layers recurrent) gets blocks for bookkeeping only:
-    enough for every running sequence's whole context.
-
-    Args:
-        config: the engine's settings.
-        profile: the model's profile.
-        draft: the draft model's profile, with speculative decoding by a draft model.
-        kv_window: positions every attention layer reads back (all windowed), whose
-            blocks behind it are freed: one sequence then needs blocks for its window
-            only (`EngineConfig.blocks_per_sequence`); None when a layer reads them all.
+    """KV blocks (null block included) of a cache of one block group: `plan_group_blocks`
+    with every layer of both models in one group windowed by `kv_window`.
 
     Raises:
         InsufficientMemoryError: they cannot hold one sequence of `config.context_size`,
             or the state slots leave no room.
         CacheTypeError: a cache type cannot take a layer's head dim.
     """
-    num_blocks = config.num_kv_blocks
+    (num_blocks,) = plan_group_blocks(config, profile, draft, windows=(kv_window,))
+    return num_blocks
+
+
+def plan_group_blocks(
+    config: EngineConfig,
+    profile: ModelProfile,
+    draft: ModelProfile | None = None,
+    *,
+    windows: Sequence[int | None] = (None,),
+    layer_groups: Sequence[int] = (),
+    draft_layer_groups: Sequence[int] = (),
+) -> tuple[int, ...]:
+    """KV blocks of each block group (null blocks included): fixed by
+    `config.num_kv_blocks`, else what memory allows.
+
+    Blocks are counted at their stored size, so smaller cache types fit more of them. With
+    a draft model (speculative decoding) a block of a group also holds the draft's KV of
+    its layers in that group, in its own dtype, and both models' weights and the larger of
+    their transient peaks are set aside. The recurrent state slots
+    (`EngineConfig.state_bytes`) and residual copies are set aside too. A model that keeps
+    no keys and values (all its layers recurrent) gets blocks for bookkeeping only: enough
+    for every running sequence's whole context.
+
+    Group 0 (the widest, `BlockGroups`) takes `config.num_kv_blocks`, or what memory is
+    left once the windowed groups have theirs: each of them room for the window and a
+    step's tokens (`EngineConfig.blocks_per_sequence`) of every running sequence, the
+    most it can ever hold at once (fewer sequences' worth where memory runs short, or
+    `num_kv_blocks` if less).
+
+    Args:
+        config: the engine's settings.
+        profile: the model's profile.
+        draft: the draft model's profile, with speculative decoding by a draft model.
+        windows: each group's window, widest first (None: full attention); a windowed
+            group frees the blocks behind its window, so one sequence needs blocks for
+            its window only.
+        layer_groups: each of the model's attention layers' group; empty for group 0.
+        draft_layer_groups: likewise for the draft model's layers.
+
+    Raises:
+        InsufficientMemoryError: group 0 cannot hold one sequence of
+            `config.context_size` (the others then get as much), or the state slots
+            leave no room.
+        CacheTypeError: a cache type cannot take a layer's head dim.
+    """
+    seqs = config.scheduler.max_num_seqs
+    # One sequence's blocks in each group, and its null block.
+    needed = [config.blocks_per_sequence(window) + 1 for window in windows]
+    per_token = _group_bytes_per_token(config, profile, draft, len(windows),
+                                       layer_groups, draft_layer_groups)  # fmt: skip
     residual_bytes = state_bytes = 0
-    needed = config.blocks_per_sequence(kv_window) + 1
-    if num_blocks is None:
+    if config.num_kv_blocks is not None:
+        fixed = config.num_kv_blocks
+        counts = [fixed, *(min(fixed, seqs * (n - 1) + 1) for n in needed[1:])]
+    else:
         memory = device_memory_bytes() if config.device_memory is None else config.device_memory
-        bytes_per_token = sum(
-            layer.bytes_per_token(config.cache_type_k, config.cache_type_v)
-            for layer in profile.layers
-        )
         residual_bytes = config.residual_bytes(profile)
         state_bytes = config.state_bytes(profile)
         if draft is not None:
-            bytes_per_token += sum(layer.bytes_per_token() for layer in draft.layers)
             profile = profile.beside(draft)
         usable = int(memory * config.memory_utilization) - residual_bytes - state_bytes
-        if bytes_per_token:
-            num_blocks = plan_num_blocks(
-                usable_bytes=usable,
-                profile=profile,
-                bytes_per_block=config.block_size * bytes_per_token,
-            )
-        elif usable >= profile.resident_bytes + profile.transient_bytes:
-            num_blocks = config.scheduler.max_num_seqs * (needed - 1) + 1
+        free = usable - profile.resident_bytes - profile.transient_bytes
+        if not any(per_token):
+            counts = [seqs * (n - 1) + 1 if free >= 0 else 0 for n in needed]
         else:
-            num_blocks = 0
-    if num_blocks < needed:
+            counts = _share_blocks(free, config.block_size, per_token, needed, seqs)
+    # The windowed groups never need more than group 0, and get at least that much.
+    if counts[0] < needed[0]:
         raise InsufficientMemoryError(
-            f"the KV cache has room for {max(num_blocks - 1, 0) * config.block_size} tokens "
-            f"({num_blocks} blocks of {config.block_size}, one reserved)"
-            f"{_set_aside(residual_bytes, state_bytes)} but one sequence of the context size "
-            f"({config.context_size} tokens) needs {(needed - 1) * config.block_size}; "
-            "lower the context size or give the cache more memory"
+            f"the KV cache has room for {max(counts[0] - 1, 0) * config.block_size} tokens"
+            f"{_group_name(windows)} ({counts[0]} blocks of {config.block_size}, one "
+            f"reserved){_set_aside(residual_bytes, state_bytes)} but one sequence of the "
+            f"context size ({config.context_size} tokens) needs "
+            f"{(needed[0] - 1) * config.block_size}; lower the context size or give the "
+            "cache more memory"
         )
-    return num_blocks
+    return tuple(counts)
+
+
+def _group_bytes_per_token(
+    config: EngineConfig,
+    profile: ModelProfile,
+    draft: ModelProfile | None,
+    num_groups: int,
+    layer_groups: Sequence[int],
+    draft_layer_groups: Sequence[int],
+) -> list[int]:
+    """Key and value bytes one position takes in each group's layers, as stored."""
+    per_token = [0] * num_groups
+    types = (config.cache_type_k, config.cache_type_v)
+    for layer, group in zip(profile.layers, layer_groups or [0] * len(profile.layers), strict=True):
+        per_token[group] += layer.bytes_per_token(*types)
+    if draft is not None:
+        draft_groups = draft_layer_groups or [0] * len(draft.layers)
+        for layer, group in zip(draft.layers, draft_groups, strict=True):
+            per_token[group] += layer.bytes_per_token()
+    return per_token
+
+
+def _share_blocks(
+    free: int, block_size: int, per_token: Sequence[int], needed: Sequence[int], seqs: int
+) -> list[int]:
+    """Blocks per group from `free` bytes: each windowed group (1 ..) room for the same
+    number of running sequences (at most `seqs`, fewer if group 0 would then lack room
+    for one sequence, but one at least), group 0 the rest."""
+    block_bytes = [block_size * count for count in per_token]
+    windowed = range(1, len(needed))
+    null_bytes = sum(block_bytes[g] for g in windowed)
+    sequence_bytes = sum((needed[g] - 1) * block_bytes[g] for g in windowed)
+    room = free - null_bytes - needed[0] * block_bytes[0]
+    fitting = seqs if not sequence_bytes else max(1, min(seqs, room // sequence_bytes))
+    counts = [0, *((needed[g] - 1) * fitting + 1 for g in windowed)]
+    rest = free - sum(counts[g] * block_bytes[g] for g in windowed)
+    counts[0] = max(rest // block_bytes[0], 0) if block_bytes[0] else seqs * (needed[0] - 1) + 1
+    return counts
+
+
+def _group_name(windows: Sequence[int | None]) -> str:
+    """Which layers a refusal speaks of, when some have a block group of their own."""
+    if len(windows) == 1:
+        return ""
+    if windows[0] is None:
+        return " in its full-attention layers"
+    return f" in its layers with a window of {windows[0]}"
 
 
 def _set_aside(residual_bytes: int, state_bytes: int) -> str:
@@ -213,9 +292,21 @@ def _set_aside(residual_bytes: int, state_bytes: int) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int) -> PagedKVStorage:
+def make_kv_storage(
+    config: EngineConfig,
+    profile: ModelProfile,
+    num_blocks: int | Sequence[int],
+    *,
+    windows: Sequence[int | None] = (None,),
+    layer_groups: Sequence[int] = (),
+) -> PagedKVStorage:
     """The KV pools of `profile`'s layers: `num_blocks` blocks of `config.block_size`
-    positions, in `config`'s key and value cache types.
+    positions (one count, or one per block group), in `config`'s key and value cache
+    types.
+
+    Args:
+        windows: each block group's window (`PagedKVStorage`).
+        layer_groups: each layer's block group; empty for group 0.
 
     Raises:
         CacheTypeError: a cache type cannot take a layer's head dim.
@@ -228,10 +319,11 @@ def make_kv_storage(config: EngineConfig, profile: ModelProfile, num_blocks: int
         cache_type_v=config.cache_type_v,
         decode_kernel=config.paged_decode_kernel,
         residual_window=config.cache_residual,
-        # More than one per block is never used.
-        num_residual_blocks=min(config.num_residual_blocks, num_blocks),
+        num_residual_blocks=config.num_residual_blocks,
         state_layers=profile.state_layers,
         num_state_slots=config.scheduler.max_num_seqs,
+        layer_groups=layer_groups,
+        windows=windows,
     )
 
 

@@ -62,7 +62,7 @@ class DraftModelDrafter:
             end = request.num_target_computed
             if end > positions[i]:
                 tokens = request.token_ids[positions[i] : end]
-                rows.append(RowInput(tokens, request.block_table, positions[i]))
+                rows.append(RowInput(tokens, request.block_tables, positions[i]))
                 owners.append(i)
                 positions[i] = end
         logits = {i: out[-1] for i, out in zip(owners, self._runner.execute(rows), strict=True)}
@@ -84,7 +84,7 @@ class DraftModelDrafter:
                 if probs is not None:
                     state.probs.append(probs)
                 if len(state.tokens) < state.request.num_draft_tokens:
-                    rows.append(RowInput([state.tokens[-1]], state.request.block_table,
+                    rows.append(RowInput([state.tokens[-1]], state.request.block_tables,
                                          positions[i]))  # fmt: skip
                     owners.append(i)
                     positions[i] += 1

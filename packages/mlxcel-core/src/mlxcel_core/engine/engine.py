@@ -26,14 +26,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
-from mlxcel_core.cache.layout import joint_kv_window, model_cache_layout
-from mlxcel_core.cache.paged import InvariantError, KeyedSpan, KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.config import (
-    EngineConfig,
-    check_cache_layout,
-    make_kv_storage,
-    plan_kv_blocks,
-)
+from mlxcel_core.cache.layout import model_cache_layout
+from mlxcel_core.cache.paged import InvariantError, KeyedSpan, PagedKVStorage
+from mlxcel_core.engine.config import EngineConfig, check_cache_layout
+from mlxcel_core.engine.kv_plan import make_kv_manager, make_planned_storage, plan_kv_cache
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import (
     PrefilledKV,
@@ -167,8 +163,9 @@ class Engine:
     A model whose layers keep a recurrent state (`CacheLayout.has_state`) runs with one
     state slot per running sequence beside the KV pool, without prefix caching (a state
     summarizes its whole prefix in one slot, which no block can share), speculative
-    decoding or disaggregated prefill. A model whose attention layers are all windowed
-    frees each sequence's blocks behind the window (`KVCacheManager`'s sliding window).
+    decoding or disaggregated prefill. A model's sliding-window layers keep their blocks in
+    a block group of their own, which frees each sequence's blocks behind the window
+    (`mlxcel_core.cache.block_groups`); with disaggregated prefill every layer shares one.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
@@ -394,11 +391,10 @@ class Engine:
         config = self._config
         chunk = config.scheduler.max_prefill_chunk
         profile = profile_model(self._model, chunk, self._layout)
-        draft_profile = None
-        layouts = [self._layout]
+        draft_profile = draft_cache = None
         if self._draft_model is not None:
             draft_profile = profile_model(self._draft_model, chunk)
-            layouts.append(model_cache_layout(self._draft_model))
+            draft_cache = (draft_profile, model_cache_layout(self._draft_model))
             if draft_profile.vocab_size != profile.vocab_size:
                 raise ValueError(
                     f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
@@ -409,17 +405,20 @@ class Engine:
                 "prefix caching is off: the model's recurrent layers keep a state per "
                 "sequence that no cached block can share"
             )
-        kv_window = joint_kv_window(layouts)
-        num_blocks = plan_kv_blocks(config, profile, draft_profile, kv_window=kv_window)
-        self._kv = KVCacheManager(
-            num_blocks,
-            config.block_size,
-            enable_prefix_caching=(
-                config.enable_prefix_caching and self._layout.supports_prefix_caching
-            ),
-            sliding_window=kv_window,
+        # Disaggregated prefill hands over one block table per sequence.
+        plan = plan_kv_cache(
+            config,
+            profile,
+            self._layout,
+            draft_cache,
+            separate_windows=self._make_remote_prefill is None,
         )
-        self._storage = make_kv_storage(config, profile, num_blocks)
+        self._kv = make_kv_manager(
+            plan,
+            config.block_size,
+            prefix_caching=config.enable_prefix_caching and self._layout.supports_prefix_caching,
+        )
+        self._storage = make_planned_storage(config, profile, plan)
         self._storages = [self._storage]
         self._speculation: Speculation | None = None
         if config.speculative is not None:
@@ -427,7 +426,7 @@ class Engine:
             if self._draft_model is not None and draft_profile is not None:
                 draft = (self._draft_model, draft_profile)
             self._speculation, draft_storage = make_speculation(
-                config.speculative, draft, block_size=config.block_size, num_blocks=num_blocks
+                config.speculative, draft, block_size=config.block_size, plan=plan
             )
             if draft_storage is not None:
                 self._storages.append(draft_storage)
@@ -543,7 +542,7 @@ class Engine:
         if sequence.status is not SequenceStatus.RUNNING or not sequence.kv_in_flight:
             return  # it ended, or was preempted and waits to be sent again
         block_ids = returned_block_ids(self._kv.block_table(sequence.seq_id), job)
-        self._storage.ensure_capacity(self._kv.num_materialized_blocks)
+        self._storage.ensure_capacity(self._kv.materialized_blocks[0])
         self._storage.write_blocks(block_ids, kv.contents)
         self._scheduler.complete_remote_prefill(sequence)
 
@@ -678,9 +677,10 @@ class Engine:
         """Prepare the KV storage for the step and draft its sequences' tokens."""
         kv = self._kv
         copies = kv.take_block_copies()
-        self._runner.prepare_storage(kv.num_materialized_blocks, copies)
+        self._runner.prepare_storage(kv.materialized_blocks, copies)
         for storage in self._storages[1:]:  # the draft model's
-            storage.ensure_capacity(kv.num_materialized_blocks)
+            for group, num_blocks in enumerate(kv.materialized_blocks):
+                storage.ensure_capacity(num_blocks, group)
             storage.copy_blocks(copies)
         if self._speculation is None:
             return tuple(DraftProposal((), None, 0) for _ in plan.scheduled)
@@ -697,7 +697,7 @@ class Engine:
             rows.append(
                 RowInput(
                     tokens,
-                    kv.block_table(sequence.seq_id),
+                    kv.block_tables(sequence.seq_id),
                     start,
                     num_logits,
                     sequence.adapter_scales,

@@ -206,13 +206,3 @@ def trace_cache_geometry(
     if any(all(array is None for array in state) for state in states):
         raise ValueError("the model wrote no state in some of its state layers")
     return logits, CacheGeometry(layers, states)
-
-
-def plan_num_blocks(*, usable_bytes: int, profile: ModelProfile, bytes_per_block: int) -> int:
-    """KV blocks that fit in `usable_bytes` beside the weights and one step's transients.
-
-    Returns:
-        The number of blocks, the null block included; may be < 2 when nothing fits.
-    """
-    free = usable_bytes - profile.resident_bytes - profile.transient_bytes
-    return max(free // bytes_per_block, 0)

@@ -65,6 +65,8 @@ class EngineRequest:
         images: the prompt's images, in position order: each fills a run of placeholder
             tokens in `prompt_ids` (see `PromptImage`); only a model with vision support
             takes them.
+        use_prefix_cache: False computes the whole prompt even where the prefix cache holds
+            it (llama-server's `cache_prompt: false`); its blocks still join the cache.
 
     Raises:
         ValueError: `prompt_ids` is empty, `index` is negative, a scale is not finite, or
@@ -80,6 +82,7 @@ class EngineRequest:
     constraint: TokenConstraint | None = None
     adapter_scales: AdapterScales | None = None
     images: tuple[PromptImage, ...] = ()
+    use_prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))

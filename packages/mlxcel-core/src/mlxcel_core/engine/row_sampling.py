@@ -12,7 +12,7 @@ import mlx.core as mx
 from mlxcel_core.engine.sequence import Sequence
 from mlxcel_core.logprobs import PendingLogprobs, TokenLogprobs, make_logprobs
 from mlxcel_core.sampling import sample_batch
-from mlxcel_core.sampling.constraint import TokenConstraint, apply_constraint
+from mlxcel_core.sampling.constraint import apply_constraint
 from mlxcel_core.speculative import (
     AcceptanceRule,
     Verdict,
@@ -20,6 +20,7 @@ from mlxcel_core.speculative import (
     num_leading_accepted,
     rejection_sample,
 )
+from mlxcel_core.stopping import ban_tokens, ban_unless_alone
 
 
 @dataclass(frozen=True)
@@ -114,24 +115,29 @@ def draw_together(sequences: Seq[Sequence], logits: mx.array) -> BatchDraw:
         sequences: the rows' sequences.
         logits: (rows, V) logits after each sequence's last token.
     """
+    logits = ban_tokens(logits, [sequence.text.banned_token_ids() for sequence in sequences])
     tokens = sample_batch([sequence.sampler for sequence in sequences], logits)
     return BatchDraw(tuple(sequences), tokens)
 
 
 def _constrain(
-    constraint: TokenConstraint | None, logits: mx.array, drafts: tuple[int, ...]
+    sequence: Sequence, logits: mx.array, drafts: tuple[int, ...]
 ) -> tuple[list[mx.array], tuple[int, ...]]:
-    """Each position's logits under the constraint, the state after the drafts before it.
+    """Each position's logits under the request's constraint (the state after the drafts
+    before it) and its stop-token ban (`TextAssembler.banned_token_ids`).
 
     Drafts from the first one the constraint forbids on are dropped (they cannot pass). The
     constraint is left as it was found.
     """
+    constraint = sequence.request.constraint
+    bans = [sequence.text.banned_token_ids(j) for j in range(len(drafts) + 1)]
     if constraint is None:
-        return [logits[j] for j in range(len(drafts) + 1)], drafts
+        return [ban_tokens(logits[j : j + 1], [bans[j]])[0] for j in range(len(drafts) + 1)], drafts
     rows = []
     for j in range(len(drafts) + 1):
         allowed = constraint.allowed_mask(logits.shape[-1])
-        rows.append(apply_constraint(logits[j], allowed))
+        banned = ban_unless_alone(allowed, bans[j])
+        rows.append(ban_tokens(apply_constraint(logits[j], allowed)[None], [banned])[0])
         if j == len(drafts) or not allowed[drafts[j]].item():
             break
         constraint.advance(drafts[j])
@@ -163,7 +169,7 @@ def draw_tokens(
     """
     request = sequence.request
     sampler = sequence.sampler
-    rows, drafts = _constrain(request.constraint, logits, drafts)
+    rows, drafts = _constrain(sequence, logits, drafts)
     k = len(drafts)
     draft_array = mx.array(drafts, dtype=mx.int32)
     history = mx.array(sequence.token_ids, dtype=mx.int32)

@@ -37,7 +37,8 @@ class RowInput:
 
     Attributes:
         token_ids: the tokens to compute, at positions `offset` on (at least one).
-        block_table: the sequence's blocks, covering `offset + len(token_ids)` positions.
+        block_tables: the sequence's blocks in each block group (`KVCacheManager.
+            block_tables`), each covering `offset + len(token_ids)` positions.
         offset: positions already in the cache.
         num_logits: 1 for the logits after the last token only, or `len(token_ids)` for
             the logits after every token (verifying draft tokens).
@@ -51,11 +52,12 @@ class RowInput:
             from nothing when `offset` is 0.
 
     Raises:
-        ValueError: `token_ids` is empty, or `num_logits` is neither of those.
+        ValueError: `token_ids` or `block_tables` is empty, or `num_logits` is neither of
+            those.
     """
 
     token_ids: Sequence[int]
-    block_table: Sequence[int]
+    block_tables: Sequence[Sequence[int]]
     offset: int
     num_logits: int = 1
     adapter_scales: AdapterScales | None = None
@@ -66,6 +68,8 @@ class RowInput:
     def __post_init__(self) -> None:
         if not self.token_ids:
             raise ValueError("token_ids must hold at least one token")
+        if not self.block_tables:
+            raise ValueError("block_tables must hold one table per block group")
         if self.num_logits not in (1, len(self.token_ids)):
             raise ValueError(
                 f"num_logits must be 1 or len(token_ids) ({len(self.token_ids)}), "
@@ -230,14 +234,15 @@ class ModelRunner:
         """
         return self._started.popleft()
 
-    def prepare_storage(self, num_blocks: int, copies: Sequence[BlockCopy]) -> None:
-        """Grow the pools to hold `num_blocks` blocks and make the step's copy-on-write
-        copies, before the step that writes them.
+    def prepare_storage(self, num_blocks: Sequence[int], copies: Sequence[BlockCopy]) -> None:
+        """Grow each block group's pools to hold its `num_blocks` blocks and make the
+        step's copy-on-write copies, before the step that writes them.
 
         Raises:
-            ValueError: `num_blocks` exceeds the storage's `max_blocks`.
+            ValueError: a count exceeds its group's `max_blocks`.
         """
-        self.storage.ensure_capacity(num_blocks)
+        for group, count in enumerate(num_blocks):
+            self.storage.ensure_capacity(count, group)
         self.storage.copy_blocks(copies)
 
     def execute(self, rows: Sequence[RowInput]) -> list[mx.array]:
@@ -290,12 +295,16 @@ class ModelRunner:
         for a layer of several parts."""
         attention: list[PagedLayerCache] = []
         if self.layout.attention_parts:
-            batch = PagedBatch(
-                [BatchRow(row.block_table, row.offset, len(row.token_ids)) for row in rows],
-                self.storage.block_size,
-                scalar_offset=not self.batches_rows,
-            )
-            attention = make_layer_caches(self.storage, batch)
+            batches = [
+                PagedBatch(
+                    [BatchRow(row.block_tables[g], row.offset, len(row.token_ids)) for row in rows],
+                    self.storage.block_size,
+                    window=window,
+                    scalar_offset=not self.batches_rows,
+                )
+                for g, window in enumerate(self.storage.windows)
+            ]
+            attention = make_layer_caches(self.storage, *batches)
         if self.layout.is_plain:
             return [*attention]
         states: list[SlotStateCache] = []

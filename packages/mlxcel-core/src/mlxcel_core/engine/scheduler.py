@@ -217,6 +217,7 @@ class Scheduler:
                     wanted,
                     extra=sequence.cache_salt,
                     spans=sequence.cache_spans,
+                    use_cached=sequence.request.use_prefix_cache,
                 )
             if num_cached is None:
                 break

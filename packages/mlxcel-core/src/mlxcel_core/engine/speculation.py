@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from mlxcel_core.cache.paged import KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.draft_model import DraftModelDrafter
+from mlxcel_core.engine.kv_plan import KVCachePlan
 from mlxcel_core.engine.memory import ModelProfile
 from mlxcel_core.engine.scheduler import ScheduledSequence
 from mlxcel_core.generate import LanguageModel
@@ -47,7 +48,7 @@ class Speculation:
             requests.append(
                 DraftRequest(
                     token_ids=sequence.token_ids,
-                    block_table=kv.block_table(sequence.seq_id),
+                    block_tables=kv.block_tables(sequence.seq_id),
                     num_target_computed=computed + item.num_new_tokens,
                     num_draft_computed=(
                         computed if draft_computed is None else min(draft_computed, computed)
@@ -72,14 +73,14 @@ def make_speculation(
     draft: tuple[LanguageModel, ModelProfile] | None,
     *,
     block_size: int,
-    num_blocks: int,
+    plan: KVCachePlan,
 ) -> tuple[Speculation, PagedKVStorage | None]:
     """The speculation `config` asks for, and the draft model's KV pools when it has one.
 
     Args:
         draft: the draft model and its profile, for the draft-model method.
         block_size: tokens per KV block, the target's.
-        num_blocks: KV blocks, the target's (the draft's pools share its block ids).
+        plan: the target's KV cache: the draft's pools share its block groups and ids.
     """
     if draft is None:
         drafter = PromptLookupDrafter(
@@ -87,6 +88,12 @@ def make_speculation(
         )
         return Speculation(config, drafter), None
     model, profile = draft
-    storage = PagedKVStorage(profile.layers, block_size, num_blocks)
+    storage = PagedKVStorage(
+        profile.layers,
+        block_size,
+        plan.num_blocks,
+        layer_groups=plan.draft_layer_groups,
+        windows=plan.groups.windows,
+    )
     drafter = DraftModelDrafter(model, storage, p_min=config.draft_p_min)
     return Speculation(config, drafter), storage

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxcel_core.cache.paged import KVCacheManager, PagedKVStorage
+from mlxcel_core.cache.paged import BlockGroupUsage, KVCacheManager, PagedKVStorage
 from mlxcel_core.engine.scheduler import Scheduler
 
 
@@ -36,9 +36,10 @@ class EngineStats:
     Attributes:
         num_running: sequences running.
         num_waiting: sequences waiting (new or preempted).
-        num_kv_blocks: usable KV blocks (the null block excluded).
-        num_kv_blocks_used: blocks held by sequences.
-        num_kv_blocks_cached: blocks holding a prefix-cache entry (used or free).
+        num_kv_blocks: usable KV blocks (null blocks excluded), every block group's.
+        num_kv_blocks_used: blocks held by sequences, every group's.
+        num_kv_blocks_cached: blocks holding a prefix-cache entry (used or free), every
+            group's.
         kv_cache_bytes: bytes the KV pools hold now (they grow with use).
         prefix_cache_queried_tokens: prompt tokens looked up in the prefix cache.
         prefix_cache_hit_tokens: of those, tokens found there.
@@ -46,6 +47,7 @@ class EngineStats:
         num_draft_tokens: draft tokens verified so far (speculative decoding).
         num_accepted_draft_tokens: of those, tokens accepted.
         slots: the running sequences.
+        kv_groups: each block group's pool (full attention, each sliding window).
     """
 
     num_running: int = 0
@@ -60,6 +62,7 @@ class EngineStats:
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
     slots: tuple[SlotState, ...] = ()
+    kv_groups: tuple[BlockGroupUsage, ...] = ()
 
     @property
     def num_kv_blocks_free(self) -> int:
@@ -86,7 +89,7 @@ def make_engine_stats(
     return EngineStats(
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
-        num_kv_blocks=kv.num_blocks - 1,
+        num_kv_blocks=kv.num_usable_blocks,
         num_kv_blocks_used=kv.num_used_blocks,
         num_kv_blocks_cached=kv.num_cached_blocks,
         kv_cache_bytes=storage.nbytes,
@@ -107,4 +110,5 @@ def make_engine_stats(
             for sequence in scheduler.running
             if sequence.slot is not None
         ),
+        kv_groups=kv.group_usage(),
     )

@@ -1,4 +1,4 @@
-"""Linear layers over affine-quantized weights: a kernel for decode rows on CUDA, a dense
+"""Linear layers over affine-quantized weights: a kernel for decode rows on a GPU, a dense
 tactic for prefill."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxcel_core.kernels.quantized_matvec import (
-    quantized_matvec_cuda,
-    uses_quantized_matvec_kernel,
+    quantized_matvec_backend,
+    quantized_matvec_kernel,
 )
 
 
@@ -25,8 +25,9 @@ def quantized_linear(
     """`x @ W.T (+ bias)` for a weight W stored with MLX affine quantization.
 
     Three tactics, by the rows of x (all leading axes together):
-    - on a CUDA GPU, up to `quantized_matvec.MAX_ROWS` rows (decode) of a supported
-      layout: `quantized_matvec_cuda`, which reads each packed weight once;
+    - where `quantized_matvec_backend` names a backend (a CUDA GPU; an Apple GPU with
+      the Metal kernels on), up to `quantized_matvec.MAX_ROWS` rows (decode) of a
+      supported layout: `quantized_matvec_kernel`, which reads each packed weight once;
     - at least `dequantize_min_rows` rows (a prefill chunk): W is dequantized once to x's
       dtype and multiplied as a dense matrix, a BLAS GEMM on the CPU and a cuBLAS one on
       CUDA, where MLX's `quantized_matmul` is several times slower at many rows;
@@ -47,8 +48,11 @@ def quantized_linear(
         (..., N) in x's dtype.
     """
     rows = x.size // x.shape[-1]
-    if uses_quantized_matvec_kernel(mx.default_device(), x.dtype, bits, group_size, rows):
-        y = quantized_matvec_cuda(x, weight, scales, biases, group_size=group_size, bits=bits)
+    backend = quantized_matvec_backend(mx.default_device(), x.dtype, bits, group_size, rows)
+    if backend is not None:
+        y = quantized_matvec_kernel(
+            x, weight, scales, biases, group_size=group_size, bits=bits, backend=backend
+        )
     elif dequantize_min_rows is not None and rows >= dequantize_min_rows:
         dense = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits)
         y = x @ dense.astype(x.dtype).T

@@ -7,7 +7,8 @@ from collections.abc import Hashable, Sequence
 
 import mlx.core as mx
 
-from mlxcel_core.kernels.gumbel_sampling import gumbel_max_sample_cuda, uses_gumbel_kernel
+from mlxcel_core.kernels.gumbel_sampling import gumbel_max_sample_kernel
+from mlxcel_core.kernels.options import kernel_backend
 from mlxcel_core.sampling.params import SamplerStage, SamplingParams
 from mlxcel_core.sampling.penalties import apply_dry, apply_logit_bias, apply_penalties
 from mlxcel_core.sampling.stages import (
@@ -108,11 +109,12 @@ class Sampler:
     else runs beside it. `sample_batch` advances a sampled row's stream the same way; greedy
     rows never draw from theirs.
 
-    On a CUDA GPU the final draw is the fused Gumbel-max kernel
-    (`mlxcel_core.kernels.gumbel_sampling`) keyed by the same split of the stream, and a
-    chain that ends in the temperature stage leaves its division to that kernel; elsewhere
-    it is `mx.random.categorical`. Both draw from the same distribution, but not the same
-    tokens: a seed reproduces its tokens on one kind of device.
+    On a GPU whose kernels run (`mlxcel_core.kernels.options.kernel_backend`) the final
+    draw is the fused Gumbel-max kernel (`mlxcel_core.kernels.gumbel_sampling`) keyed by
+    the same split of the stream, and a chain that ends in the temperature stage leaves
+    its division to that kernel; elsewhere it is `mx.random.categorical`. Both draw from
+    the same distribution, but not the same tokens: a seed reproduces its tokens on one
+    kind of device.
 
     Attributes:
         params: The request's settings.
@@ -244,13 +246,16 @@ class Sampler:
             processed = self._run_stages(logits, history, self._greedy_stages)
             self.next_key()
             return mx.argmax(processed).astype(mx.int32)
-        if uses_gumbel_kernel(mx.default_device()):
+        backend = kernel_backend(mx.default_device())
+        if backend is not None:
             stages, temperature = _split_final_temperature(
                 self._active_stages, self.params.temperature
             )
             processed = self._run_stages(logits, history, stages)
             temperatures = mx.array([temperature], dtype=mx.float32)
-            return gumbel_max_sample_cuda(processed[None], temperatures, self.next_key()[None])[0]
+            keys = self.next_key()[None]
+            tokens = gumbel_max_sample_kernel(processed[None], temperatures, keys, backend=backend)
+            return tokens[0]
         processed = self.apply_chain(logits, history)
         return mx.random.categorical(processed, key=self.next_key()).astype(mx.int32)
 
@@ -314,9 +319,9 @@ def sample_batch(samplers: Sequence[Sampler], logits: mx.array) -> mx.array:
     if groups == {_GREEDY_GROUP}:
         return mx.argmax(logits, axis=-1).astype(mx.int32)
     first = samplers[0]
-    fused = uses_gumbel_kernel(mx.default_device())
+    backend = kernel_backend(mx.default_device())
     stages, temperature = first._active_stages, 1.0
-    if fused:
+    if backend is not None:
         stages, temperature = _split_final_temperature(stages, first.params.temperature)
     for stage in stages:
         logits = first._apply_stage(stage, logits, mx.array([], dtype=mx.int32), 0.0)
@@ -324,7 +329,7 @@ def sample_batch(samplers: Sequence[Sampler], logits: mx.array) -> mx.array:
     states = advanced[:, 0]
     for row, sampler in enumerate(samplers):
         sampler._batch_keys = (states, row)
-    if fused:
+    if backend is not None:
         temperatures = mx.full((len(samplers),), temperature, dtype=mx.float32)
-        return gumbel_max_sample_cuda(logits, temperatures, advanced[:, 1])
+        return gumbel_max_sample_kernel(logits, temperatures, advanced[:, 1], backend=backend)
     return _categorical_rows(logits, advanced[:, 1]).astype(mx.int32)

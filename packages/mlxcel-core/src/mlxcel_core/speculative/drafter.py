@@ -20,7 +20,8 @@ class DraftRequest:
 
     Attributes:
         token_ids: the sequence's tokens (prompt and generated).
-        block_table: its KV blocks, which the draft model's cache shares with the target's.
+        block_tables: its KV blocks in each block group, which the draft model's cache
+            shares with the target's.
         num_target_computed: positions whose target KV will exist after this step's
             non-draft tokens (all of `token_ids` when the sequence decodes).
         num_draft_computed: positions whose draft-model KV exists.
@@ -29,7 +30,7 @@ class DraftRequest:
     """
 
     token_ids: Sequence[int]
-    block_table: Sequence[int]
+    block_tables: Sequence[Sequence[int]]
     num_target_computed: int
     num_draft_computed: int
     num_draft_tokens: int

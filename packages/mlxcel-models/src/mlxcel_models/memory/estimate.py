@@ -2,10 +2,11 @@
 
 Weights follow what the loader does on the device (`ComputeOptions`): the file's dtypes,
 or on the CPU float32 floats and, when they fit, quantized layers made dense float32
-(docs/adr/0004). The KV cache is counted as the paged engine stores it: every attention
-layer keeps every position of a sequence, in blocks, at the cache types' packed sizes (only
-its window and a prefill chunk when every attention layer is windowed); recurrent layers
-keep one state per sequence (`cache_geometry`).
+(docs/adr/0004). The KV cache is counted as the paged engine stores it, in blocks, at the
+cache types' packed sizes, per block group (`mlxcel_core.cache.block_groups`): a
+full-attention layer keeps every position of a sequence, a sliding-window layer only its
+window and a prefill chunk; recurrent layers keep one state per sequence
+(`cache_geometry`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel_core.cache.block_groups import BlockGroups
 from mlxcel_core.cache.paged import LayerGeometry
 from mlxcel_core.cache.quant import check_cache_type
 from mlxcel_core.cache.state import state_bytes_per_sequence
@@ -124,6 +126,47 @@ def kv_cache_bytes(
     return num_blocks * block_size * bytes_per_token
 
 
+def kv_group_bytes_per_token(
+    geometry: ModelCacheGeometry, cache_type_k: str, cache_type_v: str
+) -> list[tuple[int | None, int]]:
+    """Each block group's window (None: full attention) and the key plus value bytes one
+    position takes over its layers.
+
+    Raises:
+        ValueError: a cache type is unknown; `CacheTypeError` where it cannot take a
+            layer's head dim.
+    """
+    groups = BlockGroups.of([geometry.layout])
+    per_token = [0] * groups.num_groups
+    for layer, group in zip(geometry.layers, groups.layer_groups(geometry.layout), strict=True):
+        per_token[group] += layer.bytes_per_token(cache_type_k, cache_type_v)
+    return list(zip(groups.windows, per_token, strict=True))
+
+
+def sequences_kv_bytes(
+    geometry: ModelCacheGeometry,
+    request: ContextRequest,
+    tokens: int,
+    *,
+    cache_type_k: str,
+    cache_type_v: str,
+    num_sequences: int = 1,
+) -> int:
+    """Bytes of the KV blocks `num_sequences` sequences of `tokens` positions hold at once,
+    each block group's (`ContextRequest.tokens_held`) with its null block.
+
+    Raises:
+        ValueError: a cache type is unknown; `CacheTypeError` where it cannot take a
+            layer's head dim.
+    """
+    return sum(
+        kv_cache_bytes(
+            per_token, request.tokens_held(tokens, window), request.block_size, num_sequences
+        )
+        for window, per_token in kv_group_bytes_per_token(geometry, cache_type_k, cache_type_v)
+    )
+
+
 def activation_bytes(
     inventory: ModelInventory, dtype: mx.Dtype, *, chunk_tokens: int, context_tokens: int
 ) -> int:
@@ -212,14 +255,14 @@ class ContextRequest:
         """The context size in tokens, the trained one for 0."""
         return self.context_size or inventory.architecture.context_length
 
-    def tokens_held(self, tokens: int, kv_window: int | None) -> int:
-        """Positions whose blocks one sequence of `tokens` holds at once: all of them,
-        or, when every attention layer is windowed (`kv_window`), its window before a
-        chunk, the chunk, and the blocks the two start inside of (as
+    def tokens_held(self, tokens: int, window: int | None) -> int:
+        """Positions whose blocks one sequence of `tokens` holds at once in a block group:
+        all of them, or, in a group of layers with a window, its window before a chunk,
+        the chunk, and the blocks the two start inside of (as
         `EngineConfig.blocks_per_sequence` counts them)."""
-        if kv_window is None:
+        if window is None:
             return tokens
-        return min(tokens, kv_window - 1 + self.chunk_tokens + 2 * self.block_size)
+        return min(tokens, window - 1 + self.chunk_tokens + 2 * self.block_size)
 
 
 def estimate_memory(
@@ -233,11 +276,14 @@ def estimate_memory(
     """
     tokens = request.tokens(inventory)
     geometry = cache_geometry(inventory, options)
-    per_token = kv_bytes_per_token(geometry.layers, request.cache_type_k, request.cache_type_v)
     return MemoryEstimate(
         weights=estimate_weights(inventory, options).resident_bytes,
-        kv_cache=kv_cache_bytes(
-            per_token, request.tokens_held(tokens, geometry.layout.kv_window), request.block_size
+        kv_cache=sequences_kv_bytes(
+            geometry,
+            request,
+            tokens,
+            cache_type_k=request.cache_type_k,
+            cache_type_v=request.cache_type_v,
         ),
         states=state_bytes_per_sequence(geometry.state_layers),
         activations=activation_bytes(

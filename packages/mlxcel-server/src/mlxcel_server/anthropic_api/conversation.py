@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Literal
 
 from mlxcel_server.anthropic_api.request import (
+    AnyToolChoice,
     AutoToolChoice,
     ContentBlock,
     ImageBlock,
     Message,
     MessagesRequest,
+    NamedToolChoice,
     NoToolChoice,
     PromptFields,
     RedactedThinkingBlock,
@@ -35,10 +36,13 @@ from mlxcel_server.schemas import (
     FunctionDefinition,
     ImageUrl,
     ImageUrlPart,
+    NamedFunction,
     TextPart,
     Tool,
     ToolCall,
 )
+from mlxcel_server.schemas import NamedToolChoice as ChatNamedToolChoice
+from mlxcel_server.tools.use import ToolChoice
 
 # Where a failed call's result is marked for the model: chat templates know no error flag.
 ERROR_RESULT_PREFIX = "Error: "
@@ -187,36 +191,36 @@ def _chat_tools(body: PromptFields) -> list[Tool] | None:
     ]
 
 
-def _chat_tool_choice(body: PromptFields) -> Literal["none", "auto"] | None:
+def _chat_tool_choice(body: PromptFields) -> ToolChoice:
+    """Anthropic's choice as chat's: `any` is "required", `tool` a named function."""
     choice = body.tool_choice
     if choice is None:
         return None
-    if choice.type in ("any", "tool"):
-        raise invalid(
-            f"tool_choice {choice.type!r} forces a tool call, which needs constrained "
-            "decoding; mlxcel does not implement it yet (use 'auto' or 'none')",
-            "tool_choice",
-        )
-    return "none" if isinstance(choice, NoToolChoice) else "auto"
+    if isinstance(choice, NoToolChoice):
+        return "none"
+    if isinstance(choice, AnyToolChoice):
+        return "required"
+    if isinstance(choice, NamedToolChoice):
+        return ChatNamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+    return "auto"
 
 
 def chat_request(body: PromptFields) -> ChatCompletionRequest:
     """The chat completion request rendering the same prompt: messages, tools, tool choice.
 
     Raises:
-        ApiError: 400 naming the field at fault (see `chat_messages`), or `tool_choice`
-            when it forces a call (`any` or `tool`: that needs constrained decoding).
+        ApiError: 400 naming the field at fault (see `chat_messages`).
     """
-    tool_choice = _chat_tool_choice(body)
     choice = body.tool_choice
+    parallel = None
+    if isinstance(choice, AutoToolChoice | AnyToolChoice | NamedToolChoice):
+        parallel = False if choice.disable_parallel_tool_use else None
     return ChatCompletionRequest(
         model=body.model,
         messages=chat_messages(body),
         tools=_chat_tools(body),
-        tool_choice=tool_choice,
-        parallel_tool_calls=not (
-            isinstance(choice, AutoToolChoice) and choice.disable_parallel_tool_use
-        ),
+        tool_choice=_chat_tool_choice(body),
+        parallel_tool_calls=parallel,
     )
 
 

@@ -4,9 +4,9 @@
 `content_block_delta`s and `content_block_stop`; then `message_delta` (stop reason, stop
 sequence and the final usage) and `message_stop`. The blocks, in order: a reasoning model's
 thinking (`thinking_delta`s, then an empty `signature_delta` just before its stop, as
-Anthropic sends the signature), the text (`text_delta`s), and the tool calls (one
-`input_json_delta` holding a call's whole input). A failure while generating ends the
-stream with an `error` event.
+Anthropic sends the signature), the text (`text_delta`s), and the tool calls (each call's
+input as `input_json_delta`s, in the pieces it is generated in). A failure while generating
+ends the stream with an `error` event.
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ from mlxcel_server.anthropic_api.objects import (
     MessageObject,
     TextContent,
     ThinkingContent,
+    ToolUseContent,
     Usage,
-    make_tool_use_content,
+    make_tool_use_id,
     make_usage,
 )
 from mlxcel_server.anthropic_api.stop_reason import EndingTracker
 from mlxcel_server.errors import ApiError
 from mlxcel_server.reasoning import ReasoningPlan, ReplyReader
-from mlxcel_server.routes.chat import ToolUse
-from mlxcel_server.tool_calls import ParsedToolCall, ToolCallStream
+from mlxcel_server.tools.reader import CallDelta, ToolCallReader
+from mlxcel_server.tools.use import ToolUse
 
 
 def encode_event(event_type: str, data: dict) -> bytes:
@@ -87,16 +88,34 @@ _EMPTY_BLOCKS = {
 
 
 class _StreamedBlocks:
-    """The thinking and text blocks as their pieces arrive: each opened with its first
-    piece, closed when the next kind of block starts or the reply ends.
+    """The content blocks as their pieces arrive: each opened with its first piece, closed
+    when the next block starts or the reply ends.
 
     Attributes:
         count: the blocks opened so far (the next block's index).
+        num_tool_uses: the tool_use blocks opened so far.
     """
 
     def __init__(self) -> None:
         self.count = 0
+        self.num_tool_uses = 0
         self._open: str | None = None
+
+    def add_call(self, delta: CallDelta) -> list[bytes]:
+        """Events for a piece of a tool call: a new block with its first piece, then its
+        input's JSON text as `input_json_delta`s."""
+        events = []
+        if delta.name is not None:
+            events += self.close()
+            self._open = "tool_use"
+            self.count += 1
+            self.num_tool_uses += 1
+            block = ToolUseContent(id=make_tool_use_id(), name=delta.name, input={})
+            events.append(_block_start(self.count - 1, block.model_dump(mode="json")))
+        if delta.arguments:
+            piece = {"type": "input_json_delta", "partial_json": delta.arguments}
+            events.append(_delta(self.count - 1, piece))
+        return events
 
     def add(self, kind: Literal["thinking", "text"], piece: str) -> list[bytes]:
         """Events for a piece of `kind`; none for an empty piece."""
@@ -123,19 +142,6 @@ class _StreamedBlocks:
         return [*events, encode_event("content_block_stop", {"index": index})]
 
 
-def _tool_use_events(first_index: int, calls: tuple[ParsedToolCall, ...]) -> list[bytes]:
-    events = []
-    for index, call in enumerate(calls, start=first_index):
-        block = make_tool_use_content(call).model_dump(mode="json")
-        arguments = json.dumps(block["input"], ensure_ascii=False)
-        events += [
-            _block_start(index, {**block, "input": {}}),
-            _delta(index, {"type": "input_json_delta", "partial_json": arguments}),
-            encode_event("content_block_stop", {"index": index}),
-        ]
-    return events
-
-
 def _message_delta(
     target: StreamTarget, finish_reason: FinishReason, stats: GenerationStats, calls_tools: bool
 ) -> bytes:
@@ -153,11 +159,14 @@ async def message_events(
     The opening events are sent with the first output, once prefill is done.
     """
     tool_use = target.tool_use
-    splitter = None if tool_use is None else ToolCallStream(tool_use.tool_format)
+    calls_reader = (
+        None
+        if tool_use is None
+        else ToolCallReader(tool_use.tool_format, parallel=tool_use.parallel)
+    )
     reader = ReplyReader(target.reasoning)
     blocks = _StreamedBlocks()
     started = False
-    calls: tuple[ParsedToolCall, ...] = ()
     finish_reason, stats = FinishReason.STOP, None
     try:
         # Closed on exit so that the engine request is cancelled at once when the client goes.
@@ -174,16 +183,17 @@ async def message_events(
                 piece = reader.read(output)
                 for event in blocks.add("thinking", piece.reasoning):
                     yield event
-                text = piece.content
-                if tool_use is not None and splitter is not None:
-                    # Tool markup is held back until the reply ends, then sent as tool_use.
-                    text = splitter.feed(text)
+                text, calls = piece.content, ()
+                if calls_reader is not None:
+                    read = calls_reader.feed(text)
                     if output.finished:
-                        reply = splitter.finish()
-                        calls = tuple(tool_use.kept(reply.tool_calls))
-                        text += reply.content or ""
+                        read = read + calls_reader.finish()
+                    text, calls = read.content, read.calls
                 for event in blocks.add("text", text):
                     yield event
+                for call in calls:
+                    for event in blocks.add_call(call):
+                        yield event
                 if output.finish_reason is not None and output.stats is not None:
                     finish_reason, stats = output.finish_reason, output.stats
     except ApiError as error:
@@ -191,7 +201,7 @@ async def message_events(
         return
     # The engine ends every reply with a finish reason and statistics, or an error.
     assert stats is not None
-    for event in [*blocks.close(), *_tool_use_events(blocks.count, calls)]:
+    for event in blocks.close():
         yield event
-    yield _message_delta(target, finish_reason, stats, calls_tools=bool(calls))
+    yield _message_delta(target, finish_reason, stats, calls_tools=blocks.num_tool_uses > 0)
     yield encode_event("message_stop", {})

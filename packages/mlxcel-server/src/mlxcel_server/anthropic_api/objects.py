@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, Literal
 
@@ -10,8 +9,8 @@ from pydantic import BaseModel
 
 from mlxcel_core.generate import GenerationStats
 from mlxcel_server.anthropic_api.stop_reason import StopReason
-from mlxcel_server.routes.chat import ToolUse
-from mlxcel_server.tool_calls import ParsedToolCall, parse_tool_calls
+from mlxcel_server.tools.reader import read_reply
+from mlxcel_server.tools.use import ToolUse
 
 
 class ThinkingContent(BaseModel):
@@ -70,25 +69,28 @@ def make_usage(prompt_tokens: int, stats: GenerationStats) -> Usage:
     )
 
 
-def make_tool_use_content(call: ParsedToolCall) -> ToolUseContent:
-    """A parsed call as a `tool_use` block with a fresh `toolu_` id."""
-    return ToolUseContent(
-        id=f"toolu_{uuid.uuid4().hex[:24]}", name=call.name, input=json.loads(call.arguments)
-    )
+def make_tool_use_id() -> str:
+    """A fresh `tool_use` block id, as Anthropic writes them."""
+    return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
 def make_content(
     text: str, tool_use: ToolUse | None, reasoning: str = ""
 ) -> list[ThinkingContent | TextContent | ToolUseContent]:
     """A whole reply's content blocks: its reasoning (if any), its text (if any), then its
-    tool calls (if any), read from the text alone."""
+    tool calls (if any), read from the text alone. A call whose input is not a whole JSON
+    object (the token limit cut it) is left out."""
     reply_text: str | None = text
-    calls: tuple[ParsedToolCall, ...] = ()
+    blocks: list[ToolUseContent] = []
     if tool_use is not None:
-        reply = parse_tool_calls(text, tool_use.tool_format)
-        calls = tuple(tool_use.kept(reply.tool_calls))
-        if calls:
-            reply_text = reply.content
+        reply = read_reply(text, tool_use.tool_format, parallel=tool_use.parallel)
+        reply_text = reply.content
+        for call in reply.tool_calls:
+            arguments = call.arguments_object()
+            if arguments is not None:
+                blocks.append(
+                    ToolUseContent(id=make_tool_use_id(), name=call.name, input=arguments)
+                )
     thoughts = [ThinkingContent(thinking=reasoning)] if reasoning else []
     texts = [TextContent(text=reply_text)] if reply_text else []
-    return [*thoughts, *texts, *map(make_tool_use_content, calls)]
+    return [*thoughts, *texts, *blocks]

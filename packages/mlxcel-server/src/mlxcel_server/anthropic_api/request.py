@@ -43,14 +43,23 @@ class ImageBlock(_Strict):
     cache_control: CacheControl | None = None
 
 
+class DirectCaller(_Strict):
+    """Who made a tool call: the model itself (calls from server-side code execution are
+    not supported)."""
+
+    type: Literal["direct"]
+
+
 class ToolUseBlock(_Strict):
-    """A tool call an assistant made; `input` is the arguments object."""
+    """A tool call an assistant made; `input` is the arguments object. `caller` is
+    accepted as replies sent back carry it."""
 
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    caller: DirectCaller | None = None
 
 
 class ToolResultBlock(_Strict):

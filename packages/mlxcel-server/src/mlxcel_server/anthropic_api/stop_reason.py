@@ -57,12 +57,13 @@ class EndingTracker:
 
         Args:
             finish_reason: the engine's finish reason.
-            calls_tools: whether the reply holds tool calls (that makes it `tool_use`).
+            calls_tools: whether the reply holds tool calls (that makes it `tool_use`,
+                unless the token limit cut it: `max_tokens`).
         """
-        if calls_tools:
-            return Ending("tool_use")
         if finish_reason is FinishReason.LENGTH:
             return Ending("max_tokens")
+        if calls_tools:
+            return Ending("tool_use")
         if not self._stop_sequences:
             return Ending("end_turn")
         text = self._tokenizer.decode(self._token_ids)

@@ -1,12 +1,13 @@
 """The Responses API event stream: named SSE events, each with its `sequence_number`.
 
-The order is OpenAI's: `response.created`, `response.in_progress`; when the reply reasons, a
-reasoning item first (`response.output_item.added`, `response.content_part.added`,
-`response.reasoning_text.delta` per piece of reasoning, `response.reasoning_text.done`,
-`response.content_part.done`, `response.output_item.done`); then the message item
-(`response.output_item.added`, `response.content_part.added`, `response.output_text.delta`
-per piece of text, `response.output_text.done`, `response.content_part.done`,
-`response.output_item.done`), then `response.completed` or `response.incomplete`.
+The order is OpenAI's: `response.created`, `response.in_progress`; then each output item in
+turn, opened with `response.output_item.added` and closed with `response.output_item.done`.
+A reasoning item carries its text in `response.reasoning_text.delta`s (inside
+`response.content_part.added` / `.done`, then `response.reasoning_text.done`); the message
+item its text in `response.output_text.delta`s (the same way, `response.output_text.done`);
+a function call item its arguments in `response.function_call_arguments.delta`s as they are
+generated, then `response.function_call_arguments.done`. Last comes `response.completed` or
+`response.incomplete`.
 """
 
 from __future__ import annotations
@@ -20,14 +21,19 @@ from mlxcel_core.engine import EngineOutput
 from mlxcel_server.errors import ApiError
 from mlxcel_server.reasoning import ReasoningPlan, ReplyReader
 from mlxcel_server.responses_api.objects import (
+    FunctionCallItem,
+    OutputItem,
     OutputMessage,
     OutputTextPart,
     ReasoningItem,
     ReasoningTextPart,
     ResponseObject,
     finish_response,
-    message_of,
+    make_item_id,
+    response_status,
 )
+from mlxcel_server.tools.reader import CallDelta, ToolCallReader
+from mlxcel_server.tools.use import ToolUse, make_call_id
 
 
 def encode_named_event(event_type: str, data: dict) -> bytes:
@@ -38,105 +44,144 @@ def encode_named_event(event_type: str, data: dict) -> bytes:
 
 @dataclass(frozen=True)
 class StreamTarget:
-    """Where the streamed text goes.
+    """Where the streamed reply goes.
 
     Attributes:
         draft: the response as it starts (`in_progress`, no output).
-        message_id: the id of its output message.
         input_tokens: prompt tokens.
         on_finish: called with the finished response, before the final event is sent.
         reasoning: how the reply is read for reasoning, or None for plain text.
-        reasoning_id: the id of its reasoning item, if it reasons.
+        tool_use: how the reply is read for tool calls, or None without tools.
     """
 
     draft: ResponseObject
-    message_id: str
     input_tokens: int
     on_finish: Callable[[ResponseObject], None]
     reasoning: ReasoningPlan | None = None
-    reasoning_id: str = ""
+    tool_use: ToolUse | None = None
 
 
 class _Items:
-    """The output items opened so far, and the events that open and close them."""
+    """The output items opened so far, and the events that open, fill and close them."""
 
-    def __init__(self, target: StreamTarget) -> None:
-        self.target = target
+    def __init__(self) -> None:
         self.sequence = 0
-        self.reasoning: list[str] | None = None
-        self.message_open = False
+        self.items: list[OutputItem] = []
+        self._texts: list[str] = []  # the open item's text (reasoning, message or arguments)
+        self._open: str | None = None
 
     def event(self, event_type: str, **data) -> bytes:
         block = encode_named_event(event_type, {**data, "sequence_number": self.sequence})
         self.sequence += 1
         return block
 
-    def reasoning_part(self) -> dict:
-        return {"output_index": 0, "item_id": self.target.reasoning_id, "content_index": 0}
+    def _where(self) -> dict:
+        return {"output_index": len(self.items) - 1, "item_id": self.items[-1].id}
 
-    def message_part(self) -> dict:
-        output_index = 0 if self.reasoning is None else 1
-        return {"output_index": output_index, "item_id": self.target.message_id, "content_index": 0}
-
-    def reasoning_delta(self, text: str) -> list[bytes]:
-        events = []
-        if self.reasoning is None:
-            self.reasoning = []
-            opening = ReasoningItem(id=self.target.reasoning_id, status="in_progress", content=[])
-            events.append(
-                self.event("response.output_item.added", output_index=0, item=opening.model_dump())
-            )
-            part = ReasoningTextPart(text="").model_dump()
-            events.append(
-                self.event("response.content_part.added", **self.reasoning_part(), part=part)
-            )
-        self.reasoning.append(text)
+    def _open_item(self, kind: str, item: OutputItem) -> list[bytes]:
+        events = self.close()
+        self.items.append(item)
+        self._open, self._texts = kind, []
+        opened = item.model_dump(mode="json")
         events.append(
-            self.event("response.reasoning_text.delta", **self.reasoning_part(), delta=text)
+            self.event("response.output_item.added", output_index=len(self.items) - 1, item=opened)
         )
+        if kind == "reasoning":
+            part = ReasoningTextPart(text="").model_dump()
+            events.append(self.event("response.content_part.added", **self._part(), part=part))
+        elif kind == "message":
+            part = OutputTextPart(text="").model_dump()
+            events.append(self.event("response.content_part.added", **self._part(), part=part))
         return events
+
+    def _part(self) -> dict:
+        return {**self._where(), "content_index": 0}
+
+    def reasoning(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        events = []
+        if self._open != "reasoning":
+            item = ReasoningItem(id=make_item_id("rs"), status="in_progress", content=[])
+            events += self._open_item("reasoning", item)
+        self._texts.append(text)
+        return [*events, self.event("response.reasoning_text.delta", **self._part(), delta=text)]
+
+    def text(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        events = [] if self._open == "message" else self.open_message()
+        self._texts.append(text)
+        return [
+            *events,
+            self.event("response.output_text.delta", **self._part(), delta=text, logprobs=[]),
+        ]
 
     def open_message(self) -> list[bytes]:
-        if self.message_open:
-            return []
-        self.message_open = True
-        events = self.close_reasoning()
-        part = self.message_part()
-        opening = OutputMessage(id=self.target.message_id, status="in_progress", content=[])
-        events.append(
-            self.event(
-                "response.output_item.added",
-                output_index=part["output_index"],
-                item=opening.model_dump(),
+        item = OutputMessage(id=make_item_id("msg"), status="in_progress", content=[])
+        return self._open_item("message", item)
+
+    def call(self, delta: CallDelta) -> list[bytes]:
+        events = []
+        if delta.name is not None:
+            item = FunctionCallItem(
+                id=make_item_id("fc"),
+                call_id=make_call_id(),
+                name=delta.name,
+                arguments="",
+                status="in_progress",
             )
-        )
-        events.append(
-            self.event(
-                "response.content_part.added", **part, part=OutputTextPart(text="").model_dump()
+            events += self._open_item("function_call", item)
+        if delta.arguments:
+            self._texts.append(delta.arguments)
+            events.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    **self._where(),
+                    delta=delta.arguments,
+                )
             )
-        )
         return events
 
-    def reasoning_item(self) -> ReasoningItem | None:
-        if self.reasoning is None:
-            return None
-        text = "".join(self.reasoning)
-        return ReasoningItem(
-            id=self.target.reasoning_id, status="completed", content=[ReasoningTextPart(text=text)]
-        )
+    def num_calls(self) -> int:
+        return sum(isinstance(item, FunctionCallItem) for item in self.items)
 
-    def close_reasoning(self) -> list[bytes]:
-        item = self.reasoning_item()
-        if item is None:
+    def close(self, status: str = "completed") -> list[bytes]:
+        """Events closing the open item, which takes its final form."""
+        if self._open is None:
             return []
-        (part,) = item.content
-        return [
-            self.event("response.reasoning_text.done", **self.reasoning_part(), text=part.text),
-            self.event(
-                "response.content_part.done", **self.reasoning_part(), part=part.model_dump()
-            ),
-            self.event("response.output_item.done", output_index=0, item=item.model_dump()),
-        ]
+        text, item = "".join(self._texts), self.items[-1]
+        self._open = None
+        events = []
+        if isinstance(item, ReasoningItem):
+            part = ReasoningTextPart(text=text)
+            item = item.model_copy(update={"status": "completed", "content": [part]})
+            events += [
+                self.event("response.reasoning_text.done", **self._part(), text=text),
+                self.event("response.content_part.done", **self._part(), part=part.model_dump()),
+            ]
+        elif isinstance(item, OutputMessage):
+            part = OutputTextPart(text=text)
+            item = item.model_copy(update={"status": status, "content": [part]})
+            events += [
+                self.event("response.output_text.done", **self._part(), text=text, logprobs=[]),
+                self.event("response.content_part.done", **self._part(), part=part.model_dump()),
+            ]
+        elif isinstance(item, FunctionCallItem):
+            item = item.model_copy(update={"status": status, "arguments": text})
+            events.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    **self._where(),
+                    name=item.name,
+                    arguments=text,
+                )
+            )
+        self.items[-1] = item
+        done = item.model_dump(mode="json")
+        output_index = len(self.items) - 1
+        events.append(self.event("response.output_item.done", output_index=output_index, item=done))
+        return events
 
 
 async def response_events(
@@ -147,10 +192,15 @@ async def response_events(
     A generation error ends the stream with an `error` event. The opening events are sent
     with the first output, once prefill is done.
     """
-    items = _Items(target)
+    items = _Items()
     reader = ReplyReader(target.reasoning)
+    tool_use = target.tool_use
+    calls_reader = (
+        None
+        if tool_use is None
+        else ToolCallReader(tool_use.tool_format, parallel=tool_use.parallel)
+    )
     draft = target.draft.model_dump(mode="json")
-    texts: list[str] = []
     finish_reason, stats = "stop", None
     try:
         # Closed on exit so that the engine request is cancelled at once when the client goes.
@@ -163,19 +213,18 @@ async def response_events(
                     yield items.event("response.created", response=draft)
                     yield items.event("response.in_progress", response=draft)
                 delta = reader.read(output)
-                if delta.reasoning:
-                    for block in items.reasoning_delta(delta.reasoning):
-                        yield block
-                if delta.content:
-                    for block in items.open_message():
-                        yield block
-                    texts.append(delta.content)
-                    yield items.event(
-                        "response.output_text.delta",
-                        **items.message_part(),
-                        delta=delta.content,
-                        logprobs=[],
-                    )
+                text, calls = delta.content, ()
+                if calls_reader is not None:
+                    read = calls_reader.feed(text)
+                    if output.finished:
+                        read = read + calls_reader.finish()
+                    text, calls = read.content, read.calls
+                for block in [
+                    *items.reasoning(delta.reasoning),
+                    *items.text(text),
+                    *(event for call in calls for event in items.call(call)),
+                ]:
+                    yield block
                 if output.finish_reason is not None and output.stats is not None:
                     finish_reason = output.finish_reason
                     stats = output.stats
@@ -184,26 +233,20 @@ async def response_events(
         return
     # The engine ends every choice with a finish reason and statistics, or an error.
     assert stats is not None
-    for block in items.open_message():
+    status = response_status(finish_reason)
+    closing = items.close(status)
+    if not any(isinstance(item, OutputMessage) for item in items.items) and not items.num_calls():
+        closing += items.open_message() + items.close(status)
+    for block in closing:
         yield block
     response = finish_response(
         target.draft,
-        message_id=target.message_id,
-        text="".join(texts),
+        output=items.items,
         finish_reason=finish_reason,
         input_tokens=target.input_tokens,
         stats=stats,
-        reasoning=items.reasoning_item(),
         reasoning_tokens=reader.num_reasoning_tokens,
     )
     target.on_finish(response)
-    message = message_of(response)
-    (text_part,) = message.content
-    part = items.message_part()
-    yield items.event("response.output_text.done", **part, text=text_part.text, logprobs=[])
-    yield items.event("response.content_part.done", **part, part=text_part.model_dump())
-    yield items.event(
-        "response.output_item.done", output_index=part["output_index"], item=message.model_dump()
-    )
     final_type = f"response.{response.status}"
     yield items.event(final_type, response=response.model_dump(mode="json"))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from mlxcel_core.generate import GenerationStats
+from mlxcel_server.tools.use import make_call_id
 
 Status = Literal["in_progress", "completed", "incomplete"]
 
@@ -43,7 +46,19 @@ class ReasoningItem(BaseModel):
     content: list[ReasoningTextPart]
 
 
-OutputItem = ReasoningItem | OutputMessage
+class FunctionCallItem(BaseModel):
+    """A function call the reply makes; `arguments` is JSON text (partial while it streams,
+    or when the token limit cut it)."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Status
+
+
+OutputItem = ReasoningItem | OutputMessage | FunctionCallItem
 
 
 class InputTokensDetails(BaseModel):
@@ -74,10 +89,7 @@ class ResponseText(BaseModel):
 
 
 class ResponseObject(BaseModel):
-    """A response; `usage` is set once it has finished.
-
-    The tool fields hold their "no tools" values: mlxcel refuses `tools` on this endpoint.
-    """
+    """A response; `usage` is set once it has finished. The tool fields echo the request's."""
 
     id: str
     object: Literal["response"] = "response"
@@ -93,9 +105,9 @@ class ResponseObject(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     store: bool
-    parallel_tool_calls: bool = False
-    tool_choice: Literal["none"] = "none"
-    tools: list = []
+    parallel_tool_calls: bool = True
+    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = []
     text: ResponseText = ResponseText()
     usage: ResponseUsage | None = None
 
@@ -115,43 +127,76 @@ def make_response_usage(
     )
 
 
-def message_of(response: ResponseObject) -> OutputMessage:
-    """The assistant message of a finished response (its last output item)."""
-    message = response.output[-1]
-    if not isinstance(message, OutputMessage):
-        raise ValueError(f"the response {response.id} has no message item")
-    return message
+def make_output(
+    text: str,
+    calls: Sequence[tuple[str, str]],
+    *,
+    status: Status,
+    reasoning: ReasoningItem | None = None,
+) -> list[OutputItem]:
+    """A finished reply's output items: its reasoning (if any), its message (when it has
+    text, or makes no call), then its function calls. Each is `completed` but the last,
+    which takes `status` (`incomplete` when the token limit cut it).
+
+    Args:
+        text: the reply's text outside tool markup.
+        calls: each call's name and arguments (JSON text).
+        status: the reply's status.
+        reasoning: the reasoning item, or None.
+    """
+    items: list[OutputItem] = [] if reasoning is None else [reasoning]
+    if text or not calls:
+        part = OutputTextPart(text=text)
+        items.append(OutputMessage(id=make_item_id("msg"), status="completed", content=[part]))
+    items += [
+        FunctionCallItem(
+            id=make_item_id("fc"),
+            call_id=make_call_id(),
+            name=name,
+            arguments=arguments,
+            status="completed",
+        )
+        for name, arguments in calls
+    ]
+    if not isinstance(items[-1], ReasoningItem):
+        items[-1] = items[-1].model_copy(update={"status": status})
+    return items
+
+
+def make_item_id(prefix: str) -> str:
+    """A fresh output item id (`msg`, `rs`, `fc`), as OpenAI writes them."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def response_status(finish_reason: str) -> Status:
+    """`incomplete` when the token limit ended the reply, else `completed`."""
+    return "incomplete" if finish_reason == "length" else "completed"
 
 
 def finish_response(
     draft: ResponseObject,
     *,
-    message_id: str,
-    text: str,
+    output: list[OutputItem],
     finish_reason: str,
     input_tokens: int,
     stats: GenerationStats,
-    reasoning: ReasoningItem | None = None,
     reasoning_tokens: int = 0,
 ) -> ResponseObject:
-    """`draft` finished with its one message: `incomplete` when the token limit ended it.
+    """`draft` finished with its output items: `incomplete` when the token limit ended it.
 
     Args:
         draft: the response as it started.
-        message_id: the id of its output message.
-        text: the whole generated text.
+        output: its output items (see `make_output`).
         finish_reason: the choice's OpenAI `finish_reason` (`stop` or `length`).
         input_tokens: prompt tokens.
         stats: the choice's statistics (tokens generated, prefix-cache hits).
-        reasoning: the reasoning item before the message, or None when it had none.
         reasoning_tokens: of the generated tokens, those that were reasoning.
     """
-    status: Status = "incomplete" if finish_reason == "length" else "completed"
-    message = OutputMessage(id=message_id, status=status, content=[OutputTextPart(text=text)])
+    status = response_status(finish_reason)
     return draft.model_copy(
         update={
             "status": status,
-            "output": [message] if reasoning is None else [reasoning, message],
+            "output": output,
             "incomplete_details": (
                 IncompleteDetails(reason="max_output_tokens") if status == "incomplete" else None
             ),

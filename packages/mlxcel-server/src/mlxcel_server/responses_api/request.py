@@ -1,7 +1,7 @@
 """`POST /v1/responses` bodies as pydantic models: strict types, unknown fields refused.
 
-As in `mlxcel_server.schemas`, a field mlxcel does not implement (`tools`, `reasoning`, ...)
-is not declared, so a request that sends it gets a 400 naming it.
+As in `mlxcel_server.schemas`, a field mlxcel does not implement (`reasoning`, built-in
+tools, ...) is not declared, so a request that sends it gets a 400 naming it.
 """
 
 from __future__ import annotations
@@ -86,17 +86,70 @@ class ReasoningInput(_Strict):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
+_ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class FunctionCallInput(_Strict):
+    """A function call of an earlier reply, sent back as it came (`arguments` is JSON text)."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: _ItemStatus | None = None
+
+
+class FunctionCallOutputInput(_Strict):
+    """The result of the call `call_id`: text, or a list of text parts."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+    id: str | None = None
+    status: _ItemStatus | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "\n".join(part.text for part in self.output)
+
+
+_ITEM_KINDS = frozenset({"reasoning", "function_call", "function_call_output"})
+
+
 def _input_item_kind(item: Any) -> str:
     kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
-    return "reasoning" if kind == "reasoning" else "message"
+    return kind if kind in _ITEM_KINDS else "message"
 
 
 # Picked by `type` (a message may leave it out), so that a message's own error is the one
 # reported rather than every union member's.
 InputItem = Annotated[
-    Annotated[InputMessage, Tag("message")] | Annotated[ReasoningInput, Tag("reasoning")],
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[ReasoningInput, Tag("reasoning")]
+    | Annotated[FunctionCallInput, Tag("function_call")]
+    | Annotated[FunctionCallOutputInput, Tag("function_call_output")],
     Discriminator(_input_item_kind),
 ]
+
+
+class FunctionTool(_Strict):
+    """A function the model may call; `parameters` is a JSON schema of its arguments.
+    `strict` is accepted and the schema is always enforced."""
+
+    type: Literal["function"]
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionToolChoice(_Strict):
+    """A choice that forces a call of the function `name`."""
+
+    type: Literal["function"]
+    name: str
 
 
 class TextFormat(_Strict):
@@ -142,7 +195,10 @@ class ResponseRequest(_Strict):
     """A request to create a response.
 
     Sampling fields left out (None) take the server's defaults; `max_output_tokens` left out
-    takes the server's `-n`.
+    takes the server's `-n`. `tool_choice` defaults to "auto" with tools;
+    `parallel_tool_calls` left out is decided as for chat completions; `include` takes
+    no entries (mlxcel adds no optional output), an empty list is accepted as clients send
+    it.
     """
 
     model: str | None = None
@@ -155,3 +211,7 @@ class ResponseRequest(_Strict):
     store: bool = True
     previous_response_id: str | None = None
     text: TextConfig | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    include: Annotated[list[str], Field(max_length=0)] | None = None

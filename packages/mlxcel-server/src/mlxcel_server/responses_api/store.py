@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from mlxcel_server.responses_api.conversation import ChatTurn
 from mlxcel_server.responses_api.objects import ResponseObject
+from mlxcel_server.schemas import ChatMessage
 
 DEFAULT_CAPACITY = 1000
 
@@ -21,7 +21,7 @@ class StoredResponse:
     """
 
     response: ResponseObject
-    conversation: tuple[ChatTurn, ...]
+    conversation: tuple[ChatMessage, ...]
 
 
 class ResponseStore:

@@ -19,6 +19,7 @@ from mlxcel_server.schemas import CompletionRequest
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import DONE, encode_event, sse_response
 from mlxcel_server.state import ServerState, ServingModel
+from mlxcel_server.structured import response_format_grammar
 from mlxcel_server.validation import parse_body
 
 
@@ -143,7 +144,13 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         ids, texts = await _prompt_ids(prompts, single, model)
         num_logprobs = completion_num_logprobs(body)
         prepared = generation.prepare(
-            ids, body, model, settings, id_prefix="cmpl", num_top_logprobs=num_logprobs
+            ids,
+            body,
+            model,
+            settings,
+            id_prefix="cmpl",
+            num_top_logprobs=num_logprobs,
+            grammar=response_format_grammar(body.response_format),
         )
         echoes = texts if body.echo else [""] * len(prompts)
         if body.stream:

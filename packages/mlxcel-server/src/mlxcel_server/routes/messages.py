@@ -11,8 +11,6 @@ from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
 from mlxcel_core.generate import FinishReason, GenerationStats
-from mlxcel_models.image_prompt import ImagePrompt
-from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.anthropic_api.conversation import chat_request, generation_request
 from mlxcel_server.anthropic_api.events import StreamTarget, message_events
@@ -34,8 +32,8 @@ from mlxcel_server.anthropic_api.thinking import (
     reasoning_budget,
     reasoning_format,
 )
-from mlxcel_server.reasoning import ReasoningPlan, ReplyReader, make_plan, template_kwargs
-from mlxcel_server.routes.chat import ToolUse, encode_messages, make_tool_use
+from mlxcel_server.prompting import ChatPrompt, build_chat_prompt
+from mlxcel_server.reasoning import ReplyReader
 from mlxcel_server.schemas import ChatCompletionRequest
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import sse_response
@@ -43,40 +41,30 @@ from mlxcel_server.state import ServerState, ServingModel
 from mlxcel_server.validation import parse_body
 
 
-async def _encode_prompt(
+async def _chat_prompt(
     model: ServingModel,
     chat: ChatCompletionRequest,
     thinking: ThinkingConfig | None,
     settings: ServerSettings,
-) -> tuple[ImagePrompt, ToolUse | None, ReasoningPlan | None]:
-    """The prompt (token ids and image runs) through the chat path's template rendering,
-    its tool use, and how its reply is read for reasoning.
+    *,
+    check: bool = True,
+) -> ChatPrompt:
+    """The prompt through the chat path's prompt builder, its tool use, and how its reply
+    is read for reasoning.
 
     Raises:
-        ApiError: 404 for another model's name; 400 for tools or tool blocks the model's
-            chat template cannot render, or a conversation it rejects.
+        ApiError: 404 for another model's name; 400 as `build_chat_prompt`.
     """
     generation.check_model_name(model, chat.model)
-    tokenizer = model.loaded.tokenizer
-    tool_use = make_tool_use(chat, tokenizer.chat_template)
-    tools = None
-    if tool_use is not None and chat.tools is not None:
-        tools = [tool.template_dict() for tool in chat.tools]
-    syntax = find_reasoning_syntax(tokenizer)
-    budget = reasoning_budget(thinking, settings)
-    kwargs = template_kwargs(None, syntax, budget)
-    prompt = await encode_messages(
+    return await build_chat_prompt(
         model,
-        chat.messages,
+        chat,
         image_decoder=settings.image_decoder,
-        tools=tools,
-        template_kwargs=kwargs,
+        reasoning_format=reasoning_format(thinking, settings),
+        reasoning_budget=reasoning_budget(thinking, settings),
         param="messages",
+        check=check,
     )
-    plan = make_plan(
-        syntax, reasoning_format(thinking, settings), budget, tokenizer, list(prompt.prompt_ids)
-    )
-    return prompt, tool_use, plan
 
 
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
@@ -89,17 +77,18 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         check_thinking_budget(body)
         model = state.require_model()
         chat = generation_request(body)
-        prompt, tool_use, plan = await _encode_prompt(model, chat, body.thinking, settings)
-        ids = list(prompt.prompt_ids)
-        generation.check_prompt(ids, model.context_size, "messages")
+        prompt = await _chat_prompt(model, chat, body.thinking, settings)
+        ids, tool_use, plan = prompt.ids, prompt.tool_use, prompt.reasoning
         prepared = generation.prepare(
             [ids],
             chat,
             model,
             settings,
             id_prefix="msg",
+            grammar=prompt.grammar,
             reasoning=plan,
             prompt_images=[prompt.images],
+            keep_special_tokens=prompt.keep_special_tokens,
         )
         message_id = make_message_id()
         tracker = EndingTracker(model.loaded.tokenizer, body.stop_sequences or ())
@@ -126,8 +115,9 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     async def count_tokens() -> Response:
         body = await parse_body(CountTokensRequest)
         model = state.require_model()
-        prompt, _, _ = await _encode_prompt(model, chat_request(body), body.thinking, settings)
-        return jsonify({"input_tokens": len(prompt.prompt_ids)})
+        chat = chat_request(body)
+        prompt = await _chat_prompt(model, chat, body.thinking, settings, check=False)
+        return jsonify({"input_tokens": len(prompt.ids)})
 
     return blueprint
 

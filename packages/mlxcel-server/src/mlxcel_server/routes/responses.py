@@ -7,27 +7,31 @@ import uuid
 
 from quart import Blueprint, Response, jsonify
 
-from mlxcel_models.tokenizer.reasoning import find_reasoning_syntax
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid
-from mlxcel_server.reasoning import ReasoningFormat, make_plan, template_kwargs
-from mlxcel_server.responses_api.conversation import ChatTurn, input_turns, make_chat
+from mlxcel_server.generation import ChoiceResult
+from mlxcel_server.prompting import ChatPrompt, build_chat_prompt
+from mlxcel_server.reasoning import ReasoningFormat
+from mlxcel_server.responses_api.conversation import chat_request, input_messages, reply_message
 from mlxcel_server.responses_api.events import StreamTarget, response_events
 from mlxcel_server.responses_api.objects import (
+    OutputItem,
     ReasoningItem,
     ReasoningTextPart,
     ResponseObject,
     ResponseText,
     finish_response,
-    message_of,
+    make_item_id,
+    make_output,
+    response_status,
 )
-from mlxcel_server.responses_api.request import ResponseRequest, TextFormat
+from mlxcel_server.responses_api.request import ResponseRequest
 from mlxcel_server.responses_api.store import ResponseStore, StoredResponse
-from mlxcel_server.routes.chat import encode_messages
-from mlxcel_server.schemas import GenerationFields
+from mlxcel_server.schemas import ChatMessage
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import sse_response
 from mlxcel_server.state import ServerState
+from mlxcel_server.tools.reader import read_reply
 from mlxcel_server.validation import parse_body
 
 
@@ -38,7 +42,7 @@ def _check_fields(body: ResponseRequest) -> None:
         )
 
 
-def _previous_turns(store: ResponseStore, previous_id: str | None) -> tuple[ChatTurn, ...]:
+def _previous_messages(store: ResponseStore, previous_id: str | None) -> tuple[ChatMessage, ...]:
     if previous_id is None:
         return ()
     entry = store.get(previous_id)
@@ -51,14 +55,63 @@ def _previous_turns(store: ResponseStore, previous_id: str | None) -> tuple[Chat
     return entry.conversation
 
 
-def _text_format(body: ResponseRequest) -> TextFormat | None:
-    return None if body.text is None else body.text.format
+def _draft(body: ResponseRequest, model_id: str, prompt: ChatPrompt) -> ResponseObject:
+    """The response as it starts: in progress, no output, the request's settings echoed."""
+    text_format = None if body.text is None else body.text.format
+    text = ResponseText()
+    if text_format is not None:
+        text = ResponseText(format=text_format.model_dump(by_alias=True, exclude_none=True))
+    tool_choice = body.tool_choice or ("auto" if body.tools else "none")
+    return ResponseObject(
+        id=f"resp_{uuid.uuid4().hex}",
+        created_at=int(time.time()),
+        status="in_progress",
+        model=model_id,
+        output=[],
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        previous_response_id=body.previous_response_id,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        store=body.store,
+        text=text,
+        tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+        tool_choice=tool_choice if isinstance(tool_choice, str) else tool_choice.model_dump(),
+        parallel_tool_calls=(
+            prompt.tool_use.parallel
+            if prompt.tool_use is not None
+            else body.parallel_tool_calls is not False
+        ),
+    )
+
+
+def _output(result: ChoiceResult, prompt: ChatPrompt) -> list[OutputItem]:
+    """A finished reply's output items, its text read for tool calls."""
+    reasoning = None
+    if result.reasoning:
+        part = ReasoningTextPart(text=result.reasoning)
+        reasoning = ReasoningItem(id=make_item_id("rs"), status="completed", content=[part])
+    text, calls = result.text, ()
+    if prompt.tool_use is not None:
+        use = prompt.tool_use
+        reply = read_reply(text, use.tool_format, parallel=use.parallel)
+        text, calls = reply.content or "", reply.tool_calls
+    return make_output(
+        text,
+        [(call.name, call.arguments) for call in calls],
+        status=response_status(result.finish_reason),
+        reasoning=reasoning,
+    )
 
 
 def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     """The Responses API routes, with this app's own store of responses."""
     blueprint = Blueprint("responses", __name__)
     store = ResponseStore()
+    # Reasoning has its own output item here: there is no raw text to keep beside it.
+    reasoning_format = settings.reasoning_format
+    if reasoning_format is ReasoningFormat.DEEPSEEK_LEGACY:
+        reasoning_format = ReasoningFormat.DEEPSEEK
 
     @blueprint.post("/v1/responses")
     @blueprint.post("/responses")
@@ -67,88 +120,45 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
         model = state.require_model()
         generation.check_model_name(model, body.model)
         _check_fields(body)
-        turns = _previous_turns(store, body.previous_response_id) + input_turns(body)
-        tokenizer = model.loaded.tokenizer
-        syntax = find_reasoning_syntax(tokenizer)
-        budget = settings.reasoning_budget
-        kwargs = template_kwargs(None, syntax, budget)
-        prompt = await encode_messages(
+        messages = _previous_messages(store, body.previous_response_id) + input_messages(body)
+        chat = chat_request(body, messages)
+        prompt = await build_chat_prompt(
             model,
-            make_chat(body.instructions, turns),
+            chat,
             image_decoder=settings.image_decoder,
-            template_kwargs=kwargs,
+            reasoning_format=reasoning_format,
+            reasoning_budget=settings.reasoning_budget,
             param="input",
-        )
-        ids = list(prompt.prompt_ids)
-        generation.check_prompt(ids, model.context_size, "input")
-        # Reasoning has its own output item here: there is no raw text to keep beside it.
-        reasoning_format = settings.reasoning_format
-        if reasoning_format is ReasoningFormat.DEEPSEEK_LEGACY:
-            reasoning_format = ReasoningFormat.DEEPSEEK
-        plan = make_plan(syntax, reasoning_format, budget, tokenizer, ids)
-        text_format = _text_format(body)
-        fields = GenerationFields(
-            model=body.model,
-            max_tokens=body.max_output_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            response_format=None if text_format is None else text_format.response_format(),
+            format_param="text.format",
         )
         prepared = generation.prepare(
-            [ids],
-            fields,
+            [prompt.ids],
+            chat,
             model,
             settings,
             id_prefix="resp",
-            format_param="text.format",
-            reasoning=plan,
+            grammar=prompt.grammar,
+            reasoning=prompt.reasoning,
             prompt_images=[prompt.images],
+            keep_special_tokens=prompt.keep_special_tokens,
         )
-        text = ResponseText()
-        if text_format is not None:
-            text = ResponseText(format=text_format.model_dump(by_alias=True, exclude_none=True))
-        draft = ResponseObject(
-            id=f"resp_{uuid.uuid4().hex}",
-            created_at=int(time.time()),
-            status="in_progress",
-            model=model.model_id,
-            output=[],
-            instructions=body.instructions,
-            max_output_tokens=body.max_output_tokens,
-            previous_response_id=body.previous_response_id,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            store=body.store,
-            text=text,
-        )
-        message_id = f"msg_{uuid.uuid4().hex}"
-        reasoning_id = f"rs_{uuid.uuid4().hex}"
+        draft = _draft(body, model.model_id, prompt)
 
         def keep(response: ResponseObject) -> None:
             if body.store:
-                reply = ChatTurn("assistant", message_of(response).content[0].text)
-                store.put(StoredResponse(response, (*turns, reply)))
+                reply = reply_message(response.output)
+                store.put(StoredResponse(response, (*messages, reply)))
 
         if body.stream:
-            target = StreamTarget(draft, message_id, len(ids), keep, plan, reasoning_id)
+            target = StreamTarget(draft, len(prompt.ids), keep, prompt.reasoning, prompt.tool_use)
             return sse_response(response_events(target, await generation.stream(model, prepared)))
         (result,) = await generation.collect(model, prepared)
         response = finish_response(
             draft,
-            message_id=message_id,
-            text=result.text,
+            output=_output(result, prompt),
             finish_reason=result.finish_reason,
-            input_tokens=len(ids),
+            input_tokens=len(prompt.ids),
             stats=result.stats,
-            reasoning=(
-                ReasoningItem(
-                    id=reasoning_id,
-                    status="completed",
-                    content=[ReasoningTextPart(text=result.reasoning)],
-                )
-                if result.reasoning
-                else None
-            ),
             reasoning_tokens=result.reasoning_tokens,
         )
         keep(response)

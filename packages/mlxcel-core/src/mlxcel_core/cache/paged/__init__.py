@@ -1,19 +1,23 @@
 """The paged KV cache: a block pool with prefix caching, its arrays, and batched views.
 
 `KVCacheManager` is the bookkeeping (block tables, reference counts, prefix hashes,
-copy-on-write, detach/adopt) and touches no arrays; `PagedKVStorage` holds the per-layer
+copy-on-write, detach/adopt), one pool and table per block group (full attention, each
+sliding window), and touches no arrays; `PagedKVStorage` holds the per-layer
 pools; `PagedBatch` and `PagedLayerCache` let a model's attention read and write them
 through the `KVCache` protocol (gather, then attention: the reference path).
 """
 
-from mlxcel_core.cache.paged.batch import (
-    BatchRow,
-    PagedBatch,
-    PagedLayerCache,
-    make_layer_caches,
-)
+from mlxcel_core.cache.paged.batch import BatchRow, PagedBatch
 from mlxcel_core.cache.paged.block_pool import BlockPool, InvariantError, KVBlock
-from mlxcel_core.cache.paged.manager import BlockCopy, DetachedBlocks, KVCacheManager
+from mlxcel_core.cache.paged.geometry import LayerGeometry
+from mlxcel_core.cache.paged.layer_cache import PagedLayerCache, make_layer_caches
+from mlxcel_core.cache.paged.manager import (
+    BlockCopy,
+    BlockGroupUsage,
+    DetachedBlocks,
+    KVCacheManager,
+    WindowGroup,
+)
 from mlxcel_core.cache.paged.prefix import (
     BlockHash,
     BlockHashExtra,
@@ -28,11 +32,12 @@ from mlxcel_core.cache.paged.residual import (
     residual_blocks_per_row,
     residual_dtype,
 )
-from mlxcel_core.cache.paged.storage import LayerGeometry, PagedKVStorage
+from mlxcel_core.cache.paged.storage import PagedKVStorage
 
 __all__ = [
     "BatchRow",
     "BlockCopy",
+    "BlockGroupUsage",
     "BlockHash",
     "BlockHashExtra",
     "BlockPool",
@@ -47,6 +52,7 @@ __all__ = [
     "PagedLayerCache",
     "ResidualPlanner",
     "ResidualSlots",
+    "WindowGroup",
     "block_extra",
     "hash_block_tokens",
     "hash_token_blocks",

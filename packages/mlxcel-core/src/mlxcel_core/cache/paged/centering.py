@@ -27,10 +27,10 @@ import mlx.core as mx
 
 from mlxcel_core.cache.quant import KVCodec
 from mlxcel_core.cache.quant.turbo import TurboQuantCodec
-from mlxcel_core.kernels.turbo_encode_cuda import (
+from mlxcel_core.kernels.turbo_encode import (
     FirstBlockCentering,
-    turbo_encode_cuda,
-    uses_turbo_encode_kernel,
+    turbo_encode_backend,
+    turbo_encode_kernel,
 )
 
 
@@ -92,13 +92,13 @@ def _centered_parts(
     pool: Sequence[mx.array], codec: KVCodec, x: mx.array, anchors: RowAnchors
 ) -> tuple[mx.array, ...]:
     """`x` encoded, the positions past their row's first block relative to its mean."""
-    if isinstance(codec, TurboQuantCodec) and uses_turbo_encode_kernel(
-        mx.default_device(), codec.head_dim
-    ):
-        centering = FirstBlockCentering(
-            tuple(pool), anchors.anchor_slots, anchors.write_rows, anchors.write_centered
-        )
-        return turbo_encode_cuda(x, codec.codebook, centering)
+    if isinstance(codec, TurboQuantCodec):
+        backend = turbo_encode_backend(mx.default_device(), codec.head_dim)
+        if backend is not None:
+            centering = FirstBlockCentering(
+                tuple(pool), anchors.anchor_slots, anchors.write_rows, anchors.write_centered
+            )
+            return turbo_encode_kernel(x, codec.codebook, centering, backend=backend)
     means = first_block_means(pool, codec, anchors.anchor_slots)[anchors.write_rows]
     shift = mx.where(anchors.write_centered[:, None, None], means, 0.0)
     return codec.encode(x.astype(mx.float32) - shift)

@@ -121,13 +121,22 @@ class ResidualPlanner:
         """The block's residual block, or None."""
         return self._residual_of.get(block_id)
 
-    def plan(self, tables: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> ResidualSlots:
+    def plan(
+        self,
+        tables: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        key_positions: np.ndarray | None = None,
+    ) -> ResidualSlots:
         """Update the residual blocks for one pass and return its slots.
 
         Args:
             tables: (B, T) int32 block tables, padded with -1.
             offsets: (B,) int32 positions already in the cache.
             lengths: (B,) int32 positions once the pass is done (offset + new tokens).
+            key_positions: (B, S) int32 position of each key the pass reads, for a pass
+                that reads each row's window only; None reads positions 0 .. S - 1 of
+                every row, S the longest row's length.
         """
         size = self.block_size
         had_residual = self._residual_by_block(tables) > 0
@@ -147,7 +156,9 @@ class ResidualPlanner:
                     self._residual_of.move_to_end(block_id)
                 elif index >= first_in_window and index * size >= offset:
                     self._attach(block_id)
-        return self._slots(tables, offsets, lengths)
+        if key_positions is None:
+            key_positions = np.arange(int(lengths.max()), dtype=np.int32)[None, :]
+        return self._slots(tables, offsets, lengths, key_positions)
 
     def _residual_by_block(self, tables: np.ndarray) -> np.ndarray:
         """(B, T) int32 residual block of each table entry; 0 for none (and padding)."""
@@ -189,17 +200,22 @@ class ResidualPlanner:
             return None
         return src, dst
 
-    def _slots(self, tables: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> ResidualSlots:
+    def _slots(
+        self, tables: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, keys: np.ndarray
+    ) -> ResidualSlots:
         size = self.block_size
-        num_keys = int(lengths.max())
-        keys = np.arange(num_keys, dtype=np.int32)
-        residual = self._residual_by_block(tables)[:, np.minimum(keys // size, tables.shape[1] - 1)]
+        keys = np.broadcast_to(keys, (len(tables), keys.shape[1]))
+        blocks = np.minimum(keys // size, tables.shape[1] - 1)
+        residual = np.take_along_axis(self._residual_by_block(tables), blocks, 1)
         exact = (residual > 0) & (keys < lengths[:, None])
         read = np.where(exact, residual * size + keys % size, 0).astype(np.int32)
         num_queries = int((lengths - offsets).max())
         queries = offsets[:, None] + np.arange(num_queries, dtype=np.int32)
         is_real = queries < lengths[:, None]
-        written = np.take_along_axis(read, np.minimum(queries, lengths[:, None] - 1), 1)
+        # A row's new positions are its last keys read.
+        first_key = keys[:, :1]
+        last = np.minimum(queries, lengths[:, None] - 1) - first_key
+        written = np.take_along_axis(read, last, 1)
         write = np.where(is_real, written, 0).astype(np.int32)
         in_pass = (keys >= offsets[:, None]) & (keys < lengths[:, None])
         pass_index = np.where(in_pass, keys - offsets[:, None], 0).astype(np.int32)

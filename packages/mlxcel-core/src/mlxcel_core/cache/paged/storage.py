@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -14,6 +13,7 @@ from mlxcel_core.cache.paged.centering import (
     store_centered,
     store_parts,
 )
+from mlxcel_core.cache.paged.geometry import LayerGeometry
 from mlxcel_core.cache.paged.manager import BlockCopy
 from mlxcel_core.cache.paged.residual import ResidualPlanner, ResidualSlots, residual_dtype
 from mlxcel_core.cache.quant import (
@@ -21,7 +21,6 @@ from mlxcel_core.cache.quant import (
     KVCodec,
     check_cache_type,
     is_quantized,
-    kv_bytes_per_vector,
     make_kv_codec,
 )
 from mlxcel_core.cache.state import StateLayerGeometry, StatePool
@@ -29,40 +28,6 @@ from mlxcel_core.cache.state import StateLayerGeometry, StatePool
 # Pools grow by at least half their size, so growing to N blocks copies O(N) in total.
 _GROWTH_FACTOR = 1.5
 _MIN_GROWTH_BLOCKS = 16
-
-
-@dataclass(frozen=True)
-class LayerGeometry:
-    """The shape of one attention layer's keys and values.
-
-    Attributes:
-        num_kv_heads: key/value heads (H_kv).
-        key_dim: features per key head (D_k).
-        value_dim: features per value head (D_v).
-        dtype: the dtype the layer produces keys and values in.
-    """
-
-    num_kv_heads: int
-    key_dim: int
-    value_dim: int
-    dtype: mx.Dtype
-
-    def bytes_per_token(self, cache_type_k: str = AUTO, cache_type_v: str = AUTO) -> int:
-        """Key plus value bytes one position takes in this layer, stored as the given types.
-
-        Raises:
-            ValueError: a cache type is unknown or cannot take this layer's head dim.
-        """
-        key_bytes = kv_bytes_per_vector(cache_type_k, self.key_dim, self.dtype)
-        value_bytes = kv_bytes_per_vector(cache_type_v, self.value_dim, self.dtype)
-        return self.num_kv_heads * (key_bytes + value_bytes)
-
-    def exact_bytes_per_token(self, cache_type_k: str, cache_type_v: str) -> int:
-        """Bytes one position's exact copies take in this layer under a residual window:
-        the quantized sides' keys or values in `residual_dtype` of the layer's."""
-        features = is_quantized(cache_type_k) * self.key_dim
-        features += is_quantized(cache_type_v) * self.value_dim
-        return self.num_kv_heads * features * residual_dtype(self.dtype).size
 
 
 # One pool: a layer's keys (or values) as the arrays their codec stores, each (slots, H, W).
@@ -73,17 +38,20 @@ class PagedKVStorage:
     """Key and value pools of `block_size`-token blocks, grown as blocks are materialized.
 
     Layer l's keys live in arrays of shape (capacity * block_size, H_kv, W): position p of
-    block b is slot `b * block_size + p`. With cache type "auto" a pool is one array of
-    the layer's keys as the model made them (W = D_k); any other type stores its codec's
-    components (`mlxcel_core.cache.quant`), encoded on `write` and decoded on `gather`;
-    keys of codecs marked `centered` are stored, past a row's first block, relative to that
-    block's mean (`centering`).
+    block b is slot `b * block_size + p`. Layers are split into block groups (full
+    attention, each sliding window: `mlxcel_core.cache.block_groups`), each with its own
+    block ids and capacity: a layer's pools hold its group's blocks. With cache type
+    "auto" a pool is one array of the layer's keys as the model made them (W = D_k); any
+    other type stores its codec's components (`mlxcel_core.cache.quant`), encoded on
+    `write` and decoded on `gather`; keys of codecs marked `centered` are stored, past a
+    row's first block, relative to that block's mean (`centering`).
     Block 0 is the null block: padding writes land there and nothing reads it unmasked.
 
     Args:
         layers: the geometry of each attention layer, in model order.
         block_size: tokens per block.
-        max_blocks: the most blocks the pools may ever hold.
+        max_blocks: the most blocks the pools may ever hold: one count for every group,
+            or one per group.
         cache_type_k: how keys are stored (`mlxcel_core.cache.quant.CACHE_TYPES`).
         cache_type_v: how values are stored.
         decode_kernel: let decode passes attend straight from the pools with
@@ -99,9 +67,16 @@ class PagedKVStorage:
             cache layout's state parts), held in `states` beside the pools.
         num_state_slots: state slots, one per sequence running at once (>= 1 with state
             layers).
+        layer_groups: each layer's block group (0 .. len(windows) - 1); empty puts every
+            layer in group 0.
+        windows: each group's window (positions its layers read back), None for full
+            attention: a windowed group's passes read only each row's window.
 
     Attributes:
-        bytes_per_block: key and value bytes of one block over all layers, as stored.
+        max_blocks: per group, the most blocks its pools may hold.
+        capacity_blocks: per group, the blocks its pools hold now.
+        bytes_per_block: per group, key and value bytes of one block over its layers,
+            as stored.
         states: the state slots of the recurrent layers; None without state layers.
         layers_attending_in_cache: the layers whose attention has come through
             `PagedLayerCache.attention` (the model routes it to the cache and uses no
@@ -110,7 +85,8 @@ class PagedKVStorage:
 
     Raises:
         ValueError: `layers` and `state_layers` are both empty, `block_size` or
-            `max_blocks` is < 1, state layers come without slots, a cache type
+            `max_blocks` is < 1, `max_blocks` or `layer_groups` does not match the groups,
+            state layers come without slots, a cache type
             is unknown or cannot take a layer's head dim, or a residual window is asked
             for without residual blocks or with neither cache type quantized.
     """
@@ -119,7 +95,7 @@ class PagedKVStorage:
         self,
         layers: Sequence[LayerGeometry],
         block_size: int,
-        max_blocks: int,
+        max_blocks: int | Sequence[int],
         *,
         cache_type_k: str = AUTO,
         cache_type_v: str = AUTO,
@@ -128,40 +104,64 @@ class PagedKVStorage:
         num_residual_blocks: int = 0,
         state_layers: Sequence[StateLayerGeometry] = (),
         num_state_slots: int = 0,
+        layer_groups: Sequence[int] = (),
+        windows: Sequence[int | None] = (None,),
     ) -> None:
         if not layers and not state_layers:
             raise ValueError("layers must describe at least one attention or state layer")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if max_blocks < 1:
-            raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+        self.windows = tuple(windows)
+        num_groups = len(self.windows)
+        self.max_blocks = (
+            (max_blocks,) * num_groups if isinstance(max_blocks, int) else tuple(max_blocks)
+        )
+        if len(self.max_blocks) != num_groups or min(self.max_blocks) < 1:
+            raise ValueError(f"max_blocks must be {num_groups} counts >= 1, got {max_blocks}")
+        self.layer_groups = tuple(layer_groups) or (0,) * len(layers)
+        if len(self.layer_groups) != len(layers) or not set(self.layer_groups) <= set(
+            range(num_groups)
+        ):
+            raise ValueError(
+                f"layer_groups must give each of {len(layers)} layers a group in "
+                f"[0, {num_groups}), got {layer_groups}"
+            )
         check_cache_type("cache_type_k", cache_type_k)
         check_cache_type("cache_type_v", cache_type_v)
         self.layers = tuple(layers)
         self.block_size = block_size
-        self.max_blocks = max_blocks
         self.cache_type_k = cache_type_k
         self.cache_type_v = cache_type_v
         self.decode_kernel = decode_kernel
         self.layers_attending_in_cache: set[int] = set()
-        self.capacity_blocks = 0
+        self.capacity_blocks = [0] * num_groups
         self.states = StatePool(state_layers, num_state_slots) if state_layers else None
         self._key_codecs = [make_kv_codec(cache_type_k, g.key_dim) for g in layers]
         self._value_codecs = [make_kv_codec(cache_type_v, g.value_dim) for g in layers]
         # Computed once: the engine's statistics read it every step, and it makes codecs.
-        self.bytes_per_block = block_size * sum(
-            g.bytes_per_token(cache_type_k, cache_type_v) for g in layers
+        self.bytes_per_block = tuple(
+            block_size
+            * sum(
+                g.bytes_per_token(cache_type_k, cache_type_v)
+                for g, group in zip(layers, self.layer_groups, strict=True)
+                if group == index
+            )
+            for index in range(num_groups)
         )
-        self._residual: ResidualPlanner | None = None
+        self._residual: list[ResidualPlanner] = []
         self.exact_keys: list[mx.array] = []
         self.exact_values: list[mx.array] = []
         if residual_window:
             if not (is_quantized(cache_type_k) or is_quantized(cache_type_v)):
                 raise ValueError("a residual window needs a quantized cache type")
-            self._residual = ResidualPlanner(residual_window, block_size, num_residual_blocks)
-            # Residual block 0 is the null one, which positions without a copy write to.
-            slots = (num_residual_blocks + 1) * block_size
-            for g in layers:
+            # More residual blocks than blocks are never used.
+            self._residual = [
+                ResidualPlanner(residual_window, block_size, min(num_residual_blocks, blocks))
+                for blocks in self.max_blocks
+            ]
+            for g, group in zip(layers, self.layer_groups, strict=True):
+                # Residual block 0 is the null one, which positions without a copy write to.
+                slots = (self._residual[group].num_residual_blocks + 1) * block_size
                 dtype = residual_dtype(g.dtype)
                 if is_quantized(cache_type_k):
                     self.exact_keys.append(mx.zeros((slots, g.num_kv_heads, g.key_dim), dtype))
@@ -188,12 +188,16 @@ class PagedKVStorage:
         """Bytes the pools, the residual blocks and the state slots hold now."""
         exact = sum(array.nbytes for array in (*self.exact_keys, *self.exact_values))
         states = 0 if self.states is None else self.states.nbytes
-        return self.capacity_blocks * self.bytes_per_block + exact + states
+        pools = sum(
+            capacity * size
+            for capacity, size in zip(self.capacity_blocks, self.bytes_per_block, strict=True)
+        )
+        return pools + exact + states
 
     @property
     def residual_window(self) -> int:
         """Positions at the end of each row kept exact (0 for none)."""
-        return 0 if self._residual is None else self._residual.window
+        return self._residual[0].window if self._residual else 0
 
     @property
     def exact_sides(self) -> tuple[bool, bool]:
@@ -202,28 +206,38 @@ class PagedKVStorage:
         return bool(self.exact_keys), bool(self.exact_values)
 
     def plan_residual(
-        self, tables: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
+        self,
+        tables: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        group: int = 0,
+        key_positions: np.ndarray | None = None,
     ) -> ResidualSlots | None:
-        """Update the residual blocks for one pass (`residual.ResidualPlanner.plan`) and
-        return its slots; None when the storage keeps none."""
-        if self._residual is None:
+        """Update a group's residual blocks for one pass (`residual.ResidualPlanner.plan`)
+        and return its slots; None when the storage keeps none."""
+        if not self._residual:
             return None
-        return self._residual.plan(tables, offsets, lengths)
+        return self._residual[group].plan(tables, offsets, lengths, key_positions)
 
-    def ensure_capacity(self, num_blocks: int) -> None:
-        """Grow every pool to hold at least `num_blocks` blocks (ids 0 .. num_blocks - 1).
+    def ensure_capacity(self, num_blocks: int, group: int = 0) -> None:
+        """Grow a group's pools to hold at least `num_blocks` blocks (ids 0 ..
+        num_blocks - 1).
 
         Raises:
-            ValueError: `num_blocks` exceeds `max_blocks`.
+            ValueError: `num_blocks` exceeds the group's `max_blocks`.
         """
-        if num_blocks <= self.capacity_blocks:
+        capacity, most = self.capacity_blocks[group], self.max_blocks[group]
+        if num_blocks <= capacity:
             return
-        if num_blocks > self.max_blocks:
-            raise ValueError(f"num_blocks must be <= {self.max_blocks}, got {num_blocks}")
-        grown = int(self.capacity_blocks * _GROWTH_FACTOR)
-        target = min(self.max_blocks, max(num_blocks, grown, _MIN_GROWTH_BLOCKS))
-        extra = target - self.capacity_blocks
+        if num_blocks > most:
+            raise ValueError(f"num_blocks must be <= {most}, got {num_blocks}")
+        grown = int(capacity * _GROWTH_FACTOR)
+        target = min(most, max(num_blocks, grown, _MIN_GROWTH_BLOCKS))
+        extra = target - capacity
         for layer, geometry in enumerate(self.layers):
+            if self.layer_groups[layer] != group:
+                continue
             key_codec, value_codec = self._key_codecs[layer], self._value_codecs[layer]
             self.keys[layer] = _concatenate(
                 self.keys[layer], self._zeros(geometry, geometry.key_dim, key_codec, extra)
@@ -231,7 +245,7 @@ class PagedKVStorage:
             self.values[layer] = _concatenate(
                 self.values[layer], self._zeros(geometry, geometry.value_dim, value_codec, extra)
             )
-        self.capacity_blocks = target
+        self.capacity_blocks[group] = target
         mx.eval(self.arrays())
 
     def write(
@@ -304,36 +318,41 @@ class PagedKVStorage:
         return self._key_codecs[layer], self._value_codecs[layer]
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
-        """Copy whole blocks (copy-on-write), every layer, before the step that writes
-        them; with their exact copies where they have residual blocks."""
-        if not copies:
-            return
+        """Copy whole blocks (copy-on-write), every layer of their group, before the step
+        that writes them; with their exact copies where they have residual blocks."""
+        for group in sorted({copy.group for copy in copies}):
+            self._copy_group_blocks(group, [c for c in copies if c.group == group])
+
+    def _copy_group_blocks(self, group: int, copies: Sequence[BlockCopy]) -> None:
         src = self._block_slots([c.src_block_id for c in copies])
         dst = self._block_slots([c.dst_block_id for c in copies])
-        for pool in self._pool_arrays():
+        for pool in self._pool_arrays(group):
             pool[dst] = pool[src]
-        if self._residual is None:
+        if not self._residual:
             return
-        pairs = [self._residual.copy(c.src_block_id, c.dst_block_id) for c in copies]
+        residual = self._residual[group]
+        pairs = [residual.copy(c.src_block_id, c.dst_block_id) for c in copies]
         residual_pairs = [pair for pair in pairs if pair is not None]
         if residual_pairs:
             src = self._block_slots([pair[0] for pair in residual_pairs])
             dst = self._block_slots([pair[1] for pair in residual_pairs])
-            for array in (*self.exact_keys, *self.exact_values):
+            for array in self._exact_arrays(group):
                 array[dst] = array[src]
 
-    def read_blocks(self, block_ids: Sequence[int]) -> list[mx.array]:
-        """The stored contents of whole blocks, to hand to another storage of the same
-        geometry and cache types (disaggregated prefill).
+    def read_blocks(self, block_ids: Sequence[int], group: int = 0) -> list[mx.array]:
+        """The stored contents of whole blocks of a group, to hand to another storage of
+        the same geometry and cache types (disaggregated prefill).
 
         Returns:
-            One lazy array per pool array, in `arrays()` order, each
-            (len(block_ids) * block_size, H_kv, W) in that array's dtype.
+            One lazy array per pool array of the group's layers, in `arrays()` order,
+            each (len(block_ids) * block_size, H_kv, W) in that array's dtype.
         """
         slots = self._block_slots(block_ids)
-        return [array[slots] for array in self._pool_arrays()]
+        return [array[slots] for array in self._pool_arrays(group)]
 
-    def write_blocks(self, block_ids: Sequence[int], contents: Sequence[mx.array]) -> None:
+    def write_blocks(
+        self, block_ids: Sequence[int], contents: Sequence[mx.array], group: int = 0
+    ) -> None:
         """Overwrite whole blocks with contents `read_blocks` returned elsewhere.
 
         The blocks lose their exact copies: the contents are the stored ones alone.
@@ -341,7 +360,7 @@ class PagedKVStorage:
         Raises:
             ValueError: `contents` does not match the pools in number, shape or dtype.
         """
-        arrays = self._pool_arrays()
+        arrays = self._pool_arrays(group)
         if len(contents) != len(arrays):
             raise ValueError(f"contents must hold {len(arrays)} arrays, got {len(contents)}")
         slots = self._block_slots(block_ids)
@@ -353,8 +372,8 @@ class PagedKVStorage:
                     f"got {tuple(content.shape)} {content.dtype}"
                 )
             array[slots] = content
-        if self._residual is not None:
-            self._residual.drop(list(block_ids))
+        if self._residual:
+            self._residual[group].drop(list(block_ids))
 
     def _block_slots(self, block_ids: Sequence[int]) -> mx.array:
         offsets = mx.arange(self.block_size)
@@ -366,8 +385,24 @@ class PagedKVStorage:
         states = [] if self.states is None else self.states.arrays()
         return [*self._pool_arrays(), *self.exact_keys, *self.exact_values, *states]
 
-    def _pool_arrays(self) -> list[mx.array]:
-        return [array for pool in (*self.keys, *self.values) for array in pool]
+    def _pool_arrays(self, group: int | None = None) -> list[mx.array]:
+        """Every pool's arrays, or those of one group's layers."""
+        pools = [
+            pool
+            for side in (self.keys, self.values)
+            for layer, pool in enumerate(side)
+            if group is None or self.layer_groups[layer] == group
+        ]
+        return [array for pool in pools for array in pool]
+
+    def _exact_arrays(self, group: int) -> list[mx.array]:
+        """The exact copies of one group's layers."""
+        return [
+            array
+            for side in (self.exact_keys, self.exact_values)
+            for layer, array in enumerate(side)
+            if self.layer_groups[layer] == group
+        ]
 
 
 def _concatenate(pool: Pool, extra: Pool) -> Pool:

@@ -57,10 +57,10 @@ from mlxcel_core.cache.quant.bitpack import pack_bits, packed_width, unpack_bits
 from mlxcel_core.cache.quant.lloyd_max import gaussian_codebook
 from mlxcel_core.cache.quant.protocol import Component
 from mlxcel_core.cache.quant.rotation import hadamard_rotation, is_power_of_two, rotation_signs
-from mlxcel_core.kernels.turbo_encode_cuda import (
+from mlxcel_core.kernels.turbo_encode import (
     TurboCodebook,
-    turbo_encode_cuda,
-    uses_turbo_encode_kernel,
+    turbo_encode_backend,
+    turbo_encode_kernel,
 )
 
 MIN_HEAD_DIM = 8
@@ -91,7 +91,7 @@ class TurboQuantCodec:
         codebook: R's random signs (`rotation.rotation_signs`), the scaled Lloyd-Max
             boundaries and levels of a rotated coordinate, the bits, the outlier count and
             the positions' dtype; `signs`, `levels` and `outliers` read it. `encode` hands
-            it to `turbo_encode_cuda` on a CUDA GPU.
+            it to `turbo_encode_kernel` where `turbo_encode_backend` names a backend.
 
     Raises:
         ValueError: `head_dim` is not a power of two >= 8, or `bits` is outside [1, 8].
@@ -143,8 +143,9 @@ class TurboQuantCodec:
         return self.codebook.signs
 
     def encode(self, x: mx.array) -> tuple[mx.array, ...]:
-        if uses_turbo_encode_kernel(mx.default_device(), self.head_dim):
-            return turbo_encode_cuda(x, self.codebook)
+        backend = turbo_encode_backend(mx.default_device(), self.head_dim)
+        if backend is not None:
+            return turbo_encode_kernel(x, self.codebook, backend=backend)
         return self._encode(x.astype(mx.float32))
 
     def decode(self, parts: Sequence[mx.array], dtype: mx.Dtype) -> mx.array:

@@ -1,12 +1,13 @@
 """Decode attention over a paged KV cache, read through the block tables.
 
-`paged_decode_attention` runs the CUDA kernels on a CUDA device for layers they support,
-and the plain-MLX reference everywhere else (docs/adr/0015-paged-decode-kernel.md).
-`turbo_decode_attention_cuda` reads TurboQuant pools as stored, where
-`uses_turbo_decode_kernel` says it serves the layer. The `_metal` kernels are their
-Metal ports, untested on hardware, to which nothing dispatches. `attend_per_query` serves
-passes of up to `MAX_QUERIES_PER_ROW` queries per row (a speculative verification, a short
-prefill chunk) with these one-query kernels.
+`paged_decode_attention` runs a backend's kernels (`decode.py`) where
+`decode_kernel_backend` names one for the layer, and the plain-MLX reference everywhere
+else (docs/adr/0015-paged-decode-kernel.md). `turbo_decode_attention_kernel` reads
+TurboQuant pools as stored, where `turbo_decode_kernel_backend` names a backend for the
+layer. Both kernels are one source for CUDA and Metal; the Metal ones run only when the
+installed `KernelOptions` turn them on (`mlxcel_core.kernels.options`). `attend_per_query`
+serves passes of up to `MAX_QUERIES_PER_ROW` queries per row (a speculative verification,
+a short prefill chunk) with these one-query kernels.
 """
 
 from __future__ import annotations
@@ -15,19 +16,19 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from mlxcel_core.kernels.paged_attention import cuda
-from mlxcel_core.kernels.paged_attention.cuda import paged_decode_attention_cuda
-from mlxcel_core.kernels.paged_attention.metal import paged_decode_attention_metal
+from mlxcel_core.kernels.backend import Backend
+from mlxcel_core.kernels.options import kernel_backend
+from mlxcel_core.kernels.paged_attention import decode
+from mlxcel_core.kernels.paged_attention.decode import paged_decode_attention_kernel
 from mlxcel_core.kernels.paged_attention.reference import (
     gather_context,
     paged_decode_attention_reference,
 )
-from mlxcel_core.kernels.paged_attention.turbo_cuda import (
+from mlxcel_core.kernels.paged_attention.turbo import (
     TurboPool,
     supports_turbo,
-    turbo_decode_attention_cuda,
+    turbo_decode_attention_kernel,
 )
-from mlxcel_core.kernels.paged_attention.turbo_metal import turbo_decode_attention_metal
 
 # Most queries of one row a pass may have for the kernels to serve it: each reads the row's
 # context once more (from L2 at the lengths a verification meets), so long prefill chunks
@@ -64,24 +65,25 @@ def attend_per_query(
     return out.reshape(B, L, H_q, -1).transpose(0, 2, 1, 3)
 
 
-def uses_decode_kernel(
+def decode_kernel_backend(
     device: mx.Device,
     dtype: mx.Dtype,
     num_q_heads: int,
     num_kv_heads: int,
     head_dim: int,
     value_dim: int,
-) -> bool:
-    """Whether `paged_decode_attention` runs a kernel for this layer on `device`: a GPU
-    whose backend is CUDA, and a layer the CUDA kernels support."""
-    return (
-        device.type == mx.DeviceType.gpu
-        and mx.cuda.is_available()
-        and cuda.supports(dtype, num_q_heads // num_kv_heads, head_dim, value_dim)
-    )
+) -> Backend | None:
+    """The backend whose kernels `paged_decode_attention` runs for this layer on
+    `device` (`kernel_backend`'s, where its kernels support the layer), or None where it
+    runs the reference."""
+    backend = kernel_backend(device)
+    group_size = num_q_heads // num_kv_heads
+    if backend is None or not decode.supports(backend, dtype, group_size, head_dim, value_dim):
+        return None
+    return backend
 
 
-def uses_turbo_decode_kernel(
+def turbo_decode_kernel_backend(
     device: mx.Device,
     num_q_heads: int,
     num_kv_heads: int,
@@ -89,14 +91,17 @@ def uses_turbo_decode_kernel(
     value_dim: int,
     key_bits: int,
     value_bits: int,
-) -> bool:
-    """Whether `turbo_decode_attention_cuda` serves a layer of TurboQuant keys and values
-    of these bits on `device`: a GPU whose backend is CUDA, and a layer it supports."""
-    return (
-        device.type == mx.DeviceType.gpu
-        and mx.cuda.is_available()
-        and supports_turbo(num_q_heads // num_kv_heads, key_dim, value_dim, key_bits, value_bits)
-    )
+) -> Backend | None:
+    """The backend whose `turbo_decode_attention_kernel` serves a layer of TurboQuant
+    keys and values of these bits on `device` (`kernel_backend`'s, where its kernels
+    support the layer), or None."""
+    backend = kernel_backend(device)
+    group_size = num_q_heads // num_kv_heads
+    if backend is None or not supports_turbo(
+        backend, group_size, key_dim, value_dim, key_bits, value_bits
+    ):
+        return None
+    return backend
 
 
 def paged_decode_attention(
@@ -112,13 +117,14 @@ def paged_decode_attention(
     """One query per row attending to that row's positions in the paged pools.
 
     Arguments and result as `paged_decode_attention_reference`. On the default device,
-    `uses_decode_kernel` decides between the CUDA kernels and that reference.
+    `decode_kernel_backend` decides between a backend's kernels and that reference.
     """
     _, H_q, _, D = queries.shape
-    if uses_decode_kernel(
+    backend = decode_kernel_backend(
         mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
-    ):
-        return paged_decode_attention_cuda(
+    )
+    if backend is not None:
+        return paged_decode_attention_kernel(
             queries,
             key_pool,
             value_pool,
@@ -126,6 +132,7 @@ def paged_decode_attention(
             context_lengths,
             block_size=block_size,
             scale=scale,
+            backend=backend,
         )
     return paged_decode_attention_reference(
         queries,
@@ -142,13 +149,11 @@ __all__ = [
     "MAX_QUERIES_PER_ROW",
     "TurboPool",
     "attend_per_query",
+    "decode_kernel_backend",
     "gather_context",
     "paged_decode_attention",
-    "paged_decode_attention_cuda",
-    "paged_decode_attention_metal",
+    "paged_decode_attention_kernel",
     "paged_decode_attention_reference",
-    "turbo_decode_attention_cuda",
-    "turbo_decode_attention_metal",
-    "uses_decode_kernel",
-    "uses_turbo_decode_kernel",
+    "turbo_decode_attention_kernel",
+    "turbo_decode_kernel_backend",
 ]

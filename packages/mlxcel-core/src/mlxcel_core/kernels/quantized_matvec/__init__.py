@@ -1,48 +1,39 @@
 """Affine-quantized weights times a few rows of activations, reading each weight once.
 
-`uses_quantized_matvec_kernel` says where `quantized_matvec_cuda` serves a product (a CUDA
-GPU, 1-8 rows, 4- or 8-bit weights in groups of 32, 64 or 128); `mx.quantized_matmul` is
-the reference it is tested against and the path everywhere else
-(docs/adr/0020-quantized-matvec-kernel.md). `quantized_matvec_metal` is its Metal port,
-untested on hardware, to which nothing dispatches.
+`quantized_matvec_backend` names the backend whose `quantized_matvec_kernel` serves a
+product (1-8 rows, 4- or 8-bit weights in groups of 32, 64 or 128); `mx.quantized_matmul`
+is the reference it is tested against and the path everywhere else
+(docs/adr/0020-quantized-matvec-kernel.md). The kernel is one source for CUDA and Metal;
+the Metal one runs only when the installed `KernelOptions` turn it on.
 """
 
 from __future__ import annotations
 
-import functools
-
 import mlx.core as mx
 
-from mlxcel_core.kernels.quantized_matvec.cuda import (
+from mlxcel_core.kernels.backend import Backend
+from mlxcel_core.kernels.options import kernel_backend
+from mlxcel_core.kernels.quantized_matvec.kernel import (
     MAX_ROWS,
-    quantized_matvec_cuda,
+    quantized_matvec_kernel,
     supports,
 )
-from mlxcel_core.kernels.quantized_matvec.metal import quantized_matvec_metal
 
 
-@functools.cache
-def _cuda_available() -> bool:
-    return mx.cuda.is_available()
-
-
-def uses_quantized_matvec_kernel(
+def quantized_matvec_backend(
     device: mx.Device, dtype: mx.Dtype, bits: int, group_size: int, num_rows: int
-) -> bool:
-    """Whether `quantized_matvec_cuda` serves `num_rows` rows of `dtype` activations
-    against a weight of `bits` and `group_size` on `device`: a GPU whose backend is CUDA,
-    and a product the kernel supports."""
-    return (
-        device.type == mx.DeviceType.gpu
-        and _cuda_available()
-        and supports(dtype, bits, group_size, num_rows)
-    )
+) -> Backend | None:
+    """The backend whose kernel serves `num_rows` rows of `dtype` activations against a
+    weight of `bits` and `group_size` on `device` (`kernel_backend`'s, for a product the
+    kernel supports), or None."""
+    if not supports(dtype, bits, group_size, num_rows):
+        return None
+    return kernel_backend(device)
 
 
 __all__ = [
     "MAX_ROWS",
-    "quantized_matvec_cuda",
-    "quantized_matvec_metal",
+    "quantized_matvec_backend",
+    "quantized_matvec_kernel",
     "supports",
-    "uses_quantized_matvec_kernel",
 ]

@@ -1,5 +1,5 @@
-"""The product of a few rows of activations with an affine-quantized weight, as one CUDA
-kernel (`mx.fast.cuda_kernel`) that reads each packed weight once.
+"""The product of a few rows of activations with an affine-quantized weight, as one kernel
+source for CUDA and Metal that reads each packed weight once.
 
 Decode multiplies 1-8 rows of activations by every weight of the model, so its cost is the
 weight bytes read: a 4-bit weight should take a quarter of the time of its bf16 copy. One
@@ -11,7 +11,9 @@ group (group sizes are multiples of the chunk), so its scale and bias are loaded
 registers and each level is dequantized with one multiply-add, once, for all M rows. x is
 read 8 values (16 bytes of a 16-bit dtype) at a time and shared by the block's `ROWS`
 outputs; it stays in L1 across the blocks of an SM. Each thread accumulates (ROWS, M)
-float sums; warp shuffles, then shared memory across warps, reduce them.
+float sums; warp shuffles (Metal's `simd_sum`), then shared memory across warps, reduce
+them. On CUDA a thread loads its weight chunk and 8 values of x as 16-byte vectors; on
+Metal it loads them word by word and value by value.
 
 MLX's affine layout (`mx.quantize`): W (N, K) is stored as (N, K * bits / 32) uint32, level
 j of a word in bits [j * bits, (j + 1) * bits), with per-group scales and biases (N, K /
@@ -21,9 +23,10 @@ group_size): w = scale * level + bias.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import mlx.core as mx
+
+from mlxcel_core.kernels.backend import Backend
 
 # Rows of activations the kernel takes: decode batches. More rows are matrix work.
 MAX_ROWS = 8
@@ -53,110 +56,139 @@ SOURCE = """
   constexpr int PACK = 32 / BITS;
   constexpr int CHUNK = 4 * PACK;
   constexpr int STEP = 8;
-  constexpr int X_PER_LOAD = 16 / sizeof(T);
-  constexpr int X_LOADS = STEP / X_PER_LOAD;
+  $x_load_sizes
   constexpr int WARPS = THREADS / 32;
   constexpr unsigned LEVEL_MASK = (1u << BITS) - 1u;
-  __shared__ float partial[WARPS][ROWS * M];
+  $shared float partial[WARPS][ROWS * M];
 
   const int N = weight_shape[0];
   const int K = x_shape[1];
   const int chunks = K / CHUNK;
   const int groups = K / GROUP;
-  const int first = blockIdx.x * ROWS;
-  const uint4* weight_chunks = reinterpret_cast<const uint4*>(weight);
+  const int first = $block.x * ROWS;
+  $weight_chunks
 
   float acc[ROWS][M];
-  #pragma unroll
+  $unroll
   for (int r = 0; r < ROWS; ++r) {
-    #pragma unroll
+    $unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   }
 
-  for (int c = threadIdx.x; c < chunks; c += THREADS) {
+  for (int c = $thread_x; c < chunks; c += THREADS) {
     const int g = c * CHUNK / GROUP;
-    uint4 raw[ROWS];
+    $weight_registers
     float scale[ROWS];
     float bias[ROWS];
     // Every load of the chunk is issued before any level is used.
-    #pragma unroll
+    $unroll
     for (int r = 0; r < ROWS; ++r) {
       // The last block's rows past N read row N - 1; their sums are never stored.
-      const size_t n = min(first + r, N - 1);
-      raw[r] = weight_chunks[n * chunks + c];
+      const size_t n = $min(first + r, N - 1);
+      $load_weight_chunk
       scale[r] = static_cast<float>(scales[n * groups + g]);
       bias[r] = static_cast<float>(biases[n * groups + g]);
     }
-    #pragma unroll
+    $unroll
     for (int s = 0; s < CHUNK / STEP; ++s) {
       float w[ROWS][STEP];
-      #pragma unroll
+      $unroll
       for (int r = 0; r < ROWS; ++r) {
-        const unsigned words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-        #pragma unroll
+        $row_words
+        $unroll
         for (int i = 0; i < STEP; ++i) {
           const int v = s * STEP + i;
           const unsigned q = (words[v / PACK] >> ((v % PACK) * BITS)) & LEVEL_MASK;
-          w[r][i] = fmaf(scale[r], qmv_level_value(q), bias[r]);
+          w[r][i] = $fma(scale[r], $level_value(q), bias[r]);
         }
       }
-      #pragma unroll
+      $unroll
       for (int m = 0; m < M; ++m) {
-        const uint4* x_loads =
-            reinterpret_cast<const uint4*>(x + (size_t)m * K + c * CHUNK + s * STEP);
-        float xv[STEP];
-        #pragma unroll
-        for (int l = 0; l < X_LOADS; ++l) {
-          const uint4 loaded = x_loads[l];
-          const T* values = reinterpret_cast<const T*>(&loaded);
-          #pragma unroll
-          for (int i = 0; i < X_PER_LOAD; ++i) {
-            xv[l * X_PER_LOAD + i] = static_cast<float>(values[i]);
-          }
-        }
-        #pragma unroll
+        $load_x
+        $unroll
         for (int r = 0; r < ROWS; ++r) {
-          #pragma unroll
-          for (int i = 0; i < STEP; ++i) acc[r][m] = fmaf(xv[i], w[r][i], acc[r][m]);
+          $unroll
+          for (int i = 0; i < STEP; ++i) acc[r][m] = $fma(xv[i], w[r][i], acc[r][m]);
         }
       }
     }
   }
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  #pragma unroll
+  const int warp = $thread_x / 32;
+  const int lane = $thread_x % 32;
+  $unroll
   for (int r = 0; r < ROWS; ++r) {
-    #pragma unroll
+    $unroll
     for (int m = 0; m < M; ++m) {
-      const float total = qmv_warp_sum(acc[r][m]);
+      const float total = $warp_sum(acc[r][m]);
       if (lane == 0) partial[warp][r * M + m] = total;
     }
   }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < ROWS * M; idx += THREADS) {
+  $barrier
+  for (int idx = $thread_x; idx < ROWS * M; idx += THREADS) {
     const int n = first + idx / M;
     const int m = idx % M;
     if (n < N) {
       float total = 0.0f;
-      #pragma unroll
+      $unroll
       for (int k = 0; k < WARPS; ++k) total += partial[k][idx];
       y[(size_t)m * N + n] = static_cast<T>(total);
     }
   }
 """
 
+_CUDA_FRAGMENTS = {
+    "x_load_sizes": (
+        "constexpr int X_PER_LOAD = 16 / sizeof(T);\nconstexpr int X_LOADS = STEP / X_PER_LOAD;"
+    ),
+    "weight_chunks": "const uint4* weight_chunks = reinterpret_cast<const uint4*>(weight);",
+    "weight_registers": "uint4 raw[ROWS];",
+    "load_weight_chunk": "raw[r] = weight_chunks[n * chunks + c];",
+    "row_words": "const unsigned words[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};",
+    "load_x": """const uint4* x_loads =
+    reinterpret_cast<const uint4*>(x + (size_t)m * K + c * CHUNK + s * STEP);
+float xv[STEP];
+#pragma unroll
+for (int l = 0; l < X_LOADS; ++l) {
+  const uint4 loaded = x_loads[l];
+  const T* values = reinterpret_cast<const T*>(&loaded);
+  #pragma unroll
+  for (int i = 0; i < X_PER_LOAD; ++i) {
+    xv[l * X_PER_LOAD + i] = static_cast<float>(values[i]);
+  }
+}""",
+    "level_value": "qmv_level_value",
+    "warp_sum": "qmv_warp_sum",
+}
+_METAL_FRAGMENTS = {
+    "x_load_sizes": "",
+    "weight_chunks": "",
+    "weight_registers": "uint raw[ROWS][4];",
+    "load_weight_chunk": (
+        "for (int j = 0; j < 4; ++j) raw[r][j] = weight[(n * chunks + c) * 4 + j];"
+    ),
+    "row_words": "const thread uint* words = raw[r];",
+    "load_x": """const size_t offset = (size_t)m * K + c * CHUNK + s * STEP;
+float xv[STEP];
+for (int i = 0; i < STEP; ++i) xv[i] = static_cast<float>(x[offset + i]);""",
+    "level_value": "static_cast<float>",
+    "warp_sum": "simd_sum",
+}
+
 INPUTS = ["x", "weight", "scales", "biases"]
 
 
 @functools.cache
-def _kernel() -> object:
-    return mx.fast.cuda_kernel(
+def kernel(backend: Backend) -> object:
+    """The kernel on `backend`, built once."""
+    return backend.build_kernel(
         name="mlxcel_quantized_matvec",
         input_names=INPUTS,
         output_names=["y"],
-        source=SOURCE,
-        header=HEADER,
+        source=backend.render(
+            SOURCE, **backend.either(cuda=_CUDA_FRAGMENTS, metal=_METAL_FRAGMENTS)
+        ),
+        header=backend.either(cuda=HEADER, metal=""),
     )
 
 
@@ -176,46 +208,6 @@ def threads_for(input_dims: int, bits: int) -> int:
     `MAX_THREADS`, so that short rows leave no thread idle."""
     chunks = input_dims * bits // (8 * CHUNK_BYTES)
     return max(32, min(MAX_THREADS, 32 * -(-chunks // 32)))
-
-
-def quantized_matvec_cuda(
-    x: mx.array,
-    weight: mx.array,
-    scales: mx.array,
-    biases: mx.array,
-    *,
-    group_size: int,
-    bits: int,
-    rows_per_block: int = ROWS_PER_BLOCK,
-) -> mx.array:
-    """`x @ W.T` for a weight W in MLX's affine quantization, on a CUDA device.
-
-    Args:
-        x: (..., K) activations, float16, bfloat16 or float32, at most `MAX_ROWS` rows
-            (all leading axes together).
-        weight: (N, K * bits / 32) uint32 packed levels.
-        scales: (N, K / group_size) per-group scales, any float dtype.
-        biases: (N, K / group_size) per-group offsets, as `scales`.
-        group_size: 32, 64 or 128.
-        bits: 4 or 8.
-        rows_per_block: outputs each thread block computes.
-
-    Returns:
-        (..., N) in x's dtype; sums are accumulated in float32.
-
-    Raises:
-        ValueError: as `check_arguments`.
-    """
-    return launch_quantized_matvec(
-        _kernel,
-        x,
-        weight,
-        scales,
-        biases,
-        group_size=group_size,
-        bits=bits,
-        rows_per_block=rows_per_block,
-    )
 
 
 def check_arguments(
@@ -252,8 +244,7 @@ def check_arguments(
         raise ValueError(f"rows_per_block must be >= 1, got {rows_per_block}")
 
 
-def launch_quantized_matvec(
-    kernel: Callable[[], object],
+def quantized_matvec_kernel(
     x: mx.array,
     weight: mx.array,
     scales: mx.array,
@@ -261,11 +252,25 @@ def launch_quantized_matvec(
     *,
     group_size: int,
     bits: int,
-    rows_per_block: int,
+    backend: Backend,
+    rows_per_block: int = ROWS_PER_BLOCK,
 ) -> mx.array:
-    """Check the arguments, then launch the kernel `kernel` builds (the CUDA one or the
-    Metal one, which take the same inputs, template and grid): one block of
-    `threads_for(K, bits)` threads per `rows_per_block` outputs.
+    """`x @ W.T` for a weight W in MLX's affine quantization, by `backend`'s kernel: one
+    block of `threads_for(K, bits)` threads per `rows_per_block` outputs.
+
+    Args:
+        x: (..., K) activations, float16, bfloat16 or float32, at most `MAX_ROWS` rows
+            (all leading axes together).
+        weight: (N, K * bits / 32) uint32 packed levels.
+        scales: (N, K / group_size) per-group scales, any float dtype.
+        biases: (N, K / group_size) per-group offsets, as `scales`.
+        group_size: 32, 64 or 128.
+        bits: 4 or 8.
+        backend: `CUDA` or `METAL`, the default device's GPU backend.
+        rows_per_block: outputs each thread block computes.
+
+    Returns:
+        (..., N) in x's dtype; sums are accumulated in float32.
 
     Raises:
         ValueError: as `check_arguments`.
@@ -284,7 +289,7 @@ def launch_quantized_matvec(
     M = x.size // K
     threads = threads_for(K, bits)
     blocks = -(-N // rows_per_block)
-    (y,) = kernel()(
+    (y,) = kernel(backend)(
         inputs=[x.reshape(M, K), weight, scales, biases],
         template=[
             ("T", x.dtype),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mlxcel_core.autotune.store import TuningScope, TuningStore, autotune_dir
+from mlxcel_core.tuning.store import TuningScope, TuningStore, autotune_dir
 
 AUTOTUNE_VARIABLE = "MLXCEL_AUTOTUNE"
 

@@ -1,8 +1,10 @@
-"""TurboQuant encoding as one CUDA kernel, optionally centering keys on their row's first
-block: what `TurboQuantCodec.encode` computes (`mlxcel_core.cache.quant.turbo`), in one
-launch where the plain-MLX encoder takes some thirty.
+"""TurboQuant encoding as one kernel source for CUDA and Metal, optionally centering keys
+on their row's first block: what `TurboQuantCodec.encode` computes
+(`mlxcel_core.cache.quant.turbo`), in one launch where the plain-MLX encoder takes some
+thirty.
 
-One warp encodes one head-vector x of D features:
+One warp (on Metal, a SIMD group of 32 threads making up the threadgroup) encodes one
+head-vector x of D features:
 1. with centering, subtract m, the mean of the row's anchor keys as the pool stores them,
    each decoded in the warp (codebook lookup, the inverse rotation, its outliers written
    back);
@@ -26,71 +28,76 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-_HEADER = """
+from mlxcel_core.kernels.backend import Backend
+from mlxcel_core.kernels.options import kernel_backend
+
+# Shared with the TurboQuant decode attention's kernels.
+HADAMARD_SIGN = """
+// Entry (p, i) of Sylvester's Hadamard matrix.
+$inline float hadamard_sign(int p, int i) {
+  return ($popcount(p & i) & 1) ? -1.0f : 1.0f;
+}
+"""
+
+# CUDA's sum over a warp; Metal has `simd_sum`.
+_CUDA_WARP_SUM = """
 __device__ __forceinline__ float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffff, x, offset);
   return x;
 }
-
-// Entry (p, i) of Sylvester's Hadamard matrix.
-__device__ __forceinline__ float hadamard_sign(int p, int i) {
-  return (__popc(p & i) & 1) ? -1.0f : 1.0f;
-}
 """
 
-_CENTERING = """
-  if (write_centered[n]) {
-    const int num_anchors = anchor_slots_shape[1];
-    const int* anchors = anchor_slots + (size_t)write_rows[n] * num_anchors;
-    for (int d = lane; d < D; d += 32) mean[d] = 0.0f;
-    for (int a = 0; a < num_anchors; ++a) {
-      const size_t anchor = (size_t)anchors[a] * num_heads + head;
-      __syncwarp();
-      for (int r = lane; r < D / 8; r += 32) {
-        const uint8_t* bytes = pool_codes + anchor * PACKED + r * BITS;
-        for (int i = 0; i < 8; ++i) {
-          int code = 0;
-          for (int k = 0; k < BITS; ++k) code |= ((bytes[k] >> i) & 1) << k;
-          work[r * 8 + i] = levels[code];
-        }
-      }
-      __syncwarp();
-      const float s = static_cast<float>(pool_scales[anchor]);
-      for (int d = lane; d < D; d += 32) {
-        float rest = 0.0f;
-        for (int i = 0; i < D; ++i) rest += work[i] * hadamard_sign(d, i);
-        float value = s * signs[d] * inv_sqrt_d * rest;
-        for (int j = 0; j < OUTLIERS; ++j) {
-          if (static_cast<int>(pool_positions[anchor * OUTLIERS + j]) == d) {
-            value = static_cast<float>(pool_outliers[anchor * OUTLIERS + j]);
-          }
-        }
-        mean[d] += value / num_anchors;
+_CENTERING = """if (write_centered[n]) {
+  const int num_anchors = anchor_slots_shape[1];
+  const ${device}int* anchors = anchor_slots + (size_t)write_rows[n] * num_anchors;
+  for (int d = lane; d < D; d += 32) mean[d] = 0.0f;
+  for (int a = 0; a < num_anchors; ++a) {
+    const size_t anchor = (size_t)anchors[a] * num_heads + head;
+    $warp_barrier
+    for (int r = lane; r < D / 8; r += 32) {
+      const ${device}uint8_t* bytes = pool_codes + anchor * PACKED + r * BITS;
+      for (int i = 0; i < 8; ++i) {
+        int code = 0;
+        for (int k = 0; k < BITS; ++k) code |= ((bytes[k] >> i) & 1) << k;
+        work[r * 8 + i] = levels[code];
       }
     }
-    for (int d = lane; d < D; d += 32) x[d] -= mean[d];
+    $warp_barrier
+    const float s = static_cast<float>(pool_scales[anchor]);
+    for (int d = lane; d < D; d += 32) {
+      float rest = 0.0f;
+      for (int i = 0; i < D; ++i) rest += work[i] * hadamard_sign(d, i);
+      float value = s * signs[d] * inv_sqrt_d * rest;
+      for (int j = 0; j < OUTLIERS; ++j) {
+        if (static_cast<int>(pool_positions[anchor * OUTLIERS + j]) == d) {
+          value = static_cast<float>(pool_outliers[anchor * OUTLIERS + j]);
+        }
+      }
+      mean[d] += value / num_anchors;
+    }
   }
-"""
+  for (int d = lane; d < D; d += 32) x[d] -= mean[d];
+}"""
 
-_SOURCE = """
+SOURCE = """
   constexpr int PACKED = D * BITS / 8;
   constexpr int NUM_LEVELS = 1 << BITS;
-  __shared__ float x[D];
-  __shared__ float work[D];
-  __shared__ float mean[D];
-  __shared__ int codes[D];
+  $shared float x[D];
+  $shared float work[D];
+  $shared float mean[D];
+  $shared int codes[D];
 
-  const size_t vec = blockIdx.x;
+  const size_t vec = $block.x;
   const int num_heads = vectors_shape[1];
   const size_t n = vec / num_heads;
   const int head = vec % num_heads;
-  const int lane = threadIdx.x;
-  const float inv_sqrt_d = rsqrtf(static_cast<float>(D));
+  const int lane = $thread_x;
+  const float inv_sqrt_d = $rsqrt(static_cast<float>(D));
 
   for (int d = lane; d < D; d += 32) x[d] = static_cast<float>(vectors[vec * D + d]);
-  __syncwarp();
-  CENTERING
-  __syncwarp();
+  $warp_barrier
+  $centering
+  $warp_barrier
 
   int positions[OUTLIERS];
   float values[OUTLIERS];
@@ -100,15 +107,15 @@ _SOURCE = """
     for (int d = lane; d < D; d += 32) {
       bool taken = false;
       for (int k = 0; k < j; ++k) taken |= positions[k] == d;
-      const float magnitude = fabsf(x[d]);
+      const float magnitude = $abs(x[d]);
       if (!taken && (magnitude > best || (magnitude == best && d < best_d))) {
         best = magnitude;
         best_d = d;
       }
     }
     for (int offset = 16; offset > 0; offset /= 2) {
-      const float other = __shfl_xor_sync(0xffffffff, best, offset);
-      const int other_d = __shfl_xor_sync(0xffffffff, best_d, offset);
+      const float other = $shuffle_xor(best, offset);
+      const int other_d = $shuffle_xor(best_d, offset);
       if (other > best || (other == best && other_d < best_d)) {
         best = other;
         best_d = other_d;
@@ -117,17 +124,17 @@ _SOURCE = """
     positions[j] = best_d;
     values[j] = x[best_d];
   }
-  __syncwarp();
+  $warp_barrier
   for (int d = lane; d < D; d += 32) {
     for (int j = 0; j < OUTLIERS; ++j) {
       if (positions[j] == d) x[d] = 0.0f;
     }
   }
-  __syncwarp();
+  $warp_barrier
 
   float energy = 0.0f;
   for (int d = lane; d < D; d += 32) energy += x[d] * x[d];
-  const float norm = sqrtf(warp_sum(energy));
+  const float norm = $sqrt($warp_sum(energy));
   const float unit = norm > 0.0f ? 1.0f / norm : 1.0f;
 
   float quantized_energy = 0.0f;
@@ -140,8 +147,8 @@ _SOURCE = """
     codes[i] = code;
     quantized_energy += levels[code] * levels[code];
   }
-  const float quantized_norm = sqrtf(warp_sum(quantized_energy));
-  __syncwarp();
+  const float quantized_norm = $sqrt($warp_sum(quantized_energy));
+  $warp_barrier
 
   for (int index = lane; index < PACKED; index += 32) {
     const int run = index / BITS;
@@ -151,10 +158,10 @@ _SOURCE = """
     packed[vec * PACKED + index] = static_cast<uint8_t>(byte);
   }
   if (lane == 0) {
-    scales[vec] = static_cast<__half>(norm / (quantized_norm > 0.0f ? quantized_norm : 1.0f));
+    scales[vec] = static_cast<$half>(norm / (quantized_norm > 0.0f ? quantized_norm : 1.0f));
     for (int j = 0; j < OUTLIERS; ++j) {
       outlier_positions[vec * OUTLIERS + j] = static_cast<P>(positions[j]);
-      outlier_values[vec * OUTLIERS + j] = static_cast<__half>(values[j]);
+      outlier_values[vec * OUTLIERS + j] = static_cast<$half>(values[j]);
     }
   }
 """
@@ -176,21 +183,27 @@ OUTPUTS = ["packed", "scales", "outlier_positions", "outlier_values"]
 HEAD_DIMS = (8, 16, 32, 64, 128, 256)
 
 
-def uses_turbo_encode_kernel(device: mx.Device, head_dim: int) -> bool:
-    """Whether `turbo_encode_cuda` serves head-vectors of `head_dim` on `device`: a GPU
-    whose backend is CUDA."""
-    return device.type == mx.DeviceType.gpu and mx.cuda.is_available() and head_dim in HEAD_DIMS
+def turbo_encode_backend(device: mx.Device, head_dim: int) -> Backend | None:
+    """The backend whose `turbo_encode_kernel` encodes head-vectors of `head_dim` on
+    `device` (`kernel_backend`'s, for a head dim of `HEAD_DIMS`), or None where the
+    plain-MLX encoder runs."""
+    return kernel_backend(device) if head_dim in HEAD_DIMS else None
 
 
 @functools.cache
-def _kernels() -> dict[bool, object]:
+def kernels(backend: Backend) -> dict[bool, object]:
+    """The encoders on `backend`, keyed by whether they center, built once."""
+    header = backend.either(cuda=_CUDA_WARP_SUM, metal="") + backend.render(HADAMARD_SIGN)
+    warp_sum = backend.either(cuda="warp_sum", metal="simd_sum")
     return {
-        centered: mx.fast.cuda_kernel(
+        centered: backend.build_kernel(
             name="mlxcel_turbo_encode_centered" if centered else "mlxcel_turbo_encode",
             input_names=CODEC_INPUTS + (CENTERING_INPUTS if centered else []),
             output_names=OUTPUTS,
-            source=_SOURCE.replace("CENTERING", _CENTERING if centered else ""),
-            header=_HEADER,
+            source=backend.render(
+                SOURCE, centering=_CENTERING if centered else "", warp_sum=warp_sum
+            ),
+            header=header,
         )
         for centered in (False, True)
     }
@@ -236,38 +249,27 @@ class FirstBlockCentering:
     write_centered: mx.array
 
 
-def turbo_encode_cuda(
+def turbo_encode_kernel(
     vectors: mx.array,
     codebook: TurboCodebook,
     centering: FirstBlockCentering | None = None,
+    *,
+    backend: Backend,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """Encode head-vectors with TurboQuant on a CUDA device.
+    """Encode head-vectors with TurboQuant by `backend`'s kernel: one 32-thread block per
+    head-vector.
 
     Args:
-        vectors: (N, H, D) float keys or values; D a power of two from 8 to 256.
+        vectors: (N, H, D) float keys or values; D one of `HEAD_DIMS`.
         codebook: the codec's rotation signs, codebook and outlier count.
         centering: center the vectors it marks on their row's first-block mean; None
             encodes every vector as it is.
+        backend: `CUDA` or `METAL`, the default device's GPU backend.
 
     Returns:
         (N, H, D * bits / 8) uint8 packed codes, (N, H, 1) float16 scales,
         (N, H, outliers) outlier positions in `codebook.position_dtype` and
         (N, H, outliers) float16 outlier values: `TurboQuantCodec.encode`'s components.
-    """
-    return launch_turbo_encode(_kernels(), vectors, codebook, centering)
-
-
-def launch_turbo_encode(
-    kernels: Mapping[bool, object],
-    vectors: mx.array,
-    codebook: TurboCodebook,
-    centering: FirstBlockCentering | None,
-) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """Launch the encoder of `kernels`, keyed by whether it centers (the CUDA ones or the
-    Metal ones, which take the same inputs, template and grid): one 32-thread block per
-    head-vector.
-
-    Arguments and result as `turbo_encode_cuda`.
     """
     N, H, D = vectors.shape
     inputs = [vectors, codebook.signs, codebook.boundaries, codebook.levels]
@@ -279,8 +281,9 @@ def launch_turbo_encode(
             centering.write_centered,
         ]
     outliers = codebook.outliers
+    encoders: Mapping[bool, object] = kernels(backend)
     return tuple(
-        kernels[centering is not None](
+        encoders[centering is not None](
             inputs=inputs,
             template=[
                 ("D", D),

@@ -1,4 +1,4 @@
-"""Gumbel-max sampling as one CUDA kernel (`mx.fast.cuda_kernel`).
+"""Gumbel-max sampling as one kernel source for CUDA and Metal.
 
 One thread block draws one row. Each thread takes groups of 4 consecutive tokens: it
 reads their logits (each logit read once), and unless all 4 are -inf, runs one
@@ -16,10 +16,10 @@ except where two scores lie within rounding of each other.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import mlx.core as mx
 
+from mlxcel_core.kernels.backend import Backend
 from mlxcel_core.kernels.gumbel_sampling.reference import check_arguments
 
 # Threads per block: enough to cover a 128k vocabulary in 32 groups per thread when a
@@ -27,14 +27,14 @@ from mlxcel_core.kernels.gumbel_sampling.reference import check_arguments
 THREADS = 1024
 
 HEADER = """
-__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
-  #pragma unroll
+$inline uint4 philox4x32_10(uint4 c, uint2 k) {
+  $unroll
   for (int r = 0; r < 10; ++r) {
-    const unsigned int hi0 = __umulhi(0xD2511F53u, c.x);
+    const unsigned int hi0 = $mulhi(0xD2511F53u, c.x);
     const unsigned int lo0 = 0xD2511F53u * c.x;
-    const unsigned int hi1 = __umulhi(0xCD9E8D57u, c.z);
+    const unsigned int hi1 = $mulhi(0xCD9E8D57u, c.z);
     const unsigned int lo1 = 0xCD9E8D57u * c.z;
-    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    c = $make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
     k.x += 0x9E3779B9u;
     k.y += 0xBB67AE85u;
   }
@@ -42,22 +42,22 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
 }
 
 // The Gumbel noise of one Philox word: u = (top 24 bits | 1) * 2^-24, exact in float32.
-__device__ __forceinline__ float gumbel_noise(unsigned int bits) {
+$inline float gumbel_noise(unsigned int bits) {
   const float u = static_cast<float>((bits >> 8) | 1u) * 5.9604644775390625e-8f;
-  return -logf(-logf(u));
+  return -$log(-$log(u));
 }
 
-__device__ __forceinline__ void keep_best(float& best, int& best_token, float score, int token) {
+$inline void keep_best(${thread}float& best, ${thread}int& best_token, float score, int token) {
   if (score > best || (score == best && token < best_token)) {
     best = score;
     best_token = token;
   }
 }
 
-__device__ __forceinline__ void warp_best(float& best, int& best_token) {
+$inline void warp_best(${thread}float& best, ${thread}int& best_token) {
   for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(0xffffffff, best, offset);
-    const int other_token = __shfl_xor_sync(0xffffffff, best_token, offset);
+    const float other = $shuffle_xor(best, offset);
+    const int other_token = $shuffle_xor(best_token, offset);
     keep_best(best, best_token, other, other_token);
   }
 }
@@ -65,46 +65,46 @@ __device__ __forceinline__ void warp_best(float& best, int& best_token) {
 
 SOURCE = """
   constexpr int WARPS = THREADS / 32;
-  __shared__ float shared_best[WARPS];
-  __shared__ int shared_token[WARPS];
+  $shared float shared_best[WARPS];
+  $shared int shared_token[WARPS];
 
-  const int row = blockIdx.x;
+  const int row = $block.x;
   const int vocab_size = logits_shape[1];
-  const T* row_logits = logits + (size_t)row * vocab_size;
+  const ${device}T* row_logits = logits + (size_t)row * vocab_size;
   const float temperature = temperatures[row];
-  const uint2 key = make_uint2(seeds[2 * row], seeds[2 * row + 1]);
-  const float neg_inf = -cuda::std::numeric_limits<float>::infinity();
+  const uint2 key = $make_uint2(seeds[2 * row], seeds[2 * row + 1]);
+  const float neg_inf = $negative_infinity;
 
   // A row of all -inf keeps (-inf, 0): token 0, as the reference's argmax gives.
   float best = neg_inf;
   int best_token = 0;
-  for (int group = threadIdx.x; group * 4 < vocab_size; group += THREADS) {
+  for (int group = $thread_x; group * 4 < vocab_size; group += THREADS) {
     const int first = group * 4;
     float x[4];
     bool any_finite = false;
-    #pragma unroll
+    $unroll
     for (int i = 0; i < 4; ++i) {
       x[i] = first + i < vocab_size ? static_cast<float>(row_logits[first + i]) : neg_inf;
       any_finite |= x[i] != neg_inf;
     }
     if (!any_finite) continue;
-    const uint4 bits = philox4x32_10(make_uint4(group, 0u, 0u, 0u), key);
+    const uint4 bits = philox4x32_10($counter, key);
     const unsigned int words[4] = {bits.x, bits.y, bits.z, bits.w};
-    #pragma unroll
+    $unroll
     for (int i = 0; i < 4; ++i) {
       if (x[i] == neg_inf) continue;
       keep_best(best, best_token, x[i] / temperature + gumbel_noise(words[i]), first + i);
     }
   }
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const int warp = $thread_x / 32;
+  const int lane = $thread_x % 32;
   warp_best(best, best_token);
   if (lane == 0) {
     shared_best[warp] = best;
     shared_token[warp] = best_token;
   }
-  __syncthreads();
+  $barrier
   if (warp == 0) {
     best = lane < WARPS ? shared_best[lane] : neg_inf;
     best_token = lane < WARPS ? shared_token[lane] : 0;
@@ -115,37 +115,38 @@ SOURCE = """
 
 
 @functools.cache
-def _kernel() -> object:
-    return mx.fast.cuda_kernel(
+def kernel(backend: Backend) -> object:
+    """The kernel on `backend`, built once."""
+    source = backend.render(
+        SOURCE,
+        negative_infinity=backend.either(
+            cuda="-cuda::std::numeric_limits<float>::infinity()", metal="-INFINITY"
+        ),
+        counter=backend.either(
+            cuda="make_uint4(group, 0u, 0u, 0u)", metal="uint4(uint(group), 0u, 0u, 0u)"
+        ),
+    )
+    return backend.build_kernel(
         name="mlxcel_gumbel_max_sample",
         input_names=["logits", "temperatures", "seeds"],
         output_names=["tokens"],
-        source=SOURCE,
-        header=HEADER,
+        source=source,
+        header=backend.render(HEADER),
     )
 
 
-def gumbel_max_sample_cuda(logits: mx.array, temperatures: mx.array, seeds: mx.array) -> mx.array:
-    """Gumbel-max draw of one token per row, on a CUDA device.
+def gumbel_max_sample_kernel(
+    logits: mx.array, temperatures: mx.array, seeds: mx.array, *, backend: Backend
+) -> mx.array:
+    """Gumbel-max draw of one token per row by `backend`'s kernel, one block per row.
 
     Arguments, result and errors as `gumbel_max_sample_reference`, whose token it picks
-    except on float near-ties of the two best scores.
-    """
-    return launch_gumbel_max(_kernel, logits, temperatures, seeds)
-
-
-def launch_gumbel_max(
-    kernel: Callable[[], object], logits: mx.array, temperatures: mx.array, seeds: mx.array
-) -> mx.array:
-    """Check the arguments, then launch the kernel `kernel` builds (the CUDA one or the
-    Metal one, which take the same inputs, template and grid) with one block per row.
-
-    Raises:
-        ValueError: as `check_arguments`.
+    except on float near-ties of the two best scores; `backend` is `CUDA` or `METAL`, the
+    default device's GPU backend.
     """
     check_arguments(logits, temperatures, seeds)
     B = logits.shape[0]
-    (tokens,) = kernel()(
+    (tokens,) = kernel(backend)(
         inputs=[logits, temperatures, seeds],
         template=[("T", logits.dtype), ("THREADS", THREADS)],
         grid=(B * THREADS, 1, 1),
