@@ -41,6 +41,8 @@ ONE_CONTEXT_PER_PASS = {
     "one integer (np.arange)",
     "afm7": "its KV-reuse layers take their query positions from the context's length",
     "llama4": "it builds its chunked-attention mask from the first cache's offset as one integer",
+    "phi3small": "its block-sparse layers attend over grouped (B, H_kv, repeats, L, S) scores "
+    "and lay their blocks out from the keys' count, as if each row's queries were its last",
 }
 """mlx-lm modules whose models assume one context per forward pass, with the reason: the
 engine runs each of their rows as a pass of its own (`batches_rows`)."""
