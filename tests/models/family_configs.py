@@ -165,10 +165,44 @@ def sharpen_logits(module: nn.Module, factor: float, vocab_size: int = VOCAB_SIZ
     module.update(scaled)
 
 
+# Families that load only weight packs: the mlx-lm module of their float model, whose
+# weights are packed (`write_hadamard_pack`).
+PACKED_FROM: dict[str, str] = {"prism_hadamard_qwen35": "qwen3_5"}
+
+
+def write_hadamard_pack(weights: dict[str, mx.array], config: dict[str, Any]) -> None:
+    """Replace, in `weights`, the float weight of each module of `config["modules"]` (a
+    prism_hadamard_qwen35 manifest) by its 2-bit pack as mlx-lm's
+    `HadamardQuantizedLinear` and `HadamardQuantizedEmbedding` read it: random signs
+    (block > 0), the weight's input axis rotated forward as those layers rotate their
+    inputs (`hadamard_rotate`: so a layer still computes x W^T, and an embedding row
+    rotated back is the row), then quantized (affine, 2 bits, groups of 128) with float16
+    scales and biases."""
+    from mlx_lm.models.prism_hadamard_qwen35 import hadamard_rotate
+
+    quantization = config["quantization"]
+    for record in config["modules"]:
+        key = f"language_model.{record['path']}"
+        weight = weights.pop(f"{key}.weight")
+        block = record["block"]
+        if block:
+            signs = mx.where(mx.random.uniform(shape=weight.shape[-1:]) < 0.5, -1.0, 1.0)
+            weights[f"{key}.signs"] = signs
+            weight = hadamard_rotate(weight, block, signs)
+        packed, scales, biases = mx.quantize(
+            weight, group_size=quantization["group_size"], bits=quantization["bits"]
+        )
+        weights[f"{key}.weight"] = packed
+        weights[f"{key}.scales"] = scales.astype(mx.float16)
+        weights[f"{key}.biases"] = biases.astype(mx.float16)
+
+
 def write_family_model(folder: Path, model_type: str, *, seed: int = 0) -> Path:
-    """Write a tiny random `model_type` model as a Hugging Face folder (float32)."""
+    """Write a tiny random `model_type` model as a Hugging Face folder (float32; a family
+    of `PACKED_FROM` as its pack of a float model)."""
     config = family_config(model_type)
-    architecture = importlib.import_module(f"mlx_lm.models.{module_name(model_type)}")
+    float_module = PACKED_FROM.get(model_type, module_name(model_type))
+    architecture = importlib.import_module(f"mlx_lm.models.{float_module}")
     mx.random.seed(seed)
     module = architecture.Model(architecture.ModelArgs.from_dict(config))
     num_parameters = sum(a.size for _, a in tree_flatten(module.parameters()))
@@ -180,8 +214,11 @@ def write_family_model(folder: Path, model_type: str, *, seed: int = 0) -> Path:
     vocab_size = config.get("vocab_size", VOCAB_SIZE)
     amplify_layers(module, LAYER_GAIN.get(name, 1.0), vocab_size)
     sharpen_logits(module, LOGIT_SHARPENING.get(name, 4.0), vocab_size)
+    weights = dict(tree_flatten(module.parameters()))
+    if model_type in PACKED_FROM:
+        write_hadamard_pack(weights, config)
     folder.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(module.parameters())))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config))
     write_tokenizer(folder)
     return folder

@@ -407,7 +407,25 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "mamba_num_heads": 4,
     },
     "plamo3": {"window_size": SLIDING_WINDOW},
-    "prism_hadamard_qwen35": {"text_config": _QWEN3_5_TEXT},
+    # A text-only 2-bit Hadamard pack (`family_configs.write_hadamard_pack`): packed
+    # widths are multiples of 128, rotated blocks 512 positions or more.
+    "prism_hadamard_qwen35": {
+        "text_config": {**_QWEN3_5_TEXT, "hidden_size": 512},
+        "schema_version": 1,
+        "tensor_namespace": "mlx-lm-text",
+        "gdn_activation_layout": "grouped",
+        "quantization": {"bits": 2, "group_size": 128, "mode": "affine"},
+        "modules": [
+            {"path": "model.embed_tokens", "embedding": True, "dtype": "float16", "block": 512},
+            {
+                "path": "model.layers.0.linear_attn.in_proj_qkv",
+                "embedding": False,
+                "dtype": "float16",
+                "block": 512,
+            },
+            {"path": "lm_head", "embedding": False, "dtype": "float16", "block": 0},
+        ],
+    },
     "qwen": {"kv_channels": 16, "intermediate_size": 192},
     "qwen3_5": {"text_config": _QWEN3_5_TEXT},
     "qwen3_5_moe": {"text_config": {**_QWEN3_5_TEXT, "num_experts": 4, "num_experts_per_tok": 2}},

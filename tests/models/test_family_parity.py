@@ -39,9 +39,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "index keys growing by groups), which the engine has no kind for: refused at load",
     "deepseek_v41_text": "as deepseek_v41",
     "olmo": "mlx-lm's module exits unless the ai2-olmo package imports, which needs PyTorch",
-    "prism_hadamard_qwen35": "it loads only 2-bit Hadamard-rotated weight packs (a manifest "
-    "of packed modules, widths a multiple of 128), which the tiny test config does not "
-    "write yet",
 }
 # Families whose mlx-lm tokens depend on how a prompt is cut into passes, and are the model
 # as meant with one token per pass: the reference reads its prompt one token at a time.
