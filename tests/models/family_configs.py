@@ -197,6 +197,20 @@ def write_hadamard_pack(weights: dict[str, mx.array], config: dict[str, Any]) ->
         weights[f"{key}.biases"] = biases.astype(mx.float16)
 
 
+def pack_ternary_layers(module: nn.Module) -> None:
+    """Give every BitLinear layer of `module` random ternary weights, packed four to a
+    byte as mlx-lm's kernel reads them (`plain_kernels.bitlinear.unpack_ternary`), and a
+    weight scale of 1 / sqrt(in_features), which keeps its outputs near unit size."""
+    from mlx_lm.models.bitlinear_layers import BitLinear
+
+    for _, layer in module.named_modules():
+        if isinstance(layer, BitLinear):
+            codes = mx.random.randint(0, 3, (4, *layer.weight.shape)).astype(mx.uint8)
+            packed = codes[0] | (codes[1] << 2) | (codes[2] << 4) | (codes[3] << 6)
+            layer.weight = packed.astype(mx.uint8)
+            layer.weight_scale = mx.array([layer.in_features**-0.5])
+
+
 def write_family_model(folder: Path, model_type: str, *, seed: int = 0) -> Path:
     """Write a tiny random `model_type` model as a Hugging Face folder (float32; a family
     of `PACKED_FROM` as its pack of a float model)."""
@@ -214,6 +228,7 @@ def write_family_model(folder: Path, model_type: str, *, seed: int = 0) -> Path:
     vocab_size = config.get("vocab_size", VOCAB_SIZE)
     amplify_layers(module, LAYER_GAIN.get(name, 1.0), vocab_size)
     sharpen_logits(module, LOGIT_SHARPENING.get(name, 4.0), vocab_size)
+    pack_ternary_layers(module)
     weights = dict(tree_flatten(module.parameters()))
     if model_type in PACKED_FROM:
         write_hadamard_pack(weights, config)

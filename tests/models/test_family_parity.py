@@ -48,11 +48,6 @@ ONE_TOKEN_PASSES: dict[str, str] = {
     "plamo3": "mlx-lm's windowed layers mask for window + 1 keys in a pass of several "
     "tokens but keep window keys in their RotatingKVCache",
 }
-# Families mlx-lm itself cannot run on this machine (skipped: they crash or need Metal).
-PLATFORM_SKIPS: dict[str, str] = {
-    "bitnet": "BitLinear layers use a Metal-only kernel (mx.fast.metal_kernel)",
-    "muse_spark": "its attention uses a Metal-only kernel (mlx-lm's qk_norm_rope)",
-}
 
 
 class NullDetokenizer:
@@ -66,8 +61,6 @@ class NullDetokenizer:
 def _marks(name: str) -> list[pytest.MarkDecorator]:
     if name in KNOWN_FAILURES:
         return [pytest.mark.xfail(reason=KNOWN_FAILURES[name], strict=True)]
-    if name in PLATFORM_SKIPS and not mx.metal.is_available():
-        return [pytest.mark.skip(reason=PLATFORM_SKIPS[name])]
     return []
 
 

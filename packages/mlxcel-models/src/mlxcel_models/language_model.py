@@ -13,6 +13,7 @@ from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_models.additive_masks import route_additive_masks
 from mlxcel_models.cache_attention import route_attention_through_caches
 from mlxcel_models.cache_kinds import mlx_lm_cache_layout, mlx_lm_caches
+from mlxcel_models.plain_kernels import route_plain_kernels
 
 # Tokens of the probe that checks a body/head split against the module's own forward pass.
 _PROBE_TOKENS = (1, 2, 3)
@@ -29,10 +30,12 @@ class MlxLmLanguageModel:
     on the last position only: that saves a (L, hidden) x (hidden, vocab) matmul and an
     (L, vocab) logits array per chunk. Any other model runs its own `__call__` and keeps
     the last position's logits. Its attention layers let caches that compute attention do
-    so (`route_attention_through_caches`), and those that add their mask to their scores
-    get it as scores (`route_additive_masks`); what each layer keeps (`cache_layout`) comes
-    from mlx-lm's own caches for it, and the engine's caches for layers that keep more
-    than keys and values reach the model as mlx-lm's (`MlxLmCaches.as_mlx_lm`).
+    so (`route_attention_through_caches`), layers that add their mask to their scores get
+    it as scores (`route_additive_masks`), and layers mlx-lm runs only as Metal kernels
+    get plain-MLX paths on other devices (`route_plain_kernels`). What each layer keeps
+    (`cache_layout`) comes from mlx-lm's own caches for it, and the engine's caches for
+    layers that keep more than keys and values reach the model as mlx-lm's
+    (`MlxLmCaches.as_mlx_lm`).
 
     Args:
         module: an mlx-lm `Model`, weights loaded.
@@ -52,6 +55,7 @@ class MlxLmLanguageModel:
         self._plain = self._caches.fit_as_they_are
         route_attention_through_caches(module)
         route_additive_masks(module)
+        route_plain_kernels(module)
         probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
         logits = module(probe, cache=make_prompt_cache(module))
         # Evaluating the probe also materializes arrays the model computed lazily when it
