@@ -6,7 +6,9 @@ and by mlxcel's loader, whose model runs on the continuous-batching engine over 
 KV cache. The engine's 32 greedy tokens must equal mlx-lm's for a prompt alone, for the
 same prompt again (its full blocks now prefix-cache hits), and for three prompts of other
 lengths batched together. The prompts are longer than the sliding window the configs give
-window layers, and than the prefill chunk.
+window layers, and than the prefill chunk. For the families whose mlx-lm tokens depend on
+how a prompt is cut into passes (`ONE_TOKEN_PASSES`), the reference reads its prompt one
+token per pass, where mlx-lm computes the model as meant (docs/adr/0028).
 """
 
 from __future__ import annotations
