@@ -35,6 +35,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   fi
 fi
 export PYTHONUNBUFFERED=1 MLX_ENABLE_CACHE_THRASHING_CHECK=0 MLX_ENABLE_TF32=0
+# MLX keys its compiled-kernel cache by kernel name and template arguments, not source: a
+# machine kept from an earlier session would run a kernel's old code. Each session compiles
+# into a cache of its own.
+export MLX_PTX_CACHE_DIR=/tmp/mlxcel-ptx-$START
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/device.txt" 2>&1
 
 # step NAME SECONDS COMMAND...: run COMMAND, if STEPS names it, for at most SECONDS and
