@@ -11,6 +11,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from mlxcel.cli import main
+from mlxcel_core.engine.memory import measure_pass, profile_model
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.compute import ComputeOptions
@@ -106,3 +107,10 @@ def test_n_predict_caps_the_answer(smollm2):
     )  # fmt: skip
     assert code == 0
     assert out.getvalue().strip() == "The capital of"
+
+
+def test_the_step_scaled_from_small_passes_covers_a_measured_chunk(smollm2):
+    model = smollm2.model
+    scaled = profile_model(model, 512).transient_bytes
+    measured = measure_pass(model, 512).transient_bytes
+    assert measured <= scaled <= 2.5 * measured

@@ -8,6 +8,7 @@ together (see `batch_generate`).
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Mapping
 from typing import TextIO
 
@@ -161,7 +162,10 @@ def image_prompt(
         raise InputError(str(error)) from error
 
 
-def format_stats(stats: GenerationStats, load_seconds: float) -> str:
+def format_stats(stats: GenerationStats, load_seconds: float, setup_seconds: float) -> str:
+    """The stats lines on stderr: prompt and generation speed, drafts, peak memory and the
+    start-up times (`load_seconds` reading the weights, `setup_seconds` starting the engine:
+    its memory plan and KV cache)."""
     lines = [
         f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s"
         f" ({stats.prompt_seconds:.2f} s)",
@@ -175,7 +179,8 @@ def format_stats(stats: GenerationStats, load_seconds: float) -> str:
             f"accepted ({rate:.1%})"
         )
     lines.append(
-        f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s"
+        f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s, "
+        f"setup time: {setup_seconds:.2f} s"
     )
     return "\n".join(lines)
 
@@ -325,9 +330,11 @@ def generate_one(
         show=args.show_reasoning,
         dim=stream_is_terminal(out),
     )
+    setup_start = time.perf_counter()
     engine = open_engine(
         args, loaded, engine_config, context_size=context_size, make_runner=make_runner
     )
+    setup_seconds = time.perf_counter() - setup_start
     try:
         final = stream_reply(engine, request, display.write)
     finally:
@@ -341,7 +348,7 @@ def generate_one(
         and not 0 <= args.n_predict <= stats.generated_tokens
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
-    print(format_stats(stats, loaded.load_seconds), file=err)
+    print(format_stats(stats, loaded.load_seconds, setup_seconds), file=err)
     return 0
 
 

@@ -375,11 +375,13 @@ class Engine:
 
     def _setup(self) -> None:
         config = self._config
-        chunk = config.scheduler.max_prefill_chunk
-        profile = profile_model(self._model, chunk)
+        chunk = min(config.scheduler.max_prefill_chunk, config.context_size)
+        profile = profile_model(self._model, chunk, context_tokens=config.context_size)
         draft_profile = None
         if self._draft_model is not None:
-            draft_profile = profile_model(self._draft_model, chunk)
+            draft_profile = profile_model(
+                self._draft_model, chunk, context_tokens=config.context_size
+            )
             if draft_profile.vocab_size != profile.vocab_size:
                 raise ValueError(
                     f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
