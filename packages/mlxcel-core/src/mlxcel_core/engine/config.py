@@ -11,6 +11,9 @@ from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, plan_nu
 from mlxcel_core.engine.scheduler import SchedulerConfig
 from mlxcel_core.speculative import SpeculativeConfig
 
+# The smallest prefill chunk a time limit lowers `max_prefill_chunk` to: one KV block of
+# the default size, so slow devices still make progress on a prompt.
+MIN_PREFILL_CHUNK = 16
 # vLLM's largest block size. The KV pools grow by whole blocks, at least 16 at a time, so a
 # far larger block costs gigabytes before the first token.
 MAX_BLOCK_SIZE = 256
@@ -48,6 +51,10 @@ class EngineConfig:
         paged_decode_kernel: decode passes attend straight from the KV pools where a
             kernel serves the device (`PagedKVStorage`'s `decode_kernel`); False keeps
             gathering each row's keys and values, then attending.
+        max_prefill_seconds: lower `scheduler.max_prefill_chunk` so that a chunk takes
+            about this long at most at the prefill speed measured at start-up
+            (`prefill_chunk_for`); a request cancelled during a long prompt then frees
+            its slot within that time. None keeps the chunk as given.
 
     Raises:
         ValueError: a setting is out of range.
@@ -67,6 +74,7 @@ class EngineConfig:
     cache_type_v: str = AUTO
     cache_residual: int = 0
     paged_decode_kernel: bool = True
+    max_prefill_seconds: float | None = None
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
@@ -83,6 +91,10 @@ class EngineConfig:
             raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
         check_cache_type("cache_type_k", self.cache_type_k)
         check_cache_type("cache_type_v", self.cache_type_v)
+        if self.max_prefill_seconds is not None and not self.max_prefill_seconds > 0:
+            raise ValueError(
+                f"max_prefill_seconds must be None or > 0, got {self.max_prefill_seconds}"
+            )
         if self.cache_residual < 0:
             raise ValueError(f"cache_residual must be >= 0, got {self.cache_residual}")
         if self.cache_residual and not (
@@ -111,6 +123,17 @@ class EngineConfig:
             layer.exact_bytes_per_token(self.cache_type_k, self.cache_type_v)
             for layer in profile.layers
         )
+
+
+def prefill_chunk_for(config: EngineConfig, profile: ModelProfile) -> int:
+    """The prompt tokens of one sequence per forward pass: `scheduler.max_prefill_chunk`,
+    lowered to what `profile`'s measured prefill speed computes in
+    `config.max_prefill_seconds`, but not below `MIN_PREFILL_CHUNK`."""
+    chunk = config.scheduler.max_prefill_chunk
+    rate = profile.prefill_tokens_per_second
+    if config.max_prefill_seconds is None or rate is None:
+        return chunk
+    return min(chunk, max(MIN_PREFILL_CHUNK, int(rate * config.max_prefill_seconds)))
 
 
 def plan_kv_blocks(

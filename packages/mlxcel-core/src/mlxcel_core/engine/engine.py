@@ -21,13 +21,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.paged import InvariantError, KeyedSpan, KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.config import EngineConfig, make_kv_storage, plan_kv_blocks
+from mlxcel_core.engine.config import (
+    EngineConfig,
+    make_kv_storage,
+    plan_kv_blocks,
+    prefill_chunk_for,
+)
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import (
     PrefilledKV,
@@ -387,6 +392,10 @@ class Engine:
                     f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
                     f"the model's ({profile.vocab_size}); a draft model must share it"
                 )
+        chunk = prefill_chunk_for(config, profile)
+        if chunk != config.scheduler.max_prefill_chunk:
+            config = replace(config, scheduler=replace(config.scheduler, max_prefill_chunk=chunk))
+            self._config = config
         num_blocks = plan_kv_blocks(config, profile, draft_profile)
         self._kv = KVCacheManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching

@@ -12,6 +12,7 @@ and the largest step is scaled from them, with the attention scores over a full 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -91,12 +92,16 @@ class ModelProfile:
         transient_bytes: the largest step's peak above that (activations of one prefill
             chunk at the end of a full context), as `profile_model` scales it.
         vocab_size: the width of the model's logits.
+        prefill_tokens_per_second: the larger pass's prompt tokens over its wall time, a
+            low estimate of the prefill speed (a longer chunk spreads the fixed costs
+            thinner); None when not measured.
     """
 
     layers: tuple[LayerGeometry, ...]
     resident_bytes: int
     transient_bytes: int
     vocab_size: int
+    prefill_tokens_per_second: float | None = None
 
     def beside(self, draft: ModelProfile) -> ModelProfile:
         """This model's profile with a draft model run beside it: the memory both hold (each
@@ -107,6 +112,7 @@ class ModelProfile:
             max(self.resident_bytes, draft.resident_bytes),
             max(self.transient_bytes, draft.transient_bytes),
             self.vocab_size,
+            self.prefill_tokens_per_second,
         )
 
 
@@ -121,6 +127,7 @@ class PassMeasurement:
         num_query_heads: the most query heads of a layer whose attention came through its
             cache (0 when none did).
         vocab_size: the width of the logits.
+        seconds: its wall time, logits evaluated.
     """
 
     num_tokens: int
@@ -128,6 +135,7 @@ class PassMeasurement:
     layers: tuple[LayerGeometry | None, ...]
     num_query_heads: int
     vocab_size: int
+    seconds: float
 
 
 def measure_pass(model: LanguageModel, num_tokens: int) -> PassMeasurement:
@@ -137,14 +145,17 @@ def measure_pass(model: LanguageModel, num_tokens: int) -> PassMeasurement:
     mx.synchronize()
     resident = mx.get_active_memory()
     mx.reset_peak_memory()
+    start = time.perf_counter()
     logits = model(mx.zeros((1, num_tokens), dtype=mx.int32), caches, last_only=True)
     mx.eval(logits)
+    seconds = time.perf_counter() - start
     return PassMeasurement(
         num_tokens,
         max(mx.get_peak_memory() - resident, 0),
         tuple(cache.geometry for cache in caches),
         max((cache.num_query_heads for cache in caches), default=0),
         logits.shape[-1],
+        seconds,
     )
 
 
@@ -213,7 +224,8 @@ def profile_model(
         layers, num_query_heads, chunk_tokens=num_tokens, context_tokens=context
     )
     transient = int(_MEASUREMENT_HEADROOM * (fixed + per_token * num_tokens)) + attention
-    return ModelProfile(layers, resident, transient, second.vocab_size)
+    rate = second.num_tokens / second.seconds if second.seconds > 0 else None
+    return ModelProfile(layers, resident, transient, second.vocab_size, rate)
 
 
 def plan_num_blocks(*, usable_bytes: int, profile: ModelProfile, bytes_per_block: int) -> int:
