@@ -275,16 +275,19 @@ def test_a_request_cancelled_during_a_long_prompt_frees_its_slot_within_one_chun
 
 def test_a_time_limit_lowers_the_prefill_chunk_to_the_measured_speed_but_not_below_a_floor():
     scheduler = SchedulerConfig(max_prefill_chunk=512)
-    profile = ModelProfile((), 0, 0, VOCAB, prefill_tokens_per_second=200.0)
+    # 0.25 s whatever the length, then 1/256 s per token.
+    profile = ModelProfile((), 0, 0, VOCAB, prefill_seconds=(0.25, 1 / 256))
     assert prefill_chunk_for(EngineConfig(scheduler=scheduler), profile) == 512
     limited = EngineConfig(scheduler=scheduler, max_prefill_seconds=1.0)
-    assert prefill_chunk_for(limited, profile) == 200
-    assert prefill_chunk_for(replace(limited, max_prefill_seconds=0.5), profile) == 100
-    slow = replace(profile, prefill_tokens_per_second=2.0)
+    assert prefill_chunk_for(limited, profile) == 192
+    assert prefill_chunk_for(replace(limited, max_prefill_seconds=0.5), profile) == 64
+    slow = replace(profile, prefill_seconds=(0.25, 0.5))
     assert prefill_chunk_for(limited, slow) == MIN_PREFILL_CHUNK
-    fast = replace(profile, prefill_tokens_per_second=10_000.0)
+    fixed_cost_too_long = replace(profile, prefill_seconds=(2.0, 0.001))
+    assert prefill_chunk_for(limited, fixed_cost_too_long) == MIN_PREFILL_CHUNK
+    fast = replace(profile, prefill_seconds=(0.0, 1e-5))
     assert prefill_chunk_for(limited, fast) == 512
-    assert prefill_chunk_for(limited, replace(profile, prefill_tokens_per_second=None)) == 512
+    assert prefill_chunk_for(limited, replace(profile, prefill_seconds=None)) == 512
     with pytest.raises(ValueError, match="max_prefill_seconds must be None or > 0"):
         EngineConfig(max_prefill_seconds=0.0)
 

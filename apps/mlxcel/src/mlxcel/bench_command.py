@@ -30,7 +30,7 @@ from mlxcel.flags import (
     add_command,
     resolve_defaults,
 )
-from mlxcel.loading import load_for_command
+from mlxcel.loading import compute_options, load_for_command
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.generate import generate_tokens
@@ -179,7 +179,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         gc.collect()
         mx.clear_cache()
     loaded = load_for_command(
-        args.model, store=args.model_store, revision=args.revision, surgery=surgery
+        args.model,
+        store=args.model_store,
+        revision=args.revision,
+        compute=compute_options(1),  # one sequence, as generate runs one prompt
+        surgery=surgery,
     )
     prompt = _random_prompt(loaded, args.n_prompt)
     results.insert(0, measure("mlxcel", _mlxcel_stream(loaded, args.batch_size), prompt, args))

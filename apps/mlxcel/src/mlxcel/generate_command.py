@@ -39,10 +39,15 @@ from mlxcel.flags import (
     resolve_defaults,
     sampling_params_from,
 )
-from mlxcel.loading import load_target_model
+from mlxcel.loading import compute_options, describe_weights, load_target_model
 from mlxcel.media_flags import IMAGE_FLAGS, check_image_mode, read_images
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
-from mlxcel.parallel_flags import PARALLEL_FLAGS, check_parallel, parallel_rank
+from mlxcel.parallel_flags import (
+    PARALLEL_FLAGS,
+    check_parallel,
+    parallel_mode_from,
+    parallel_rank,
+)
 from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
 from mlxcel.reply_reasoning import (
     REASONING_FLAGS,
@@ -211,9 +216,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     check_draft_model_path(args)
     check_parallel(args, engine_config)
     surgery = surgery_plan_from(args)
-    check_memory(args, err)
+    # One prompt decodes alone; a prompts file decodes -np at once. Ranks that split the
+    # model keep the dense weights their sharding was measured with.
+    batch = 1 if len(prompts) == 1 else min(args.parallel, len(prompts))
+    compute = compute_options(None if parallel_mode_from(args) is not None else batch)
+    check_memory(args, err, compute)
     with parallel_rank(args, environ, err) as rank:
-        loaded = load_target_model(args, adapters, surgery)
+        loaded = load_target_model(args, adapters, surgery, compute)
         if rank is None:
             return _generate(args, loaded, engine_config, prompts, images, params, out, err)
         loaded = rank.prepare(loaded)
@@ -349,6 +358,7 @@ def generate_one(
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
     print(format_stats(stats, loaded.load_seconds, setup_seconds), file=err)
+    print(describe_weights(loaded), file=err)
     return 0
 
 

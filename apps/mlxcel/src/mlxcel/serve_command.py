@@ -46,10 +46,16 @@ from mlxcel.flags import (
     resolve_defaults,
     sampling_params_from,
 )
-from mlxcel.loading import load_target_model
+from mlxcel.loading import compute_options, load_target_model
 from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
-from mlxcel.parallel_flags import PARALLEL_FLAGS, ParallelRank, check_parallel, parallel_rank
+from mlxcel.parallel_flags import (
+    PARALLEL_FLAGS,
+    ParallelRank,
+    check_parallel,
+    parallel_mode_from,
+    parallel_rank,
+)
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.stage_faults import (
     STAGE_TIMEOUT_FLAG,
@@ -67,6 +73,7 @@ from mlxcel_core.engine import (
     RunnerFactory,
 )
 from mlxcel_core.threads import thread_stream
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
@@ -261,10 +268,12 @@ def _loader(
     surgery = surgery_plan_from(args)
     speech_paths = speech_model_paths(args)
 
+    compute = _serving_compute(args)
+
     def load() -> Models:
-        check_memory(args, err)
+        check_memory(args, err, compute)
         with thread_stream():
-            loaded = load_target_model(args, adapters, surgery)
+            loaded = load_target_model(args, adapters, surgery, compute)
             if template is not None:
                 loaded.tokenizer.chat_template = template
             if rank is not None:
@@ -375,6 +384,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     return code
 
 
+def _serving_compute(args: argparse.Namespace) -> ComputeOptions:
+    """The compute options for `-np` streams at once; ranks that split the model (`--tp`,
+    `--pp`, `--disaggregate`) keep the dense weights their split was measured with."""
+    split = parallel_mode_from(args) is not None or args.disaggregate
+    return compute_options(None if split else args.parallel)
+
+
 def _follow(
     args: argparse.Namespace, settings: ServerSettings, rank: ParallelRank, err: TextIO
 ) -> int:
@@ -382,8 +398,9 @@ def _follow(
     rank 0's engine steps; no HTTP."""
     adapters = adapter_specs_from(args)
     surgery = surgery_plan_from(args)
-    check_memory(args, err)
-    loaded = rank.prepare(load_target_model(args, adapters, surgery))
+    compute = _serving_compute(args)
+    check_memory(args, err, compute)
+    loaded = rank.prepare(load_target_model(args, adapters, surgery, compute))
     return rank.follow(loaded, settings.engine)
 
 
@@ -393,8 +410,9 @@ def _prefill(
     """Rank 1 of `--disaggregate`: load the model, then prefill rank 0's prompts; no HTTP."""
     adapters = adapter_specs_from(args)
     surgery = surgery_plan_from(args)
-    check_memory(args, err)
-    loaded = load_target_model(args, adapters, surgery)
+    compute = _serving_compute(args)
+    check_memory(args, err, compute)
+    loaded = load_target_model(args, adapters, surgery, compute)
     context_size = settings.context_size or loaded.config.context_length
     return pair.serve_prefills(loaded, settings.engine, context_size)
 

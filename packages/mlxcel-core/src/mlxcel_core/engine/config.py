@@ -127,13 +127,18 @@ class EngineConfig:
 
 def prefill_chunk_for(config: EngineConfig, profile: ModelProfile) -> int:
     """The prompt tokens of one sequence per forward pass: `scheduler.max_prefill_chunk`,
-    lowered to what `profile`'s measured prefill speed computes in
-    `config.max_prefill_seconds`, but not below `MIN_PREFILL_CHUNK`."""
+    lowered to what `profile`'s measured prefill time (a fixed part plus a part per token)
+    allows in `config.max_prefill_seconds`, but not below `MIN_PREFILL_CHUNK`."""
     chunk = config.scheduler.max_prefill_chunk
-    rate = profile.prefill_tokens_per_second
-    if config.max_prefill_seconds is None or rate is None:
+    if config.max_prefill_seconds is None or profile.prefill_seconds is None:
         return chunk
-    return min(chunk, max(MIN_PREFILL_CHUNK, int(rate * config.max_prefill_seconds)))
+    fixed, per_token = profile.prefill_seconds
+    budget = config.max_prefill_seconds - fixed
+    if budget <= 0:
+        return min(chunk, MIN_PREFILL_CHUNK)
+    if per_token <= 0:
+        return chunk
+    return min(chunk, max(MIN_PREFILL_CHUNK, int(budget / per_token)))
 
 
 def plan_kv_blocks(

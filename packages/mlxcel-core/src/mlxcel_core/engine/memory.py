@@ -92,16 +92,15 @@ class ModelProfile:
         transient_bytes: the largest step's peak above that (activations of one prefill
             chunk at the end of a full context), as `profile_model` scales it.
         vocab_size: the width of the model's logits.
-        prefill_tokens_per_second: the larger pass's prompt tokens over its wall time, a
-            low estimate of the prefill speed (a longer chunk spreads the fixed costs
-            thinner); None when not measured.
+        prefill_seconds: the wall time of a prefill pass as (seconds whatever its length,
+            seconds per token), fitted to the two passes; None when not measured.
     """
 
     layers: tuple[LayerGeometry, ...]
     resident_bytes: int
     transient_bytes: int
     vocab_size: int
-    prefill_tokens_per_second: float | None = None
+    prefill_seconds: tuple[float, float] | None = None
 
     def beside(self, draft: ModelProfile) -> ModelProfile:
         """This model's profile with a draft model run beside it: the memory both hold (each
@@ -112,7 +111,7 @@ class ModelProfile:
             max(self.resident_bytes, draft.resident_bytes),
             max(self.transient_bytes, draft.transient_bytes),
             self.vocab_size,
-            self.prefill_tokens_per_second,
+            self.prefill_seconds,
         )
 
 
@@ -224,8 +223,11 @@ def profile_model(
         layers, num_query_heads, chunk_tokens=num_tokens, context_tokens=context
     )
     transient = int(_MEASUREMENT_HEADROOM * (fixed + per_token * num_tokens)) + attention
-    rate = second.num_tokens / second.seconds if second.seconds > 0 else None
-    return ModelProfile(layers, resident, transient, second.vocab_size, rate)
+    timing = None
+    if large > small:
+        seconds_per_token = max(second.seconds - first.seconds, 0.0) / (large - small)
+        timing = (max(first.seconds - seconds_per_token * small, 0.0), seconds_per_token)
+    return ModelProfile(layers, resident, transient, second.vocab_size, timing)
 
 
 def plan_num_blocks(*, usable_bytes: int, profile: ModelProfile, bytes_per_block: int) -> int:
