@@ -12,7 +12,7 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
-from mlxcel_core.engine.memory import measure_pass, profile_model
+from mlxcel_core.engine.memory import MEASUREMENT_SLACK_BYTES, measure_pass, profile_model
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.loader import load_model
@@ -202,5 +202,5 @@ def test_the_step_scaled_from_small_passes_covers_a_measured_pass_of_the_chunk(
     scaled = profile_model(model, chunk).transient_bytes
     measured = measure_pass(model, chunk).transient_bytes
     # Never below; above by at most the score arrays MLX does not keep alive together,
-    # which dominate this model's small layers.
-    assert measured <= scaled <= 2.5 * measured
+    # which dominate this model's small layers, and the fixed slack.
+    assert measured <= scaled <= 2.5 * measured + MEASUREMENT_SLACK_BYTES

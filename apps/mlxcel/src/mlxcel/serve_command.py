@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -292,10 +293,13 @@ async def serve_until_stopped(
     load_models: Callable[[], Models],
     make_runner: RunnerFactory | None = None,
     make_remote_prefill: RemotePrefillFactory | None = None,
+    *,
+    err: TextIO,
 ) -> None:
     """Serve `app` while `load_models` runs on a thread (the model, its draft model and the
     speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner,
-    `make_remote_prefill` where its prompts are prefilled.
+    `make_remote_prefill` where its prompts are prefilled. Once the engine runs, one line on
+    `err` says so, with the load and the engine's set-up times.
 
     Raises:
         ModelLoadError: the model, an adapter, the draft model or a speech model cannot be
@@ -317,6 +321,7 @@ async def serve_until_stopped(
             loaded, draft, audio = load_models()
             if audio is not None:
                 state.set_audio(audio)
+            setup_start = time.perf_counter()
             state.set_ready(
                 serving_model(
                     loaded,
@@ -325,6 +330,13 @@ async def serve_until_stopped(
                     make_runner=make_runner,
                     make_remote_prefill=make_remote_prefill,
                 )
+            )
+            setup_seconds = time.perf_counter() - setup_start
+            print(
+                f"mlxcel: ready: model loaded in {loaded.load_seconds:.2f} s, engine set up "
+                f"in {setup_seconds:.2f} s",
+                file=err,
+                flush=True,
             )
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
@@ -451,7 +463,7 @@ def _serve(
     try:
         asyncio.run(
             serve_until_stopped(
-                app, config, state, settings, load_models, make_runner, make_remote_prefill
+                app, config, state, settings, load_models, make_runner, make_remote_prefill, err=err
             )
         )
     except OSError as error:
