@@ -82,6 +82,11 @@ class BlasPreload:
         return self.library is not None and str(self.library) in preload
 
 
+def is_turned_off(environ: Mapping[str, str]) -> bool:
+    """Whether `MLXCEL_NO_OPENBLAS` is set to anything but "" or "0"."""
+    return environ.get(NO_OPENBLAS_VARIABLE, "") not in ("", "0")
+
+
 def _prepend(items: list[str], existing: str) -> str:
     return ":".join([*items, existing]) if existing else ":".join(items)
 
@@ -102,7 +107,7 @@ def select_blas(
             when the system has one); None when it cannot have one, which rules it out.
         system_libraries: the system's OpenBLAS libraries, the first existing one taken.
     """
-    if environ.get(NO_OPENBLAS_VARIABLE, "") not in ("", "0"):
+    if is_turned_off(environ):
         return BlasPreload(BlasSource.OFF)
     if pypi_library is not None and pypi_library.is_file() and fortran_dirs is not None:
         return BlasPreload(BlasSource.PYPI, pypi_library, fortran_dirs)
@@ -171,7 +176,7 @@ def cache_dir(environ: Mapping[str, str]) -> Path:
 
 def preferred_blas(environ: Mapping[str, str]) -> BlasPreload:
     """`select_blas` over what this machine has installed."""
-    if environ.get(NO_OPENBLAS_VARIABLE, "") not in ("", "0"):
+    if is_turned_off(environ):
         return BlasPreload(BlasSource.OFF)
     pypi = pypi_openblas_library()
     fortran = None if pypi is None else fortran_runtime_dirs(cache_dir(environ))
@@ -207,9 +212,8 @@ def describe_blas(environ: Mapping[str, str]) -> str:
     """One line saying which BLAS this process runs with, and where it comes from."""
     loaded = loaded_openblas()
     if loaded is None:
-        source = preferred_blas(environ).source
-        if source is BlasSource.OFF:
-            return f"BLAS: {source}"
+        if is_turned_off(environ):
+            return f"BLAS: {BlasSource.OFF}"
         return (
             f"BLAS: {BlasSource.NONE} (no OpenBLAS preloaded: pip install "
             f"{PYPI_PACKAGE}, or apt-get install libopenblas0-pthread)"
