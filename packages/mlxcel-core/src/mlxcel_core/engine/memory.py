@@ -187,8 +187,9 @@ def profile_model(
     `num_tokens` at the end of `context_tokens` adds `attention_bytes` over the whole
     context. Against a measured pass of the whole chunk (no prior context) this came out
     1.2-2.4x above it, never below, on SmolLM2-135M with dense and quantized weights at
-    128 and 512 tokens and on the tiny test models (tests/models/test_memory_estimate.py):
-    an upper estimate, as the KV budget needs, for a few milliseconds of work.
+    128 and 512 tokens, and never below on the tiny test models, whose attention scores
+    dominate (tests/models/test_memory_estimate.py): an upper estimate, as the KV budget
+    needs, for a few milliseconds of work.
 
     Args:
         model: the language model, weights evaluated.
