@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
-from mlxcel_models.compute import ComputeOptions, apply_compute_options
+from mlxcel_models.compute import ComputeOptions, apply_compute_options, has_quantized_layers
 from mlxcel_models.detection import CONFIG_FILE, ModelSource, detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
@@ -159,4 +159,5 @@ def _model_config(module: nn.Module, num_layers: int, context_length: int) -> Mo
         num_layers=num_layers,
         num_parameters=count_parameters(module),
         weight_bytes=sum(array.nbytes for _, array in tree_flatten(module.parameters())),
+        quantized=has_quantized_layers(module),
     )
