@@ -18,6 +18,7 @@ from mlxcel.blas import (
     pypi_openblas_library,
     select_blas,
 )
+from mlxcel.blas_threads import process_threads
 
 LINUX_X86_64 = sys.platform.startswith("linux") and platform.machine() == "x86_64"
 
@@ -134,12 +135,23 @@ def test_the_pypi_openblas_loads_with_mlx_cpus_fortran_runtime_and_serves_mlx(tm
 
 
 @pytest.mark.skipif(not LINUX_X86_64, reason="ngsolve-openblas ships Linux x86-64 wheels only")
-def test_mlxcel_version_names_the_blas_it_runs_with():
-    clean = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+def test_mlxcel_version_names_the_blas_it_runs_with_and_its_threads():
+    unset = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    clean = {k: v for k, v in os.environ.items() if k not in unset}
     command = [sys.executable, "-m", "mlxcel", "--version"]
     run = subprocess.run(command, capture_output=True, text=True, env=clean, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert "from PyPI (ngsolve-openblas)" in run.stdout.splitlines()[1]
+    line = run.stdout.splitlines()[1]
+    assert "from PyPI (ngsolve-openblas)" in line
+    assert line.endswith(f"; threads: {process_threads()}")
+    run = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**clean, "OPENBLAS_NUM_THREADS": "2"},
+        timeout=60,
+    )
+    assert run.stdout.splitlines()[1].endswith("; threads: 2")
     off = {**clean, NO_OPENBLAS_VARIABLE: "1"}
     run = subprocess.run(command, capture_output=True, text=True, env=off, timeout=60)
     assert run.stdout.splitlines()[1] == f"BLAS: {BlasSource.OFF}"

@@ -209,7 +209,8 @@ def loaded_openblas() -> tuple[str, Path | None] | None:
 
 
 def describe_blas(environ: Mapping[str, str]) -> str:
-    """One line saying which BLAS this process runs with, and where it comes from."""
+    """One line saying which BLAS this process runs with, where it comes from and, for
+    OpenBLAS, its threads."""
     loaded = loaded_openblas()
     if loaded is None:
         if is_turned_off(environ):
@@ -226,4 +227,5 @@ def describe_blas(environ: Mapping[str, str]) -> str:
         where = "the system's"
     else:
         where = "preloaded"
-    return f"BLAS: {version}, {where}: {path or 'file unknown'}"
+    threads = ctypes.CDLL(None).openblas_get_num_threads()
+    return f"BLAS: {version}, {where}: {path or 'file unknown'}; threads: {threads}"

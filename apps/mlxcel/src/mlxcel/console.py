@@ -1,10 +1,13 @@
 """Console entry point of `mlxcel`: process setup, kept free of heavy imports.
 
-Three things must happen before MLX is imported:
+Four things must happen before MLX is imported:
 - On Linux, MLX's CPU wheel links a reference BLAS; the command re-executes itself with
   OpenBLAS preloaded (from PyPI, else the system's; `mlxcel.blas`), which makes float
   matrix products many times faster (docs/adr/0003, 0028). `MLXCEL_NO_OPENBLAS=1` turns
   this off.
+- OpenBLAS gets the cores MLX's own CPU work leaves (`mlxcel.blas_threads`) unless the
+  environment sets its thread count: with a thread per core its idle workers spin on the
+  cores MLX needs.
 - MLX's CUDA backend keeps per-shape state (cuDNN attention plans among it) in LRU caches
   that, once they have missed twice their capacity over the process's life, raise on every
   further miss ("Cache thrashing is happening"). A server keeps meeting new shapes as long
@@ -20,6 +23,8 @@ from __future__ import annotations
 import os
 import sys
 from typing import NoReturn
+
+from mlxcel.blas_threads import limit_process_blas_threads
 
 EXIT_INTERRUPTED = 130
 THRASHING_CHECK_VARIABLE = "MLX_ENABLE_CACHE_THRASHING_CHECK"
@@ -60,6 +65,7 @@ def _run(argv: list[str]) -> NoReturn:
     set_process_defaults()
     try:
         _reexec_with_openblas(argv)
+        limit_process_blas_threads(os.environ)
         from mlxcel.cli import main
 
         code = main(argv)
