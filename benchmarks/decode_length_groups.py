@@ -43,7 +43,7 @@ def decode_rows(lengths: Sequence[int]) -> list[RowInput]:
     for length in lengths:
         num_blocks = length // BLOCK_SIZE + 1
         blocks = list(range(next_block, next_block + num_blocks))
-        rows.append(RowInput([5], blocks, length, 1, None, ()))
+        rows.append(RowInput([5], (blocks,), length, 1, None, ()))
         next_block += num_blocks
     return rows
 

@@ -54,7 +54,7 @@ def pass_seconds(
 
     def run(offset: int, count: int, num_logits: int) -> float:
         table = list(range(1, 1 + -(-(offset + count) // BLOCK_SIZE)))
-        row = RowInput(tokens[offset : offset + count], table, offset, num_logits=num_logits)
+        row = RowInput(tokens[offset : offset + count], (table,), offset, num_logits=num_logits)
         start = time.perf_counter()
         mx.eval(runner.execute([row]), storage.arrays())
         return time.perf_counter() - start

@@ -247,11 +247,9 @@ def write_gguf_model(
 def write_safetensors_model(folder: Path, config: TinyConfig = TinyConfig()) -> Path:
     """Write a tiny random model as a Hugging Face folder (config, safetensors, tokenizer)."""
     import mlx.core as mx
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokens, merges, _ = byte_level_vocab()
-    weights = _random_weights(config, len(tokens))
+    weights = _random_weights(config, len(byte_level_vocab()[0]))
     mx.save_safetensors(
         str(folder / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()}
     )
@@ -264,12 +262,22 @@ def write_safetensors_model(folder: Path, config: TinyConfig = TinyConfig()) -> 
         "intermediate_size": config.intermediate_size,
         "rope_theta": config.rope_theta,
         "rms_norm_eps": config.rms_norm_eps,
-        "vocab_size": len(tokens),
+        "vocab_size": len(byte_level_vocab()[0]),
         "max_position_embeddings": config.context_length,
         "tie_word_embeddings": config.tie_embeddings,
         "head_dim": config.head_dim,
     }
     (folder / "config.json").write_text(json.dumps(hf_config))
+    write_tokenizer(folder)
+    return folder
+
+
+def write_tokenizer(folder: Path) -> None:
+    """Write the byte-level BPE tokenizer (`byte_level_vocab`) with a ChatML template into
+    `folder`, as tokenizer.json and tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokens, merges, _ = byte_level_vocab()
     bpe = models.BPE(
         {token: i for i, token in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges]
     )
@@ -288,7 +296,6 @@ def write_safetensors_model(folder: Path, config: TinyConfig = TinyConfig()) -> 
             }
         )
     )
-    return folder
 
 
 def write_sliding_window_model(folder: Path, config: TinyConfig, window: int) -> Path:

@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxcel_core.cache.block_groups import BlockGroups
 from mlxcel_core.cache.layout import (
     CacheKind,
     CacheLayout,
@@ -62,6 +63,17 @@ def test_the_window_to_free_behind_is_the_largest_when_every_layer_is_windowed()
     windowed = CacheLayout.of([[window(8)]])
     assert joint_kv_window([windowed, CacheLayout.of([[window(12)]])]) == 12
     assert joint_kv_window([windowed, plain]) is None
+
+
+def test_chunked_layers_keep_every_block_in_the_full_attention_group():
+    chunked = LayerCacheKind.chunked(8)
+    assert chunked.kv_window is None and window(8).kv_window == 8
+    assert CacheLayout.of([[chunked], [chunked]]).kv_window is None
+    layout = CacheLayout.of([[chunked], [window(4)], [ATTENTION]])
+    groups = BlockGroups.of([layout])
+    assert groups.windows == (None, 4)
+    assert groups.layer_groups(layout) == (0, 1, 0)
+    assert BlockGroups.of([CacheLayout.of([[chunked]])]).windows == (None,)
 
 
 class _PlainModel:

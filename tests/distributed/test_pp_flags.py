@@ -15,7 +15,7 @@ from mlxcel.flags import UsageError
 from mlxcel.parallel_modes import PIPELINE_PARALLEL
 from mlxcel_distributed import PIPELINE_FAMILIES
 from mlxcel_models.memory import read_model_inventory
-from mlxcel_models.metadata import FAMILIES
+from mlxcel_models.metadata import all_families
 
 TOO_MANY_STAGES = "mlxcel: error: --pp 31: the model has 30 layers, so at most 30 stages\n"
 
@@ -57,7 +57,7 @@ def test_a_family_without_stages_is_refused_from_its_headers(smollm2_path):
 
 
 def test_families_marked_for_pipeline_parallel_are_the_stage_families():
-    marked = {name for name, family in FAMILIES.items() if family.supports_pipeline_parallel}
+    marked = {name for name, family in all_families().items() if family.supports_pipeline_parallel}
     assert marked == set(PIPELINE_FAMILIES)
 
 

@@ -8,6 +8,7 @@ from mlx_lm.models import base, llama
 from mlx_lm.models.cache import KVCache as MlxLmKVCache
 
 from mlxcel_core.cache import AttentionCache, DenseKVCache
+from mlxcel_models.additive_masks import create_additive_attention_mask
 from mlxcel_models.cache_attention import cache_scaled_dot_product_attention
 from mlxcel_models.loading.loader import load_model
 
@@ -48,3 +49,23 @@ def test_other_caches_get_mlx_lms_attention_unchanged(tiny_safetensors):
             queries, keys, values, cache=cache, scale=0.5, mask="causal"
         )
         assert mx.array_equal(ours, theirs)
+
+
+def test_families_adding_their_mask_to_scores_get_it_as_scores_from_mlxcel_caches():
+    h = mx.zeros((1, 3, 8), dtype=mx.bfloat16)
+    cache = DenseKVCache()
+    cache.update_and_fetch(mx.zeros((1, 1, 2, 4)), mx.zeros((1, 1, 2, 4)))
+    allowed = base.create_attention_mask(h, cache, return_array=True)
+    additive = create_additive_attention_mask(h, cache, return_array=True)
+    assert additive.dtype == mx.bfloat16 and allowed.dtype == mx.bool_
+    assert mx.array_equal(additive == 0, allowed).item()
+    assert mx.all(mx.isinf(additive) == ~allowed).item()
+    windowed = create_additive_attention_mask(h, cache, window_size=2, return_array=True)
+    assert mx.array_equal(windowed == 0, cache.make_mask(3, window_size=2)).item()
+
+    mlx_lm_cache = MlxLmKVCache()
+    mlx_lm_cache.update_and_fetch(mx.zeros((1, 1, 2, 4)), mx.zeros((1, 1, 2, 4)))
+    unchanged = create_additive_attention_mask(h, mlx_lm_cache, return_array=True)
+    assert unchanged.dtype == mx.bool_
+    assert create_additive_attention_mask(h, None, return_array=True).dtype == mx.bool_
+    assert create_additive_attention_mask(h[:, :1], cache) is None

@@ -7,8 +7,17 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from cache_kind_models import CONFIGS, make_model
-from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    ChunkedKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
+from mlxcel_core.cache import DenseKVCache
 from mlxcel_core.cache.layout import CacheLayout, LayerCacheKind
 from mlxcel_core.cache.state import (
     CompositeCache,
@@ -20,8 +29,8 @@ from mlxcel_core.cache.state import (
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_models.cache_kinds import (
     UnsupportedCacheError,
-    as_mlx_lm_caches,
     mlx_lm_cache_layout,
+    mlx_lm_caches,
 )
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.detection import ModelSource
@@ -55,23 +64,29 @@ def test_each_mlx_lm_cache_class_maps_to_its_kind():
     module = _Module(
         KVCache(),
         RotatingKVCache(max_size=512),
+        ChunkedKVCache(chunk_size=8),
         ArraysCache(size=2),
         CacheList(ArraysCache(size=2), KVCache()),
+        CacheList(KVCache()),
     )
-    assert mlx_lm_cache_layout(module) == CacheLayout.of(
+    shape = mlx_lm_caches(module)
+    assert shape.layout == CacheLayout.of(
         [
             [ATTENTION],
             [LayerCacheKind.sliding_window(512)],
+            [LayerCacheKind.chunked(8)],
             [LayerCacheKind.state(2)],
             [LayerCacheKind.state(2), ATTENTION],
+            [ATTENTION],
         ]
     )
+    assert shape.lists == {4, 5} and not shape.fit_as_they_are
 
 
 @pytest.mark.parametrize(
     ("cache", "match"),
     [
-        (ChunkedKVCache(chunk_size=8), "layer 0 keeps a ChunkedKVCache"),
+        (QuantizedKVCache(), "layer 0 keeps a QuantizedKVCache"),
         (RotatingKVCache(max_size=8, keep=4), "keeps its first 4 positions"),
         (CacheList(CacheList(KVCache())), "nests a CacheList"),
     ],
@@ -84,16 +99,34 @@ def test_caches_with_no_kind_are_refused_by_name(cache, match):
 def test_the_engines_state_caches_reach_mlx_lm_as_arrays_caches():
     pool = StatePool([(StateArrayGeometry((2,), mx.float32),)], num_slots=2)
     state = SlotStateCache(pool, 0, mx.array([1]), fresh=True)
-    attention = object()
-    plain, composite = as_mlx_lm_caches([attention, CompositeCache([state, attention])])
+    attention = DenseKVCache()
+    shape = mlx_lm_caches(_Module(KVCache(), CacheList(ArraysCache(size=1), KVCache())))
+    plain, composite = shape.as_mlx_lm([attention, CompositeCache([state, attention])])
     assert plain is attention
-    assert isinstance(composite, CacheList) and composite[1] is attention
+    assert isinstance(composite, CacheList)
     arrays = composite[0]
     assert isinstance(arrays, ArraysCache)  # Mamba writes its state only into one
     assert arrays[0] is None and arrays.lengths is None and arrays.make_mask(3) is None
     arrays[0] = mx.ones((1, 2))
     assert state[0] is arrays[0]
+    assert list(arrays) == [arrays[0]]  # unpacked by its array count (Kimi Linear)
     arrays.advance(3)
+
+
+def test_listed_attention_parts_show_what_they_returned_and_chunks_keep_their_front():
+    """An indexer reads `keys`/`values` off its `CacheList` part (DeepSeek V3.2); Llama 4
+    trims its chunked caches' front and builds its mask from `start_position`."""
+    shape = mlx_lm_caches(_Module(CacheList(KVCache(), KVCache()), ChunkedKVCache(4)))
+    indexed, chunked = DenseKVCache(), DenseKVCache()
+    layer, chunk = shape.as_mlx_lm([CompositeCache([DenseKVCache(), indexed]), chunked])
+    keys = mx.ones((1, 1, 6, 8))
+    returned, _ = layer[1].update_and_fetch(keys, keys)
+    assert layer[1].keys is returned and indexed.offset == 6
+    chunk.update_and_fetch(keys, keys)
+    chunk.maybe_trim_front()
+    assert chunk.start_position == 0 and chunk.offset == 6
+    native = make_prompt_cache(_Module(KVCache()))
+    assert shape.as_mlx_lm([native[0], native[0]])[0] is native[0]
 
 
 def inventory_of(name: str) -> ModelInventory:

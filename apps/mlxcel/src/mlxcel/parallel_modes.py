@@ -47,6 +47,11 @@ class ParallelMode:
 
 
 def _check_heads(inventory: ModelInventory, size: int) -> None:
+    family = inventory.family
+    if not family.supports_tensor_parallel:
+        raise UsageError(
+            f"--tp: the {family.model_type} family does not support tensor parallelism"
+        )
     distributed = import_distributed("--tp")
     try:
         distributed.check_tp_size(inventory.architecture, size)

@@ -20,7 +20,7 @@ from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.gguf_quant import GGUFDequant
 from mlxcel_models.loading.loader import LoadProgress, load_model
-from mlxcel_models.metadata import FAMILIES, ModelKind
+from mlxcel_models.metadata import ModelKind, find_family
 from mlxcel_models.surgery import SurgeryPlan
 
 
@@ -90,7 +90,7 @@ class MlxBackend:
         surgery: SurgeryPlan | None = None,
         gguf_dequant: GGUFDequant = GGUFDequant.AUTO,
     ) -> LoadedModel:
-        family = FAMILIES.get(detect_model(path).model_type)
+        family = find_family(detect_model(path).model_type)
         kind_loader = None if family is None else self._kind_loaders.get(family.kind)
         if kind_loader is None:
             return load_model(

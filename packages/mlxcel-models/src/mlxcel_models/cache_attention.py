@@ -5,7 +5,10 @@ cache=..., scale=..., mask=...)`, a name each family's module imports from
 `mlx_lm.models.base`. `route_attention_through_caches` rebinds that name, in the modules
 of the families a model uses, to a function that hands the call to the cache when the
 cache is an `AttentionCache` and to mlx-lm's own function otherwise, so mlx-lm's caches
-and every other user of those modules see no change.
+and every other user of those modules see no change. The cache declines (and mlx-lm's
+function attends) where the model passes keys or values other than those the cache
+returned: multi-head latent attention (DeepSeek V2/V3, Kimi, GLM-4-MoE-Lite, MiniCPM3)
+stores its compressed latent and attends over projections of it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ def cache_scaled_dot_product_attention(
     sinks always goes to mlx-lm's function.
     """
     if sinks is None and isinstance(cache, AttentionCache):
-        return cache.attention(queries, keys, values, scale=scale, mask=mask)
+        attended = cache.attention(queries, keys, values, scale=scale, mask=mask)
+        if attended is not None:
+            return attended
     return _MLX_LM_ATTENTION(queries, keys, values, cache, scale, mask, sinks)
 
 

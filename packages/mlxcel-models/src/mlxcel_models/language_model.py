@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -10,68 +10,135 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel_core.cache import DenseKVCache, KVCache
 from mlxcel_core.cache.layout import CacheLayout
+from mlxcel_models.additive_masks import route_additive_masks
 from mlxcel_models.cache_attention import route_attention_through_caches
-from mlxcel_models.cache_kinds import as_mlx_lm_caches, mlx_lm_cache_layout
+from mlxcel_models.cache_kinds import mlx_lm_cache_layout, mlx_lm_caches
+from mlxcel_models.plain_kernels import route_plain_kernels
+
+# Tokens of the probe that checks a body/head split against the module's own forward pass.
+_PROBE_TOKENS = (1, 2, 3)
 
 
 class MlxLmLanguageModel:
-    """An mlx-lm decoder (`model.model` body, then a tied or separate LM head).
+    """Any mlx-lm text `Model`, with its LM head run only where logits are needed.
 
-    Runs the body on all positions but the LM head only where logits are needed: during
-    prefill that saves a (L, hidden) x (hidden, vocab) matmul per chunk. A model whose
-    layers keep more than keys and values (`cache_layout`: recurrent states, several caches
-    per layer), or that has no `model` body, runs whole instead, its logits cut afterwards:
-    such families put their own touches on the head (soft-capping, multipliers) that the
-    split would skip. Its attention layers let caches that compute attention do so
-    (`route_attention_through_caches`); what each layer keeps comes from mlx-lm's own
-    caches for it.
+    mlx-lm's families differ in what follows the decoder body (a tied or separate head,
+    logit scaling or soft-capping, a `language_model` wrapper), so the model is first run
+    as its own `__call__` defines it. Where that forward pass equals the decoder body
+    (`model`) followed by the head (`lm_head`, else the tied `embed_tokens`), checked once
+    on a few tokens, and every layer keeps one attention cache, prefill computes the head
+    on the last position only: that saves a (L, hidden) x (hidden, vocab) matmul and an
+    (L, vocab) logits array per chunk. Any other model runs its own `__call__` and keeps
+    the last position's logits. Its attention layers let caches that compute attention do
+    so (`route_attention_through_caches`), layers that add their mask to their scores get
+    it as scores (`route_additive_masks`), and layers mlx-lm runs only as Metal kernels
+    get plain-MLX paths on other devices (`route_plain_kernels`). What each layer keeps
+    (`cache_layout`) comes from mlx-lm's own caches for it, and the engine's caches for
+    layers that keep more than keys and values reach the model as mlx-lm's
+    (`MlxLmCaches.as_mlx_lm`).
 
     Args:
-        module: an mlx-lm `Model`; where its layout is plain, its `model` attribute, if
-            any, is the decoder body, and its head is its `lm_head` where it has one, else
-            the body's embedding (mlx-lm leaves `lm_head` out of a tied model, or, as
-            Gemma 3 does, removes it when the checkpoint has none).
+        module: an mlx-lm `Model`, weights loaded.
+        batches_rows: whether rows of different contexts may share a forward pass
+            (`RowBatchingModel`); False for a family that reads its caches' offset as one
+            integer or otherwise assumes one context per pass.
 
     Raises:
         UnsupportedCacheError: a layer keeps a cache the engine has no kind for.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, *, batches_rows: bool = True) -> None:
         self.module = module
-        # Whether a layer keeps more than one attention cache: the family's, fixed.
-        self._hybrid = not mlx_lm_cache_layout(module).is_plain
-        self._body = None if self._hybrid else module.get("model")
-        self._tied = self._body is not None and "lm_head" not in module
+        self.batches_rows = batches_rows
+        # The family's, fixed: whether the engine's caches reach the model as they are.
+        self._caches = mlx_lm_caches(module)
+        self._plain = self._caches.fit_as_they_are
         route_attention_through_caches(module)
+        route_additive_masks(module)
+        route_plain_kernels(module)
+        probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
+        logits = module(probe, cache=make_prompt_cache(module))
+        # Evaluating the probe also materializes arrays the model computed lazily when it
+        # was built (RoPE tables), which a graph evaluated on another thread (the engine's)
+        # could not evaluate: MLX streams belong to the thread that made them.
+        mx.eval(logits)
+        self.vocab_size = int(logits.shape[-1])
+        self._split = _body_and_head(module, probe, logits) if self._plain else None
 
     @property
     def num_layers(self) -> int:
-        return len((self.module if self._body is None else self._body).layers)
+        """Decoder layers (mlx-lm's `layers`)."""
+        return len(self.module.layers)
+
+    @property
+    def splits_head(self) -> bool:
+        """Whether prefill runs the LM head on the last position only."""
+        return self._split is not None
 
     @property
     def cache_layout(self) -> CacheLayout:
         """What each layer keeps (`mlx_lm_cache_layout`), read from the module as it is
-        now (weight surgery may have removed layers)."""
+        now (weight surgery or a shallow draft may have removed layers)."""
         return mlx_lm_cache_layout(self.module)
 
     def make_cache(self) -> list[KVCache]:
-        """A dense KV cache per attention layer; mlx-lm's own caches for a model with
-        layers that keep a recurrent state or several caches."""
-        if not self._hybrid:
-            return [DenseKVCache() for _ in range(self.num_layers)]
-        return make_prompt_cache(self.module)
+        """A dense KV cache per layer; mlx-lm's own caches for a model whose caches the
+        engine's do not fit as they are (`MlxLmCaches.fit_as_they_are`)."""
+        caches = make_prompt_cache(self.module)
+        if not self._plain:
+            return caches
+        return [DenseKVCache() for _ in caches]
 
     def __call__(
         self, tokens: mx.array, cache: Sequence[KVCache], *, last_only: bool = False
     ) -> mx.array:
-        if self._hybrid:
-            cache = as_mlx_lm_caches(cache)  # type: ignore[assignment]
-        if self._body is None:
+        if not self._plain:
+            cache = self._caches.as_mlx_lm(cache)  # type: ignore[assignment]
+        if self._split is None:
             logits = self.module(tokens, cache=cache)
             return logits[:, -1:, :] if last_only else logits
-        hidden = self._body(tokens, cache=cache)
-        if last_only:
-            hidden = hidden[:, -1:, :]
-        if self._tied:
-            return self._body.embed_tokens.as_linear(hidden)
-        return self.module.lm_head(hidden)
+        body, head = self._split
+        hidden = body()(tokens, cache=cache)
+        return head(hidden[:, -1:, :] if last_only else hidden)
+
+
+_Split = tuple[Callable[[], nn.Module], Callable[[mx.array], mx.array]]
+
+
+def _body_and_head(module: nn.Module, probe: mx.array, logits: mx.array) -> _Split | None:
+    """The decoder body and LM head of `module` (its own, or its `language_model`'s) when
+    running them in turn gives `logits` on `probe`; None otherwise.
+
+    Both are looked up at each call, so layers replaced later (LoRA, sharding) are used.
+    """
+    language_model = module
+    while isinstance(language_model.get("language_model"), nn.Module):
+        language_model = language_model["language_model"]
+    body = language_model.get("model")
+    if not isinstance(body, nn.Module):
+        return None
+    lm, body_name = language_model, "model"
+
+    def find_body() -> nn.Module:
+        return lm[body_name]
+
+    if isinstance(lm.get("lm_head"), nn.Module):
+
+        def head(hidden: mx.array) -> mx.array:
+            return lm["lm_head"](hidden)
+
+    elif isinstance(body.get("embed_tokens"), nn.Embedding | nn.QuantizedEmbedding):
+
+        def head(hidden: mx.array) -> mx.array:
+            return lm[body_name]["embed_tokens"].as_linear(hidden)
+
+    else:
+        return None
+    try:
+        split_logits = head(find_body()(probe, cache=make_prompt_cache(module)))
+    # A body that is not a plain (tokens, cache) decoder fails in its own way.
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return None
+    if split_logits.shape != logits.shape or not mx.allclose(split_logits, logits).item():
+        return None
+    return find_body, head

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlxcel_core.cache.layout import CacheKind, CacheLayout, LayerCacheKind, joint_kv_window
+from mlxcel_core.cache.layout import CacheLayout, LayerCacheKind, joint_kv_window
 
 
 def _widest_first(window: int | None) -> tuple[bool, int]:
@@ -63,7 +63,7 @@ class BlockGroups:
         """
         if not separate_windows:
             return cls((joint_kv_window(layouts),))
-        windows = {part.window_size for layout in layouts for part in layout.attention_parts} or {
+        windows = {part.kv_window for layout in layouts for part in layout.attention_parts} or {
             None
         }
         return cls(tuple(sorted(windows, key=_widest_first)))
@@ -80,14 +80,15 @@ class BlockGroups:
 
     def group_of(self, part: LayerCacheKind) -> int:
         """The group an attention part's keys and values live in: the narrowest whose
-        window covers the part's.
+        window covers the part's (`LayerCacheKind.kv_window`: a chunked part, like a
+        full-attention one, lives in the full-attention group).
 
         Raises:
             ValueError: the part keeps no keys and values, or no group covers it.
         """
         if not part.stores_kv:
             raise ValueError("a state part keeps no keys and values in a block group")
-        wanted = None if part.kind is CacheKind.ATTENTION else part.window_size
+        wanted = part.kv_window
         covering = [
             group
             for group, window in enumerate(self.windows)

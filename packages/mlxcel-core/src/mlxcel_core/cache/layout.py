@@ -1,7 +1,9 @@
 """What each layer of a model keeps between forward passes: its cache kind.
 
 Most layers are attention layers over the paged KV pool: full attention, which reads every
-earlier position, or sliding-window attention, which reads only the last `window_size`.
+earlier position, sliding-window attention, which reads only the last `window_size`, or
+chunked attention, which reads the earlier positions of its own chunk of `window_size`
+(a window aligned to chunk boundaries: Llama 4's local layers).
 Recurrent layers (Mamba's selective scan, gated delta nets, RWKV, short convolutions) keep
 instead a few fixed-size state arrays per sequence, which the engine holds in state slots
 beside the pool. A hybrid block may hold several caches at once (mlx-lm's `CacheList`,
@@ -9,13 +11,13 @@ e.g. a convolution state beside an attention layer's keys and values): its layer
 several parts.
 
 The kinds follow mlx-lm's cache classes (`mlx_lm/models/cache.py`): `KVCache` is full
-attention, `RotatingKVCache(max_size=W)` a window of W positions, `ArraysCache(size=N)`
-a state of N arrays.
+attention, `RotatingKVCache(max_size=W)` a window of W positions, `ChunkedKVCache(W)`
+chunks of W positions, `ArraysCache(size=N)` a state of N arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -27,7 +29,20 @@ class CacheKind(StrEnum):
 
     ATTENTION = "attention"
     SLIDING_WINDOW = "sliding_window"
+    CHUNKED = "chunked"
     STATE = "state"
+
+    @property
+    def stores_kv(self) -> bool:
+        """Whether a part of this kind keeps keys and values in the paged pool."""
+        return self is not CacheKind.STATE
+
+    @property
+    def can_rewind(self) -> bool:
+        """Whether a part of this kind can be read as of an earlier position (a shared
+        prefix's block boundary, the token before a rejected draft): keys and values keep
+        each position apart; a recurrent state has absorbed every token it saw."""
+        return self is not CacheKind.STATE
 
 
 @dataclass(frozen=True)
@@ -35,9 +50,9 @@ class LayerCacheKind:
     """One cache part of a layer.
 
     Attributes:
-        kind: full attention, sliding-window attention or recurrent state.
-        window_size: positions a sliding-window layer attends to (its own included);
-            None for the other kinds.
+        kind: full, sliding-window or chunked attention, or recurrent state.
+        window_size: positions a sliding-window layer attends to (its own included), or
+            a chunked layer's chunk; None for the other kinds.
         num_arrays: state arrays a state layer reads and writes by index (`cache[i]`);
             0 for the other kinds.
 
@@ -50,10 +65,11 @@ class LayerCacheKind:
     num_arrays: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind is CacheKind.SLIDING_WINDOW:
+        if self.kind in (CacheKind.SLIDING_WINDOW, CacheKind.CHUNKED):
             if self.window_size is None or self.window_size < 1:
                 raise ValueError(
-                    f"a sliding-window layer needs window_size >= 1, got {self.window_size}"
+                    f"a {self.kind.value.replace('_', '-')} layer needs window_size >= 1, "
+                    f"got {self.window_size}"
                 )
         elif self.window_size is not None:
             raise ValueError(f"a {self.kind.value} layer takes no window_size")
@@ -72,13 +88,25 @@ class LayerCacheKind:
         return cls(CacheKind.SLIDING_WINDOW, window_size=window_size)
 
     @classmethod
+    def chunked(cls, chunk_size: int) -> LayerCacheKind:
+        return cls(CacheKind.CHUNKED, window_size=chunk_size)
+
+    @classmethod
     def state(cls, num_arrays: int) -> LayerCacheKind:
         return cls(CacheKind.STATE, num_arrays=num_arrays)
 
     @property
     def stores_kv(self) -> bool:
         """Whether the part keeps keys and values in the paged pool."""
-        return self.kind is not CacheKind.STATE
+        return self.kind.stores_kv
+
+    @property
+    def kv_window(self) -> int | None:
+        """Positions back from the newest whose keys and values the part reads from the
+        pool: a sliding window's size; None for full attention, and for chunked
+        attention too, whose model numbers its chunk mask's keys from position 0 (mlx-lm's
+        `ChunkedKVCache.start_position`), so its blocks are all kept and read."""
+        return self.window_size if self.kind is CacheKind.SLIDING_WINDOW else None
 
 
 LayerCache = tuple[LayerCacheKind, ...]
@@ -139,32 +167,54 @@ class CacheLayout:
 
     @cached_property
     def is_plain(self) -> bool:
-        """Every layer is one attention part (full or windowed): the model's cache list is
-        the paged storage's layers, one to one."""
+        """Every layer is one attention part (full, windowed or chunked): the model's cache
+        list is the paged storage's layers, one to one."""
         return all(len(parts) == 1 and parts[0].stores_kv for parts in self.layers)
+
+    @cached_property
+    def kinds(self) -> frozenset[CacheKind]:
+        """The kinds of the model's parts."""
+        return frozenset(part.kind for part in self.parts)
 
     @property
     def supports_prefix_caching(self) -> bool:
-        """Whether sequences may share cached prefix blocks: not when a layer keeps a
-        recurrent state, which summarizes the whole prefix in one slot that no block
-        boundary can hand to another sequence."""
-        return not self.has_state
+        """Whether sequences may share cached prefix blocks (`prefix_caching_with`)."""
+        return prefix_caching_with(self.kinds)
 
     @property
     def supports_speculative_decoding(self) -> bool:
-        """Whether rejected draft tokens can be rolled back: not through a recurrent
-        state, which has absorbed them."""
-        return not self.has_state
+        """Whether rejected draft tokens can be rolled back (`speculative_decoding_with`)."""
+        return speculative_decoding_with(self.kinds)
 
     @cached_property
     def kv_window(self) -> int | None:
         """Positions back from the newest that any attention part still reads: the
-        largest window when every attention part is windowed, else None (a full-attention
-        part reads every position, or there is no attention part at all)."""
-        attention = self.attention_parts
-        if not attention or any(part.kind is CacheKind.ATTENTION for part in attention):
+        largest window when every attention part is windowed (`LayerCacheKind.kv_window`),
+        else None (a full-attention or chunked part reads from position 0, or there is no
+        attention part at all)."""
+        windows = [part.kv_window for part in self.attention_parts]
+        if not windows or None in windows:
             return None
-        return max(part.window_size or 0 for part in attention)
+        return max(window for window in windows if window is not None)
+
+
+def prefix_caching_with(kinds: Iterable[CacheKind]) -> bool:
+    """Whether a model whose layers keep `kinds` can share cached prefix blocks between
+    sequences: not when a part keeps a recurrent state, which summarizes the whole prefix
+    in one slot that no block boundary can hand to another sequence."""
+    return all(kind.can_rewind for kind in kinds)
+
+
+def speculative_decoding_with(kinds: Iterable[CacheKind]) -> bool:
+    """Whether a model whose layers keep `kinds` can roll rejected draft tokens back: not
+    through a recurrent state, which has absorbed them."""
+    return all(kind.can_rewind for kind in kinds)
+
+
+def pipeline_stages_with(kinds: Iterable[CacheKind]) -> bool:
+    """Whether a model whose layers keep `kinds` can be split into pipeline stages: the
+    stages hold attention layers only (their paged KV), no state slots."""
+    return all(kind.stores_kv for kind in kinds)
 
 
 @runtime_checkable

@@ -49,10 +49,14 @@ class AttentionCache(Protocol):
     """A cache that computes attention over what it stores, in place of the model's
     `scaled_dot_product_attention`, so it can read its storage directly.
 
-    Once its attention has come through `attention`, such a cache may return from
+    Once a layer's attention has come through `attention`, such a cache may return from
     `update_and_fetch` only the new positions, which the model hands on to `attention`
-    unchanged; a model that uses the keys and values otherwise (attention sinks, for
-    one) must not route its attention to the cache.
+    unchanged. A model that attends with other keys or values than those (multi-head
+    latent attention projects its stored latent first) is declined: `attention` returns
+    None, the model attends by itself, and the layer keeps getting its whole context.
+    Keys and values another layer's cache of the same pass returned are attended over in
+    full (that layer's whole context), where a model hands them to this layer's cache.
+    Attention with sinks must not be routed to the cache.
     """
 
     def attention(
@@ -63,8 +67,9 @@ class AttentionCache(Protocol):
         *,
         scale: float,
         mask: AttentionMask,
-    ) -> mx.array:
+    ) -> mx.array | None:
         """Attention of `queries` (B, H_q, L, D_k) over the keys (B, H_kv, S, D_k) and
         values (B, H_kv, S, D_v) `update_and_fetch` returned, under `mask` (as
-        `make_mask` gave it); (B, H_q, L, D_v) in the queries' dtype."""
+        `make_mask` gave it); (B, H_q, L, D_v) in the queries' dtype. None, computing
+        nothing, when `keys` or `values` are not the arrays `update_and_fetch` returned."""
         ...

@@ -62,6 +62,10 @@ class StateCache:
 
     lengths: mx.array | None = None
 
+    def __len__(self) -> int:
+        """The layer's number of state arrays."""
+        raise NotImplementedError
+
     def __getitem__(self, index: int) -> mx.array | None:
         raise NotImplementedError
 
@@ -168,6 +172,9 @@ class SlotStateCache(StateCache):
         self._slots = slots
         self._fresh = fresh
         self._values: dict[int, mx.array] = {}
+
+    def __len__(self) -> int:
+        return len(self._pool.pools[self._layer])
 
     def __getitem__(self, index: int) -> mx.array | None:
         if index in self._values or self._fresh:

@@ -57,6 +57,7 @@ class _RecordingCache:
     def __init__(self) -> None:
         self.geometry: LayerGeometry | None = None
         self.num_query_heads = 0
+        self._stored: tuple[mx.array, mx.array] | None = None
 
     @property
     def offset(self) -> int:
@@ -65,7 +66,18 @@ class _RecordingCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         _, heads, _, key_dim = keys.shape
         self.geometry = LayerGeometry(heads, key_dim, values.shape[3], keys.dtype)
+        self._stored = (keys, values)
         return keys, values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """What `update_and_fetch` stored, for layers that share another layer's KV.
+
+        Raises:
+            ValueError: nothing was stored yet.
+        """
+        if self._stored is None:
+            raise ValueError("no keys and values were stored in this layer")
+        return self._stored
 
     def make_mask(
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
@@ -95,6 +107,9 @@ class _RecordingStateCache(StateCache):
 
     def __init__(self, num_arrays: int) -> None:
         self._values: list[mx.array | None] = [None] * num_arrays
+
+    def __len__(self) -> int:
+        return len(self._values)
 
     def __getitem__(self, index: int) -> mx.array | None:
         return self._values[index]

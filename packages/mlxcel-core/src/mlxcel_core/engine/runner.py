@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import cast
+from typing import Protocol, cast, runtime_checkable
 
 import mlx.core as mx
 
@@ -77,16 +77,40 @@ class RowInput:
             )
 
 
-def pass_groups(rows: Sequence[RowInput], *, separate_fresh: bool = False) -> list[list[int]]:
+def pass_groups(
+    rows: Sequence[RowInput], *, separate_fresh: bool = False, one_row: bool = False
+) -> list[list[int]]:
     """The step's forward passes: indices of rows of the same length and logits count, so
     no row is padded to another's length; in the order of each group's first row. With
     `separate_fresh`, rows starting from nothing (offset 0) never share a pass with rows
-    continuing a state, so a recurrent layer sees either no state or every row's."""
+    continuing a state, so a recurrent layer sees either no state or every row's. With
+    `one_row`, every row is a pass of its own."""
+    if one_row:
+        return [[i] for i in range(len(rows))]
     groups: dict[tuple[int, int, bool], list[int]] = {}
     for i, row in enumerate(rows):
         fresh = separate_fresh and row.offset == 0
         groups.setdefault((len(row.token_ids), row.num_logits, fresh), []).append(i)
     return list(groups.values())
+
+
+@runtime_checkable
+class RowBatchingModel(Protocol):
+    """A model that says whether rows of different contexts may share a forward pass; a
+    model without it is taken to batch them."""
+
+    @property
+    def batches_rows(self) -> bool:
+        """False for a model that assumes one context per pass: it reads its caches'
+        `offset` as one integer (position embeddings indexed by it, masks built from
+        it), or takes positions from the context's length. The engine then runs each row
+        as a pass of its own, and the caches' `offset` is an int."""
+        ...
+
+
+def model_batches_rows(model: object) -> bool:
+    """The model's `RowBatchingModel.batches_rows`, else True."""
+    return model.batches_rows if isinstance(model, RowBatchingModel) else True
 
 
 def pass_tokens(rows: Sequence[RowInput]) -> mx.array:
@@ -179,6 +203,11 @@ class ModelRunner:
         """What each of the model's layers keeps (`model_cache_layout`)."""
         return model_cache_layout(self.model)
 
+    @cached_property
+    def batches_rows(self) -> bool:
+        """Whether rows of different contexts share passes (`model_batches_rows`)."""
+        return model_batches_rows(self.model)
+
     @property
     def num_started(self) -> int:
         """Steps `start` began that `finish` has not consumed yet."""
@@ -239,7 +268,8 @@ class ModelRunner:
         if has_state:
             self._copy_state_sources(rows)
         step = StepLogits()
-        for members in pass_groups(rows, separate_fresh=has_state):
+        passes = pass_groups(rows, separate_fresh=has_state, one_row=not self.batches_rows)
+        for members in passes:
             pass_rows = [rows[i] for i in members]
             step.add(members, self._forward(pass_tokens(pass_rows), pass_rows))
         return step
@@ -270,6 +300,7 @@ class ModelRunner:
                     [BatchRow(row.block_tables[g], row.offset, len(row.token_ids)) for row in rows],
                     self.storage.block_size,
                     window=window,
+                    scalar_offset=not self.batches_rows,
                 )
                 for g, window in enumerate(self.storage.windows)
             ]

@@ -12,6 +12,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
+from mlxcel_models.cache_kinds import UnsupportedCacheError
 from mlxcel_models.compute import ComputeOptions, apply_compute_options, has_quantized_layers
 from mlxcel_models.detection import CONFIG_FILE, ModelSource, detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
@@ -65,12 +66,15 @@ def load_model(
             surgery,
             read_checkpoint=lambda other: _read_model(other, options, gguf_dequant).module,
         )
-    model = MlxLmLanguageModel(module)
     try:
         _evaluate_weights(module, progress)
     except RuntimeError as error:
         raise ModelLoadError(f"{source.path}: cannot read the weights: {error}") from error
-    config = _model_config(module, model.num_layers, read.context_length)
+    try:
+        model = MlxLmLanguageModel(module, batches_rows=read.family.batches_rows)
+    except UnsupportedCacheError as error:
+        raise error.of_model(source.path, source.model_type) from error
+    config = _model_config(module, model, read.context_length)
     seconds = time.perf_counter() - start
     return LoadedModel(
         model,
@@ -139,12 +143,18 @@ def _load_safetensors(source: ModelSource) -> tuple[nn.Module, Tokenizer, int]:
     # safetensors as MLX's RuntimeError.
     except (ValueError, TypeError, KeyError, RuntimeError, OSError) as error:
         raise ModelLoadError(f"{source.path}: {error}") from error
+    # mlx-lm's olmo module exits the interpreter when its optional package is missing.
+    except SystemExit as error:
+        raise ModelLoadError(
+            f"{source.path}: mlx-lm's {source.model_type} module needs a package that is not "
+            "installed (for olmo: pip install ai2-olmo)"
+        ) from error
     tokenizer = Tokenizer.from_folder(source.path)
     return module, tokenizer, int(config.get("max_position_embeddings", 4096))
 
 
 def _evaluate_weights(module: nn.Module, progress: LoadProgress | None) -> None:
-    layers = module.model.layers
+    layers = module.layers
     for index, layer in enumerate(layers):
         mx.eval(layer.parameters())
         if progress is not None:
@@ -152,11 +162,11 @@ def _evaluate_weights(module: nn.Module, progress: LoadProgress | None) -> None:
     mx.eval(module.parameters())
 
 
-def _model_config(module: nn.Module, num_layers: int, context_length: int) -> ModelConfig:
+def _model_config(module: nn.Module, model: MlxLmLanguageModel, context_length: int) -> ModelConfig:
     return ModelConfig(
         context_length=context_length,
-        vocab_size=module.model.embed_tokens.weight.shape[0],
-        num_layers=num_layers,
+        vocab_size=model.vocab_size,
+        num_layers=model.num_layers,
         num_parameters=count_parameters(module),
         weight_bytes=sum(array.nbytes for _, array in tree_flatten(module.parameters())),
         quantized=has_quantized_layers(module),

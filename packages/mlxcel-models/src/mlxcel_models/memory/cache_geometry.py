@@ -17,6 +17,7 @@ from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.paged import LayerGeometry
 from mlxcel_core.cache.state import StateLayerGeometry
 from mlxcel_core.engine.memory import trace_cache_geometry
+from mlxcel_models.cache_kinds import UnsupportedCacheError
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.memory.inventory import ModelInventory
@@ -50,6 +51,9 @@ def model_cache_geometry(
         plain: the key/value geometry of every layer as the header's numbers give it,
             taken for a model whose layers each keep one attention cache (and for
             vision-language models, whose text model is such).
+
+    Raises:
+        UnsupportedCacheError: a layer keeps a cache the engine has no kind for.
     """
     if inventory.family.kind is not ModelKind.TEXT:
         return ModelCacheGeometry(CacheLayout.all_attention(len(plain)), plain)
@@ -57,7 +61,10 @@ def model_cache_geometry(
     dtype = options.float_dtype or (plain[0].dtype if plain else None)
     if dtype is not None:
         module.set_dtype(dtype)
-    model = MlxLmLanguageModel(module)
+    try:
+        model = MlxLmLanguageModel(module)
+    except UnsupportedCacheError as error:
+        raise error.of_model(inventory.source.path, inventory.source.model_type) from error
     layout = model.cache_layout
     if layout.is_plain:
         return ModelCacheGeometry(layout, plain)

@@ -89,11 +89,14 @@ def activation_dtype(inventory: ModelInventory, options: ComputeOptions) -> mx.D
 
 def cache_geometry(inventory: ModelInventory, options: ComputeOptions) -> ModelCacheGeometry:
     """The model's cache layout, its attention layers' key/value geometry and its state
-    layers' arrays, as the engine's profiling pass records them."""
+    layers' arrays, as the engine's profiling pass records them (`Architecture.kv_geometry`
+    for multi-head latent attention)."""
     arch = inventory.architecture
-    geometry = LayerGeometry(
-        arch.num_kv_heads, arch.head_dim, arch.head_dim, activation_dtype(inventory, options)
-    )
+    dtype = activation_dtype(inventory, options)
+    if arch.kv_geometry is not None:
+        geometry = LayerGeometry(*arch.kv_geometry, dtype)
+    else:
+        geometry = LayerGeometry(arch.num_kv_heads, arch.head_dim, arch.head_dim, dtype)
     return model_cache_geometry(inventory, options, (geometry,) * arch.num_layers)
 
 

@@ -57,11 +57,16 @@ class Architecture:
         num_layers: decoder layers, each with one attention layer.
         hidden_size: width of the residual stream.
         intermediate_size: width of the MLP.
-        num_heads: query heads.
+        num_heads: query heads (0 for a family without attention layers).
         num_kv_heads: key/value heads.
         head_dim: features per key and per value head.
         vocab_size: rows of the embedding table.
         context_length: the context the model was trained for (tokens).
+        kv_geometry: (heads, key features, value features) each layer stores, where
+            not (num_kv_heads, head_dim, head_dim): multi-head latent attention stores its
+            latent as one "head" (kv_lora_rank, qk_rope_head_dim) or, in the families that
+            expand it first (DeepSeek V2, MiniCPM3), every query head's keys
+            (qk_nope_head_dim + qk_rope_head_dim) and values (v_head_dim).
     """
 
     num_layers: int
@@ -72,6 +77,7 @@ class Architecture:
     head_dim: int
     vocab_size: int
     context_length: int
+    kv_geometry: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,19 +189,73 @@ def _read_gguf(
     return _architecture(config), tuple(tensors), source.path.stat().st_size, config
 
 
-def _architecture(config: dict[str, Any]) -> Architecture:
-    num_heads = int(config["num_attention_heads"])
-    hidden_size = int(config["hidden_size"])
+# Names mlx-lm's families give each hyperparameter, most common first.
+_SYNONYMS = {
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "model_dim", "hidden_dim"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "num_key_value_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx"),
+}
+
+
+def _hyperparameter(config: dict[str, Any], name: str) -> Any:
+    """`name` (or a synonym mlx-lm's families use) from `config`, else from its
+    `text_config` (a multimodal checkpoint's language model); None when absent."""
+    for key in _SYNONYMS.get(name, (name,)):
+        if config.get(key) is not None:
+            return config[key]
+    text_config = config.get("text_config")
+    return _hyperparameter(text_config, name) if isinstance(text_config, dict) else None
+
+
+def _architecture(
+    config: dict[str, Any], *, latent: bool = False, attention: bool = True
+) -> Architecture:
+    """The header's numbers; a family without attention layers (`attention` False: Mamba,
+    RWKV) may have no head counts, and then has none."""
+
+    def required(name: str) -> int:
+        value = _hyperparameter(config, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise KeyError(name)
+        return value
+
+    if attention or _hyperparameter(config, "num_attention_heads") is not None:
+        num_heads = required("num_attention_heads")
+    else:
+        num_heads = 0
+    hidden_size = required("hidden_size")
+    kv_geometry = _latent_attention_geometry(config, num_heads, hidden_size, latent=latent)
+    num_kv_heads = _hyperparameter(config, "num_key_value_heads")
     return Architecture(
-        num_layers=int(config["num_hidden_layers"]),
+        num_layers=required("num_hidden_layers"),
         hidden_size=hidden_size,
-        intermediate_size=int(config["intermediate_size"]),
+        intermediate_size=int(_hyperparameter(config, "intermediate_size") or 4 * hidden_size),
         num_heads=num_heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-        head_dim=int(config.get("head_dim") or hidden_size // num_heads),
-        vocab_size=int(config["vocab_size"]),
-        context_length=int(config.get("max_position_embeddings", 4096)),
+        num_kv_heads=int(num_kv_heads if isinstance(num_kv_heads, int) else num_heads),
+        head_dim=int(_hyperparameter(config, "head_dim") or hidden_size // max(num_heads, 1)),
+        vocab_size=required("vocab_size"),
+        context_length=int(_hyperparameter(config, "max_position_embeddings") or 4096),
+        kv_geometry=kv_geometry,
     )
+
+
+def _latent_attention_geometry(
+    config: dict[str, Any], num_heads: int, hidden_size: int, *, latent: bool
+) -> tuple[int, int, int] | None:
+    """What a multi-head latent attention layer stores (see `Architecture.kv_geometry`);
+    None for a config without a KV LoRA rank."""
+    kv_lora_rank = _hyperparameter(config, "kv_lora_rank")
+    if not isinstance(kv_lora_rank, int) or kv_lora_rank < 1:
+        return None
+    rope_dim = int(_hyperparameter(config, "qk_rope_head_dim") or 0)
+    if latent:
+        return (1, kv_lora_rank, rope_dim)
+    nope_dim = int(_hyperparameter(config, "qk_nope_head_dim") or 0)
+    value_dim = int(_hyperparameter(config, "v_head_dim") or hidden_size // num_heads)
+    return (num_heads, nope_dim + rope_dim, value_dim)
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
@@ -251,7 +311,9 @@ def _read_safetensors(
                     f"{file}: tensor '{name}' has no usable dtype/shape"
                 ) from error
     try:
-        architecture = _architecture(config)
+        architecture = _architecture(
+            config, latent=family.stores_latent_kv, attention=family.supports_paged_kv
+        )
     except (KeyError, TypeError, ValueError) as error:
         raise ModelLoadError(
             f"{source.path / 'config.json'} lacks a hyperparameter: {error}"

@@ -84,19 +84,30 @@ class PagedBatch:
         block_size: tokens per block.
         window: positions the batch's layers read back (their own included), or None for
             every position.
+        scalar_offset: the layers' caches give `offset` as an int (one row only), for
+            models that read it as one integer.
 
     Raises:
-        ValueError: `rows` is empty, a row's block table is too short, or `window` is < 1.
+        ValueError: `rows` is empty, a row's block table is too short, `window` is < 1,
+            or `scalar_offset` is asked of several rows.
     """
 
     def __init__(
-        self, rows: Sequence[BatchRow], block_size: int, *, window: int | None = None
+        self,
+        rows: Sequence[BatchRow],
+        block_size: int,
+        *,
+        window: int | None = None,
+        scalar_offset: bool = False,
     ) -> None:
         if not rows:
             raise ValueError("rows must hold at least one row")
         if window is not None and window < 1:
             raise ValueError(f"window must be None or >= 1, got {window}")
+        if scalar_offset and len(rows) != 1:
+            raise ValueError(f"scalar_offset needs one row, got {len(rows)}")
         self.window = window
+        self.scalar_offset = rows[0].offset if scalar_offset else None
         self.num_rows = len(rows)
         self.num_queries = max(row.num_new_tokens for row in rows)
         offsets = np.fromiter((row.offset for row in rows), np.int32, self.num_rows)

@@ -31,13 +31,13 @@ class PagedLayerCache:
     """One layer's view of the paged cache during one forward pass (the `KVCache` and
     `AttentionCache` protocols).
 
-    `offset` is a (B,) int32 array, which RoPE applies per row; `update_and_fetch` stores the
-    new keys and values in their slots, then returns each row's whole context. In a decode
-    pass of a layer in the storage's `layers_attending_in_cache` it returns only the new
-    positions instead, and `attention` gathers the context if no kernel reads the pools:
-    gathering a quantized context builds a graph of some thirty operations per layer,
-    host time that a decode kernel reading the codes would otherwise pay every step for
-    nothing.
+    `offset` is a (B,) int32 array, which RoPE applies per row (an int in a batch made with
+    `scalar_offset`); `update_and_fetch` stores the new keys and values in their slots,
+    then returns each row's whole context. In a decode pass of a layer in the storage's
+    `layers_attending_in_cache` it returns only the new positions instead, and
+    `attention` gathers the context if no kernel reads the pools: gathering a quantized
+    context builds a graph of some thirty operations per layer, host time that a decode
+    kernel reading the codes would otherwise pay every step for nothing.
     """
 
     def __init__(
@@ -46,17 +46,22 @@ class PagedLayerCache:
         layer: int,
         batch: PagedBatch,
         residual: ResidualSlots | None = None,
+        *,
+        siblings: Sequence[PagedLayerCache] = (),
     ) -> None:
         self._storage = storage
+        self._siblings = siblings
         self._layer = layer
         self._batch = batch
         self._residual = residual
         self._new_kv: tuple[mx.array, mx.array] | None = None
+        self._returned: tuple[mx.array, mx.array] | None = None
         self._context_fetched = True
 
     @property
-    def offset(self) -> mx.array:
-        return self._batch.offsets
+    def offset(self) -> mx.array | int:
+        batch = self._batch
+        return batch.offsets if batch.scalar_offset is None else batch.scalar_offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         B, H, L, _ = keys.shape
@@ -75,8 +80,10 @@ class PagedLayerCache:
             and self._layer in self._storage.layers_attending_in_cache
         ):
             self._context_fetched = False
-            return keys, values
-        return self._fetch_context()
+            self._returned = (keys, values)
+        else:
+            self._returned = self._fetch_context()
+        return self._returned
 
     def _fetch_context(self) -> tuple[mx.array, mx.array]:
         residual = self._residual
@@ -94,6 +101,14 @@ class PagedLayerCache:
             if exact_values:
                 values = residual.with_new_positions(values, new_values)
         return keys, values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """Each row's context after this pass's `update_and_fetch` (the window's, in a
+        windowed group), for layers that attend over another layer's keys and values
+        (mlx-lm's KV-sharing families)."""
+        if self._context_fetched and self._returned is not None:
+            return self._returned
+        return self._fetch_context()
 
     def make_mask(
         self, num_queries: int, *, return_array: bool = False, window_size: int | None = None
@@ -122,8 +137,9 @@ class PagedLayerCache:
         *,
         scale: float,
         mask: AttentionMask,
-    ) -> mx.array:
-        """Attention of this pass's queries over the layer's context.
+    ) -> mx.array | None:
+        """Attention of this pass's queries over the layer's context; None where `keys`
+        or `values` are not what `update_and_fetch` returned (`AttentionCache`).
 
         A pass of up to `MAX_QUERIES_PER_ROW` queries per row (decode; a speculative
         verification; a short prefill chunk) under the batch's own unwindowed causal mask
@@ -144,8 +160,14 @@ class PagedLayerCache:
             mask: the mask `make_mask` gave the model.
 
         Returns:
-            (B, H_q, L, D_v) in the queries' dtype.
+            (B, H_q, L, D_v) in the queries' dtype, or None.
         """
+        returned = self._returned
+        if returned is None or keys is not returned[0] or values is not returned[1]:
+            context = self._sibling_context(keys, values)
+            if context is None:
+                return None
+            return mx.fast.scaled_dot_product_attention(queries, *context, scale=scale, mask=mask)
         self._storage.layers_attending_in_cache.add(self._layer)
         if self._decodes_from_pools(mask):
             attended = self._attend_from_pools(queries, scale)
@@ -163,6 +185,20 @@ class PagedLayerCache:
         ):
             return causal_attention_at_rounded_length(queries, keys, values, scale=scale)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    def _sibling_context(
+        self, keys: mx.array, values: mx.array
+    ) -> tuple[mx.array, mx.array] | None:
+        """The context of the layer of this pass whose `update_and_fetch` returned `keys`
+        and `values` (perhaps its new positions only), where a model attends over another
+        layer's keys through this layer (IQuest-Loop-Coder's second loop, in a window
+        group, attends over the first loop's full-attention keys under the first loop's
+        mask); None where no layer returned them."""
+        for cache in self._siblings:
+            returned = cache._returned
+            if returned is not None and keys is returned[0] and values is returned[1]:
+                return cache.keys_and_values()
+        return None
 
     def _groups_by_length(self, mask: AttentionMask) -> bool:
         """Attend by length groups: on the CPU, where they were measured to pay (a GPU
@@ -293,7 +329,9 @@ def make_layer_caches(storage: PagedKVStorage, *batches: PagedBatch) -> list[Pag
     if len(batches) != len(storage.windows):
         raise ValueError(f"one batch per block group ({len(storage.windows)}), got {len(batches)}")
     residual = [batch.residual_slots(storage, group) for group, batch in enumerate(batches)]
-    return [
-        PagedLayerCache(storage, layer, batches[group], residual[group])
+    caches: list[PagedLayerCache] = []
+    caches.extend(
+        PagedLayerCache(storage, layer, batches[group], residual[group], siblings=caches)
         for layer, group in enumerate(storage.layer_groups)
-    ]
+    )
+    return caches
