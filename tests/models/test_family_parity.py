@@ -8,7 +8,7 @@ same prompt again (its full blocks now prefix-cache hits), and for three prompts
 lengths batched together. The prompts are longer than the sliding window the configs give
 window layers, and than the prefill chunk. For the families whose mlx-lm tokens depend on
 how a prompt is cut into passes (`ONE_TOKEN_PASSES`), the reference reads its prompt one
-token per pass, where mlx-lm computes the model as meant (docs/adr/0028).
+token per pass, where mlx-lm computes the model as meant (docs/adr/0030).
 """
 
 from __future__ import annotations

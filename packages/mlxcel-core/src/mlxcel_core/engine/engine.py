@@ -21,16 +21,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.layout import model_cache_layout
 from mlxcel_core.cache.paged import InvariantError, KeyedSpan, PagedKVStorage
-from mlxcel_core.engine.config import EngineConfig, check_cache_layout
+from mlxcel_core.engine.config import (
+    EngineConfig,
+    check_cache_layout,
+    prefill_chunk_for,
+    profile_largest_step,
+)
 from mlxcel_core.engine.kv_plan import make_kv_manager, make_planned_storage, plan_kv_cache
-from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import (
     PrefilledKV,
     PrefillJob,
@@ -389,12 +393,12 @@ class Engine:
 
     def _setup(self) -> None:
         config = self._config
-        chunk = config.scheduler.max_prefill_chunk
-        profile = profile_model(self._model, chunk, self._layout)
+        profile = profile_largest_step(config, self._model, self._layout)
         draft_profile = draft_cache = None
         if self._draft_model is not None:
-            draft_profile = profile_model(self._draft_model, chunk)
-            draft_cache = (draft_profile, model_cache_layout(self._draft_model))
+            draft_layout = model_cache_layout(self._draft_model)
+            draft_profile = profile_largest_step(config, self._draft_model, draft_layout)
+            draft_cache = (draft_profile, draft_layout)
             if draft_profile.vocab_size != profile.vocab_size:
                 raise ValueError(
                     f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
@@ -405,6 +409,10 @@ class Engine:
                 "prefix caching is off: the model's recurrent layers keep a state per "
                 "sequence that no cached block can share"
             )
+        chunk = prefill_chunk_for(config, profile)
+        if chunk != config.scheduler.max_prefill_chunk:
+            config = replace(config, scheduler=replace(config.scheduler, max_prefill_chunk=chunk))
+            self._config = config
         # Disaggregated prefill hands over one block table per sequence.
         plan = plan_kv_cache(
             config,
