@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -278,3 +279,18 @@ def test_replies_cut_at_the_token_limit_finish_with_length(client):
     assert json_reply.choices[0].message.content.startswith('{"name":')
     call = chat(client, QUESTION, tool_choice="required", max_tokens=12).choices[0]
     assert call.finish_reason == "length"
+
+
+def test_a_fixed_model_name_and_llama_servers_completion_with_a_grammar(server, client):
+    """An agent framework's fixed model name is served by the one model; llama-server's
+    `/completion` with a GBNF grammar leaves the model the choice among the grammar's
+    words, and SmolLM2 picks the right one."""
+    reply = client.chat.completions.create(model="gpt-4o-mini", messages=QUESTION, max_tokens=4)
+    assert reply.model == MODEL
+    body = {
+        "prompt": "The capital of France is",
+        "n_predict": 8,
+        "grammar": 'root ::= " Paris" | " London" | " Berlin" | " Madrid"',
+    }
+    answer = httpx.post(server.url + "/completion", json=body, timeout=120).json()
+    assert answer["content"] == " Paris" and answer["stop_type"] == "eos"

@@ -60,7 +60,7 @@ def test_openai_client_reads_logprobs_and_metrics_count_them(tiny_server):
 def test_openai_client_sees_typed_errors(tiny_server):
     client = tiny_server.client()
     with pytest.raises(openai.NotFoundError):
-        client.completions.create(model="other", prompt="x")
+        client.models.retrieve("tiny")  # no such route
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="tiny", prompt="x", max_tokens=-3)
     assert caught.value.body["param"] == "max_tokens"

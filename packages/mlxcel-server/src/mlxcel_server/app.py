@@ -22,6 +22,7 @@ from mlxcel_server.routes import (
     messages,
     metrics,
     models,
+    native_completion,
     openapi,
     props,
     responses,
@@ -74,6 +75,7 @@ def create_app(state: ServerState, settings: ServerSettings) -> Quart:
     app.config["BODY_TIMEOUT"] = None
     app.register_blueprint(chat.make_blueprint(state, settings))
     app.register_blueprint(completions.make_blueprint(state, settings))
+    app.register_blueprint(native_completion.make_blueprint(state, settings))
     app.register_blueprint(models.make_blueprint(state))
     app.register_blueprint(tokenize.make_blueprint(state))
     app.register_blueprint(metrics.make_blueprint(state, settings))

@@ -91,17 +91,6 @@ class ChoiceResult:
     reasoning_tokens: int = 0
 
 
-def check_model_name(model: ServingModel, name: str | None) -> None:
-    """Raises: ApiError: 404 `model_not_found` when `name` is not the served model."""
-    if name is not None and not model.answers_to(name):
-        raise ApiError(
-            404,
-            f"the model {name!r} does not exist; this server serves {model.model_id!r}",
-            param="model",
-            code="model_not_found",
-        )
-
-
 def check_token_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
     """Raises: ApiError: 400 naming up to 8 ids outside the vocabulary [0, `vocab_size`)."""
     bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -16,6 +16,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from mlxcel_server.anthropic_api.errors import OVERLOADED_STATUS
 from mlxcel_server.anthropic_api.objects import MessageObject
 from mlxcel_server.anthropic_api.request import CountTokensRequest, MessagesRequest
+from mlxcel_server.native_completion import NativeCompletion, NativeCompletionRequest
 from mlxcel_server.responses import ChatCompletion, Completion, LoraAdapterList
 from mlxcel_server.responses_api.objects import ResponseObject
 from mlxcel_server.responses_api.request import ResponseRequest
@@ -88,7 +89,7 @@ class Operation:
     error_body: type[BaseModel] = ErrorResponse
 
 
-_GENERATION_ERRORS = (400, 401, 404, 413, 415, 500, 503)
+_GENERATION_ERRORS = (400, 401, 413, 415, 500, 503)
 
 OPERATIONS = (
     Operation(
@@ -110,6 +111,15 @@ OPERATIONS = (
         errors=_GENERATION_ERRORS,
     ),
     Operation(
+        ("/completion",),
+        "post",
+        "Create a completion (llama-server's own API)",
+        NativeCompletionRequest,
+        NativeCompletion,
+        streams=True,
+        errors=_GENERATION_ERRORS,
+    ),
+    Operation(
         ("/v1/responses", "/responses"),
         "post",
         "Create a response (Responses API)",
@@ -125,7 +135,7 @@ OPERATIONS = (
         MessagesRequest,
         MessageObject,
         streams=True,
-        errors=(400, 401, 404, 413, 415, 500, OVERLOADED_STATUS),
+        errors=(400, 401, 413, 415, 500, OVERLOADED_STATUS),
         error_body=AnthropicErrorResponse,
     ),
     Operation(
@@ -134,7 +144,7 @@ OPERATIONS = (
         "Count a message request's prompt tokens (Anthropic Messages API)",
         CountTokensRequest,
         TokenCount,
-        errors=(400, 401, 404, 413, 415, OVERLOADED_STATUS),
+        errors=(400, 401, 413, 415, OVERLOADED_STATUS),
         error_body=AnthropicErrorResponse,
     ),
     Operation(

@@ -27,13 +27,15 @@ from mlxcel_server.schemas import ChatCompletionRequest, ChatMessage, ImageUrlPa
 from mlxcel_server.state import ServingModel
 from mlxcel_server.structured import (
     Grammar,
-    answer_schema,
+    answer_constraint,
     lark_grammar,
-    response_format_grammar,
+    request_grammar,
+    schema_problem,
 )
 from mlxcel_server.tools.conventions import ToolCallFormat, detect_format
 from mlxcel_server.tools.generic import generic_messages
 from mlxcel_server.tools.grammar import make_tool_grammar, marker_is_special
+from mlxcel_server.tools.pairing import CHAT_TERMS, ToolTerms, check_tool_results
 from mlxcel_server.tools.use import ToolUse, make_tool_use
 
 
@@ -138,10 +140,29 @@ def template_messages(
 def _grammar(
     chat: ChatCompletionRequest, tool_use: ToolUse | None, tokenizer: Tokenizer, format_param: str
 ) -> Grammar | None:
+    """The grammar replies follow: the tools' (holding each function's schema, and the
+    answer's schema) or the request's own.
+
+    Raises:
+        ApiError: 400 for `grammar` with tools (as llama-server), or a schema llguidance
+            cannot enforce, named with its function, in one line.
+    """
     if tool_use is None:
-        return response_format_grammar(chat.response_format, format_param)
-    lark = make_tool_grammar(tool_use, tokenizer, answer_schema(chat.response_format))
-    return lark_grammar(lark, "tools")
+        return request_grammar(chat, format_param)
+    if chat.grammar is not None:
+        raise invalid("grammar cannot be combined with tools; leave one out", "grammar")
+    for tool in tool_use.tools:
+        problem = schema_problem(dict(tool.parameters))
+        if problem is not None:
+            raise invalid(
+                f"tools: the parameters schema of function {tool.name!r} cannot be enforced: "
+                f"{problem}",
+                "tools",
+            )
+    schema, param = answer_constraint(chat, format_param)
+    if schema is not None and (problem := schema_problem(schema)) is not None:
+        raise invalid(f"{param}: the schema cannot be enforced: {problem}", param)
+    return lark_grammar(make_tool_grammar(tool_use, tokenizer, schema), "tools")
 
 
 async def build_chat_prompt(
@@ -153,6 +174,7 @@ async def build_chat_prompt(
     reasoning_budget: int,
     param: str | None = None,
     format_param: str = "response_format",
+    tool_terms: ToolTerms = CHAT_TERMS,
     check: bool = True,
 ) -> ChatPrompt:
     """The prompt of a chat request, and how its replies are constrained and read.
@@ -164,20 +186,25 @@ async def build_chat_prompt(
         param: the request field the messages came from, named in errors, when they were
             converted from another API's input (else `messages`, and each image's part).
         format_param: the field `response_format` came from, named in errors.
+        tool_terms: the API's words for tool calls and results, in errors.
         check: refuse a prompt that is empty or does not fit the context (counting
             tokens does not).
 
     Raises:
-        ApiError: 400 naming the field at fault: `tool_choice` (see `make_tool_use`), the
-            messages (see `encode_messages`), a prompt too long, or a `response_format`
-            schema that is not an object. A grammar llguidance cannot enforce (a tool's
-            schema) is refused where it is compiled, in `generation.prepare`.
+        ApiError: 400 naming the field at fault: `tool_choice` (see `make_tool_use`), a
+            tool result without its call or a call without its result (see
+            `check_tool_results`), the messages (see `encode_messages`), a prompt too
+            long, a tool's schema llguidance cannot enforce, or conflicting constraints (see
+            `answer_constraint`). Another grammar llguidance cannot enforce is refused
+            where it is compiled, in `generation.prepare`.
     """
+    check_tool_results(chat.messages, tool_terms, param)
     tokenizer = model.loaded.tokenizer
     tool_format = detect_format(tokenizer.chat_template)
     tool_use = make_tool_use(
         chat.tools, chat.tool_choice, parallel=chat.parallel_tool_calls, tool_format=tool_format
     )
+    grammar = _grammar(chat, tool_use, tokenizer, format_param)
     native_tools = tool_use is not None and tool_format is not ToolCallFormat.GENERIC
     syntax = find_reasoning_syntax(tokenizer)
     prompt = await encode_messages(
@@ -196,6 +223,6 @@ async def build_chat_prompt(
         images=prompt.images,
         tool_use=tool_use,
         reasoning=make_plan(syntax, reasoning_format, reasoning_budget, tokenizer, ids),
-        grammar=_grammar(chat, tool_use, tokenizer, format_param),
+        grammar=grammar,
         keep_special_tokens=tool_use is not None and marker_is_special(tool_format, tokenizer),
     )

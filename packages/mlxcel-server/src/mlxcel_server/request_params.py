@@ -118,11 +118,19 @@ def choice_sampling(params: SamplingParams, choice: int) -> SamplingParams:
 
 
 def max_tokens(fields: GenerationFields, default: int) -> int:
-    """The token limit: `max_completion_tokens`, else `max_tokens`, else the server's -n.
+    """The token limit: llama-server's `n_predict` (-1: until the context is full), else
+    `max_completion_tokens`, else `max_tokens`, else the server's -n.
 
     Raises:
-        ApiError: 400 naming the field when it is negative.
+        ApiError: 400 naming the field when it is negative (`n_predict` below -1).
     """
+    if fields.n_predict is not None:
+        if fields.n_predict < -1:
+            raise invalid(
+                f"n_predict must be -1 (until the context is full) or >= 0, got {fields.n_predict}",
+                "n_predict",
+            )
+        return fields.n_predict
     for name in ("max_completion_tokens", "max_tokens"):
         value = getattr(fields, name)
         if value is not None:

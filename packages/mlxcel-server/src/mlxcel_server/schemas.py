@@ -231,6 +231,12 @@ class GenerationFields(_Strict):
     `t_max_predict_ms` ends generation with "length" once that long has passed since the
     first token and a newline was generated (0: no limit). `id_slot` is accepted and has no
     effect: the scheduler assigns slots, and all slots share one prefix cache.
+    `n_predict` is llama-server's name for the token limit (-1: until the context is full),
+    taken before `max_completion_tokens` and `max_tokens`; `grammar` (GBNF, or llguidance's
+    Lark) and `json_schema` constrain the reply as llama-server's fields do (one of them, and
+    not with `response_format`).
+
+    `model` may name anything: the server's one model answers, as llama-server's does.
     """
 
     model: str | None = None
@@ -240,6 +246,7 @@ class GenerationFields(_Strict):
     stop: str | list[str] | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    n_predict: int | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
@@ -260,6 +267,8 @@ class GenerationFields(_Strict):
     seed: int | None = None
     logit_bias: dict[str, float | bool] | None = None
     response_format: ResponseFormat | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
     lora: list[LoraScale] | None = None
     cache_prompt: bool = True
     ignore_eos: bool = False
@@ -304,8 +313,11 @@ class CompletionRequest(GenerationFields):
 
 
 class TokenizeRequest(_Strict):
+    """llama-server's `/tokenize`: `with_pieces` returns each token with its text."""
+
     content: str
     add_special: bool = False
+    with_pieces: bool = False
 
 
 class DetokenizeRequest(_Strict):

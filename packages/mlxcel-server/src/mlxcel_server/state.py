@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prometheus_client.registry import Collector
 
@@ -23,7 +22,9 @@ class ServingModel:
     Attributes:
         loaded: the model, tokenizer and configuration.
         engine: the engine generating with `loaded.model`.
-        model_id: the name clients use (the alias, else the model's file or folder name).
+        model_id: the name replies carry and `/v1/models` lists (the alias, else the
+            model's file or folder name). Requests are served whatever `model` they name,
+            as llama-server serves its one model: clients with a fixed name work.
         context_size: the context window requests get (tokens).
         created: Unix time (seconds) the model became ready, reported by `/v1/models`.
         totals: tokens and time of the choices finished so far (for `/metrics`).
@@ -35,11 +36,6 @@ class ServingModel:
     context_size: int
     created: int = field(default_factory=lambda: int(time.time()))
     totals: GenerationTotals = field(default_factory=GenerationTotals, compare=False)
-
-    def answers_to(self, name: str) -> bool:
-        """Whether `name` names this model: its id, its path or its file name."""
-        path = self.loaded.source.path
-        return name in (self.model_id, str(path), Path(path).name)
 
 
 @dataclass(frozen=True)

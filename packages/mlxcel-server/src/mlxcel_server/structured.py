@@ -1,18 +1,20 @@
-"""Structured output: `response_format` and tool calls enforced by constrained decoding with
-llguidance.
+"""Structured output: `response_format`, llama-server's `json_schema` and `grammar`, and tool
+calls enforced by constrained decoding with llguidance.
 
-A JSON schema (or, for `json_object`, any JSON object), or a Lark grammar holding schemas
-(tool calls, `mlxcel_server.tools.grammar`), is compiled by llguidance into a grammar over
+A JSON schema (or, for `json_object`, any JSON object), a GBNF grammar (llama.cpp's syntax,
+converted to Lark by llguidance's own converter), or a Lark grammar holding schemas (tool
+calls, `mlxcel_server.tools.grammar`), is compiled by llguidance into a grammar over
 the model's tokenizer; each step's allowed tokens come from its matcher as a
 bitmask, which the engine applies to the logits before the sampler chain (see
 `mlxcel_core.sampling.TokenConstraint`). JSON is generated compactly (no whitespace between
-tokens), so a reply does not drift into blank space. A schema llguidance cannot enforce is a
-400, never ignored.
+tokens), so a reply does not drift into blank space. A schema or grammar llguidance cannot
+enforce is a 400 of one line, never ignored.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +22,42 @@ import llguidance
 import llguidance.hf
 import mlx.core as mx
 import numpy as np
+from llguidance.gbnf_to_lark import any_to_lark
 
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.errors import invalid
-from mlxcel_server.schemas import ResponseFormat
+from mlxcel_server.schemas import GenerationFields, ResponseFormat
 
 _JSON_OBJECT: dict[str, Any] = {"type": "object"}
 _COMPILE_DEFAULTS: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
+# llguidance's errors may quote the grammar after the message: numbered lines, a caret.
+_LISTING_LINE = re.compile(r"^\s*(\d+ \|.*|\^)\s*$")
+_LOCATION = re.compile(r"^at \d+\(\d+\): ")
+_REGEX_ERROR = "regex parse error:"
+
+
+def one_line(error: str) -> str:
+    """llguidance's error message as one line: the grammar it quotes and the position in it
+    left out, a regular expression's error given with its pattern."""
+    lines = [line.strip() for line in error.splitlines() if not _LISTING_LINE.match(line)]
+    lines = [line for line in lines if line]
+    if not lines:
+        return "the grammar is invalid"
+    text = _LOCATION.sub("", lines[0])
+    if text.endswith(_REGEX_ERROR) and len(lines) >= 3 and lines[-1].startswith("error: "):
+        pattern, reason = lines[1], lines[-1].removeprefix("error: ")
+        return f"{text.removesuffix(_REGEX_ERROR)}invalid regular expression {pattern!r}: {reason}"
+    return " ".join([text, *lines[1:]])
+
+
+def schema_problem(schema: dict[str, Any]) -> str | None:
+    """What keeps llguidance from enforcing a JSON schema, in one line; None when it can."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, _COMPILE_DEFAULTS)
+    except ValueError as error:
+        return one_line(str(error))
+    problem = llguidance.LLMatcher.validate_grammar(grammar)
+    return one_line(problem) if problem else None
 
 
 class GrammarConstraint:
@@ -60,8 +91,9 @@ class GrammarConstraint:
 
 
 @functools.lru_cache(maxsize=4)
-def _grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
-    # Building it walks the whole vocabulary (about a second for large ones): once per model.
+def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    """llguidance's view of the model's tokenizer (each token's exact bytes), built once per
+    model: building it walks the whole vocabulary (about a second for large ones)."""
     return llguidance.hf.from_tokenizer(
         tokenizer.hf_tokenizer,
         n_vocab=tokenizer.vocab_size,
@@ -91,26 +123,79 @@ def answer_schema(response_format: ResponseFormat | None) -> dict[str, Any] | No
     return dict(_JSON_OBJECT)
 
 
-def response_format_grammar(
-    response_format: ResponseFormat | None, param: str = "response_format"
-) -> Grammar | None:
-    """The grammar `response_format` asks for; None for free text.
+def answer_constraint(
+    fields: GenerationFields, format_param: str = "response_format"
+) -> tuple[dict[str, Any] | None, str]:
+    """The JSON schema a reply (a non-call answer, with tools) follows, from `json_schema` or
+    `response_format`, and the field it came from; None for free text.
 
     Args:
-        param: the request field the format came from (`text.format` for the Responses
-            API).
+        format_param: the field `response_format` came from (`text.format` for the
+            Responses API).
+
+    Raises:
+        ApiError: 400 when more than one of `grammar`, `json_schema` and a JSON
+            `response_format` is given (llama-server takes one).
+    """
+    given = [
+        name
+        for name, value in (
+            ("grammar", fields.grammar),
+            ("json_schema", fields.json_schema),
+            (format_param, answer_schema(fields.response_format)),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise invalid(
+            f"{given[0]} and {given[1]} cannot both be given: each constrains the reply", given[1]
+        )
+    if fields.json_schema is not None:
+        return fields.json_schema, "json_schema"
+    return answer_schema(fields.response_format), format_param
+
+
+def schema_grammar(schema: dict[str, Any], param: str) -> Grammar:
+    """The grammar of JSON following `schema`.
 
     Raises:
         ApiError: 400 naming `param` when the schema is not a JSON object.
     """
-    schema = answer_schema(response_format)
-    if schema is None:
-        return None
     try:
         text = llguidance.LLMatcher.grammar_from_json_schema(schema, _COMPILE_DEFAULTS)
     except ValueError as error:
-        raise invalid(f"{param}: {error}", param) from error
+        raise invalid(f"{param}: {one_line(str(error))}", param) from error
     return Grammar(text, param)
+
+
+def gbnf_grammar(text: str) -> Grammar:
+    """llama-server's `grammar`: GBNF (`root ::= ...`), or Lark in llguidance's syntax
+    (text with a `start:` rule or `%llguidance`), as llguidance's converter tells them apart.
+
+    Raises:
+        ApiError: 400 naming `grammar` when the text is neither.
+    """
+    try:
+        lark = any_to_lark(text)
+    # The converter raises plain `Exception` for a missing rule; its message is one line.
+    except Exception as error:
+        raise invalid(f"grammar: not a GBNF grammar: {error}", "grammar") from error
+    return lark_grammar(lark, "grammar")
+
+
+def request_grammar(
+    fields: GenerationFields, format_param: str = "response_format"
+) -> Grammar | None:
+    """The grammar a request's replies follow, from `grammar`, `json_schema` or
+    `response_format`; None for free text.
+
+    Raises:
+        ApiError: 400 as `answer_constraint`, `gbnf_grammar` and `schema_grammar`.
+    """
+    schema, param = answer_constraint(fields, format_param)
+    if fields.grammar is not None:
+        return gbnf_grammar(fields.grammar)
+    return None if schema is None else schema_grammar(schema, param)
 
 
 def lark_grammar(lark: str, param: str) -> Grammar:
@@ -125,12 +210,12 @@ def compile_grammar(grammar: Grammar, tokenizer: Tokenizer) -> llguidance.LLMatc
 
     Raises:
         ApiError: 400 naming `grammar.param` when llguidance cannot enforce it (an invalid
-            regex `pattern`, an unsupported keyword, ...).
+            regex `pattern`, an unsupported keyword, an undefined rule, ...), in one line.
     """
-    matcher = llguidance.LLMatcher(_grammar_tokenizer(tokenizer), grammar.text, log_level=0)
+    matcher = llguidance.LLMatcher(grammar_tokenizer(tokenizer), grammar.text, log_level=0)
     if matcher.is_error():
         raise invalid(
-            f"{grammar.param}: the schema cannot be enforced: {matcher.get_error()}",
+            f"{grammar.param}: cannot be enforced: {one_line(matcher.get_error())}",
             grammar.param,
         )
     return matcher

@@ -160,7 +160,6 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     async def chat_completions() -> Response:
         body = await parse_body(ChatCompletionRequest)
         model = state.require_model()
-        generation.check_model_name(model, body.model)
         prompt = await build_chat_prompt(
             model,
             body,

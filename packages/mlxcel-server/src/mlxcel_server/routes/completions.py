@@ -19,7 +19,7 @@ from mlxcel_server.schemas import CompletionRequest
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import DONE, encode_event, sse_response
 from mlxcel_server.state import ServerState, ServingModel
-from mlxcel_server.structured import response_format_grammar
+from mlxcel_server.structured import request_grammar
 from mlxcel_server.validation import parse_body
 
 
@@ -137,7 +137,6 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     async def completions() -> Response:
         body = await parse_body(CompletionRequest)
         model = state.require_model()
-        generation.check_model_name(model, body.model)
         prompts, single = _prompts(body)
         _check_group_size(len(prompts), body.n, model)
         tokenizer = model.loaded.tokenizer
@@ -150,7 +149,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             settings,
             id_prefix="cmpl",
             num_top_logprobs=num_logprobs,
-            grammar=response_format_grammar(body.response_format),
+            grammar=request_grammar(body),
         )
         echoes = texts if body.echo else [""] * len(prompts)
         if body.stream:

@@ -38,6 +38,7 @@ from mlxcel_server.schemas import ChatCompletionRequest
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import sse_response
 from mlxcel_server.state import ServerState, ServingModel
+from mlxcel_server.tools.pairing import ANTHROPIC_TERMS
 from mlxcel_server.validation import parse_body
 
 
@@ -53,9 +54,8 @@ async def _chat_prompt(
     is read for reasoning.
 
     Raises:
-        ApiError: 404 for another model's name; 400 as `build_chat_prompt`.
+        ApiError: 400 as `build_chat_prompt`.
     """
-    generation.check_model_name(model, chat.model)
     return await build_chat_prompt(
         model,
         chat,
@@ -63,6 +63,7 @@ async def _chat_prompt(
         reasoning_format=reasoning_format(thinking, settings),
         reasoning_budget=reasoning_budget(thinking, settings),
         param="messages",
+        tool_terms=ANTHROPIC_TERMS,
         check=check,
     )
 

@@ -31,6 +31,7 @@ from mlxcel_server.schemas import ChatMessage
 from mlxcel_server.settings import ServerSettings
 from mlxcel_server.sse import sse_response
 from mlxcel_server.state import ServerState
+from mlxcel_server.tools.pairing import RESPONSES_TERMS
 from mlxcel_server.tools.reader import read_reply
 from mlxcel_server.validation import parse_body
 
@@ -118,7 +119,6 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
     async def create_response() -> Response:
         body = await parse_body(ResponseRequest)
         model = state.require_model()
-        generation.check_model_name(model, body.model)
         _check_fields(body)
         messages = _previous_messages(store, body.previous_response_id) + input_messages(body)
         chat = chat_request(body, messages)
@@ -130,6 +130,7 @@ def make_blueprint(state: ServerState, settings: ServerSettings) -> Blueprint:
             reasoning_budget=settings.reasoning_budget,
             param="input",
             format_param="text.format",
+            tool_terms=RESPONSES_TERMS,
         )
         prepared = generation.prepare(
             [prompt.ids],

@@ -1,17 +1,42 @@
-"""llama-server's `POST /tokenize`, `POST /detokenize` and `POST /apply-template`."""
+"""llama-server's `POST /tokenize`, `POST /detokenize` and `POST /apply-template`.
+
+Token pieces come from each token's exact bytes (llguidance's view of the tokenizer, the one
+constrained decoding uses), so a token holding part of a character is given as its bytes.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from quart import Blueprint, Response, jsonify
 
+from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.errors import invalid
 from mlxcel_server.generation import check_token_ids
 from mlxcel_server.image_prompts import require_prompter
 from mlxcel_server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 from mlxcel_server.state import ServerState
+from mlxcel_server.structured import grammar_tokenizer
 from mlxcel_server.validation import parse_body
+
+
+def token_pieces(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str | list[int]]:
+    """Each token's piece as llama-server's `/tokenize` gives it: its text where its bytes
+    are whole UTF-8, else the list of its bytes (a part of a character); a special token's
+    text as written."""
+    exact = grammar_tokenizer(tokenizer)
+    pieces: list[str | list[int]] = []
+    for token_id in ids:
+        if exact.is_special_token(token_id):
+            pieces.append(tokenizer.decode([token_id], skip_special_tokens=False))
+            continue
+        data = exact.decode_bytes([token_id])
+        try:
+            pieces.append(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            pieces.append(list(data))
+    return pieces
 
 
 def make_blueprint(state: ServerState) -> Blueprint:
@@ -24,7 +49,12 @@ def make_blueprint(state: ServerState) -> Blueprint:
         tokens = await asyncio.to_thread(
             tokenizer.encode, body.content, add_special_tokens=body.add_special
         )
-        return jsonify({"tokens": tokens})
+        if not body.with_pieces:
+            return jsonify({"tokens": tokens})
+        pieces = await asyncio.to_thread(token_pieces, tokenizer, tokens)
+        return jsonify(
+            {"tokens": [{"id": t, "piece": p} for t, p in zip(tokens, pieces, strict=True)]}
+        )
 
     @blueprint.post("/detokenize")
     async def detokenize() -> Response:
