@@ -83,7 +83,9 @@ def test_errors_are_the_clients_typed_exceptions(client, server):
     assert bad.value.body["error"]["type"] == "invalid_request_error"
     assert "has no vision support" in bad.value.message
     with pytest.raises(anthropic.NotFoundError):
-        ask(client, model="claude-opus-4-1")
+        client.messages.batches.retrieve("msgbatch_1")  # no such route
+    # A client's fixed model name is served by the one model.
+    assert ask(client, model="claude-opus-4-1", max_tokens=2).model == MODEL
     stranger = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         ask(stranger)
