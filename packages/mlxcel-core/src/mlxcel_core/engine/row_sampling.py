@@ -95,6 +95,15 @@ class BatchDraw:
         ]
 
 
+def token_history(sequence: Sequence) -> mx.array:
+    """(T,) int32: the sequence's tokens, its pending ones read on the device."""
+    history = mx.array(sequence.token_ids, dtype=mx.int32)
+    if not sequence.pending:
+        return history
+    pending = [p.tokens[p.index : p.index + 1] for p in sequence.pending]
+    return mx.concatenate([history, *pending])
+
+
 def can_draw_together(sequence: Sequence, drafts: tuple[int, ...]) -> bool:
     """Whether the row's token needs nothing of `draw_tokens` beyond its sampler's chain,
     which then has a batch group (see `Sampler.batch_group`)."""
@@ -166,7 +175,7 @@ def draw_tokens(
     rows, drafts = _constrain(request.constraint, logits, drafts)
     k = len(drafts)
     draft_array = mx.array(drafts, dtype=mx.int32)
-    history = mx.array(sequence.token_ids, dtype=mx.int32)
+    history = token_history(sequence)
     histories = [history] + [mx.concatenate([history, draft_array[:j]]) for j in range(1, k + 1)]
     if k == 0 or rule is AcceptanceRule.EXACT or sampler.params.temperature <= 0.0:
         target = mx.stack([sampler(rows[j], histories[j]) for j in range(k + 1)])
