@@ -285,6 +285,8 @@ class EngineCore:
             latest = self._in_flight[-1]
             if latest.blocks_next:
                 self._collect_oldest()
+                if not self.has_work:
+                    return
             for item in latest.plan.scheduled:
                 if item.sequence.handle.cancelled:
                     item.sequence.runs_ahead = False  # it ends once its step is read

@@ -1,0 +1,335 @@
+"""Async scheduling against the synchronous loop, stepping `EngineCore` with no threads.
+
+Every case runs the same requests through an `EngineCore` with `async_scheduling` on and
+off, on the tiny float32 llama, and compares each request's outputs token by token: token
+ids, text, log probabilities, finish reasons and errors. Requests arrive at fixed steps,
+and cancellations happen at fixed steps, so each run is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import pytest
+
+from mlxcel_core.engine import (
+    EngineConfig,
+    EngineCore,
+    EngineOutput,
+    EngineRequest,
+    OutputQueue,
+    RequestCancelledError,
+    RequestHandle,
+    SchedulerConfig,
+    Submission,
+)
+from mlxcel_core.generate import FinishReason, GenerationConfig, LanguageModel
+from mlxcel_core.sampling import SamplingParams
+from mlxcel_core.speculative import SpeculativeConfig
+from mlxcel_models.loading.loader import load_model
+
+BLOCK_SIZE = 4
+CONTEXT_SIZE = 64
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class LetterDetokenizer:
+    """One letter per token, so that stop strings have text to match."""
+
+    def add_token(self, token_id: int) -> str:
+        return chr(ord("a") + token_id % 26)
+
+    def finalize(self) -> str:
+        return ""
+
+
+class ThirdsConstraint:
+    """Allows, at the n-th token, only ids congruent to n mod 3: wrong tokens follow if the
+    engine samples a token before the constraint has seen the ones before it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def allowed_mask(self, vocab_size: int) -> mx.array:
+        return mx.arange(vocab_size) % 3 == self.count % 3
+
+    def advance(self, token_id: int) -> None:
+        self.count += 1
+
+    def rollback(self, num_tokens: int) -> None:
+        self.count -= num_tokens
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """Requests submitted together as one group, before step `at_step`."""
+
+    requests: tuple[EngineRequest, ...]
+    at_step: int = 0
+    cancel_at_step: int | None = None
+
+
+@dataclass
+class Run:
+    outputs: dict[int, list[EngineOutput]] = field(default_factory=dict)
+    num_steps: int = 0
+    num_preemptions: int = 0
+
+
+def request(
+    prompt: Sequence[int],
+    *,
+    max_tokens: int = 12,
+    sampling: SamplingParams = GREEDY,
+    index: int = 0,
+    stop_strings: tuple[str, ...] = (),
+    stop_token_ids: frozenset[int] = frozenset(),
+    num_top_logprobs: int | None = None,
+    constraint: ThirdsConstraint | None = None,
+    context_size: int = CONTEXT_SIZE,
+) -> EngineRequest:
+    generation = GenerationConfig(
+        context_size=context_size,
+        max_tokens=max_tokens,
+        stop_strings=stop_strings,
+        stop_token_ids=stop_token_ids,
+        num_top_logprobs=num_top_logprobs,
+    )
+    return EngineRequest(
+        prompt_ids=tuple(prompt),
+        sampling=sampling,
+        generation=generation,
+        detokenizer=LetterDetokenizer(),
+        index=index,
+        constraint=constraint,
+    )
+
+
+def prompt(first: int, length: int) -> list[int]:
+    return [(first + 7 * i) % 250 + 3 for i in range(length)]
+
+
+def config(async_scheduling: bool, **kwargs) -> EngineConfig:
+    settings = {
+        "scheduler": SchedulerConfig(max_num_seqs=4, max_prefill_chunk=8),
+        "context_size": CONTEXT_SIZE,
+        "block_size": BLOCK_SIZE,
+        "num_kv_blocks": 64,
+        "async_scheduling": async_scheduling,
+    }
+    return EngineConfig(**{**settings, **kwargs})
+
+
+def run(model: LanguageModel, engine_config: EngineConfig, arrivals: Sequence[Arrival]) -> Run:
+    """Step a core until every request ended; outputs by group number, then index."""
+    core = EngineCore(model, engine_config)
+    sinks = [OutputQueue() for _ in arrivals]
+    handles = [RequestHandle(number) for number in range(len(arrivals))]
+    result = Run()
+    seq_ids = iter(range(1000))
+    step = 0
+    while step < 500:
+        for number, arrival in enumerate(arrivals):
+            if arrival.at_step == step:
+                firsts: dict = {}
+                for item in arrival.requests:
+                    submission = Submission(next(seq_ids), item, sinks[number], handles[number])
+                    core.admit(submission, firsts)
+            if arrival.cancel_at_step == step:
+                handles[number].cancel()
+        core.end_cancelled()
+        pending_arrivals = any(arrival.at_step > step for arrival in arrivals)
+        if not core.has_work and not pending_arrivals:
+            break
+        if core.has_work:
+            core.step()
+        step += 1
+    result.num_steps = step
+    result.num_preemptions = core.stats().num_preemptions
+    for number, sink in enumerate(sinks):
+        while True:
+            try:
+                output = sink.get(timeout=0)
+            except Exception:
+                break
+            key = 100 * number + output.index
+            result.outputs.setdefault(key, []).append(output)
+    return result
+
+
+def comparable(outputs: Sequence[EngineOutput]) -> list[tuple]:
+    """What must match between the loops: all but the timings and the random seeds that
+    unseeded requests draw."""
+    rows = []
+    for output in outputs:
+        logprobs = None
+        if output.logprobs is not None:
+            logprobs = output.logprobs
+        error = None if output.error is None else type(output.error)
+        rows.append((output.token_id, output.text, output.finish_reason, error, logprobs))
+    return rows
+
+
+def assert_same_outputs(
+    model: LanguageModel, arrivals: Sequence[Arrival], **settings
+) -> tuple[Run, Run]:
+    """Both runs, synchronous first, after checking that their outputs match."""
+    synchronous = run(model, config(False, **settings), arrivals)
+    overlapped = run(model, config(True, **settings), arrivals)
+    assert synchronous.outputs.keys() == overlapped.outputs.keys()
+    for key in synchronous.outputs:
+        assert comparable(overlapped.outputs[key]) == comparable(synchronous.outputs[key]), key
+    return synchronous, overlapped
+
+
+@pytest.fixture(scope="module")
+def model(tiny_safetensors) -> LanguageModel:
+    return load_model(tiny_safetensors).model
+
+
+def test_greedy_requests_arriving_over_time_give_the_same_tokens(model):
+    arrivals = [
+        Arrival((request(prompt(1, 3)),)),
+        Arrival((request(prompt(2, 19), max_tokens=9),)),
+        Arrival((request(prompt(3, 5), max_tokens=1),), at_step=2),
+        Arrival((request(prompt(4, 11), max_tokens=15),), at_step=3),
+        Arrival((request(prompt(5, 1)),), at_step=3),
+        Arrival((request(prompt(6, 7)),), at_step=9),
+    ]
+    _, result = assert_same_outputs(model, arrivals)
+    lengths = [sum(o.token_id is not None for o in outputs) for outputs in result.outputs.values()]
+    assert lengths == [12, 9, 1, 15, 12, 12]  # no token after the last one leaked out
+
+
+def test_seeded_sampling_penalties_and_logprobs_give_the_same_tokens(model):
+    seeded = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    truncated = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=11)
+    penalised = SamplingParams(temperature=0.8, repeat_penalty=1.3, presence_penalty=0.5, seed=3)
+    arrivals = [
+        Arrival((request(prompt(1, 6), sampling=seeded),)),
+        Arrival((request(prompt(2, 9), sampling=truncated),)),
+        Arrival((request(prompt(3, 4), sampling=penalised, max_tokens=20),)),
+        Arrival((request(prompt(4, 5), num_top_logprobs=3),), at_step=1),
+        Arrival((request(prompt(5, 5), sampling=seeded, num_top_logprobs=2),), at_step=4),
+    ]
+    assert_same_outputs(model, arrivals)
+
+
+def test_stop_strings_and_stop_tokens_end_at_the_same_token(model):
+    reference_outputs = run(
+        model, config(False), [Arrival((request(prompt(1, 6), max_tokens=20),))]
+    ).outputs[0]
+    tokens = [o.token_id for o in reference_outputs if o.token_id is not None]
+    text = "".join(o.text for o in reference_outputs)
+    stop = text[5:7]
+    arrivals = [
+        Arrival((request(prompt(1, 6), max_tokens=20, stop_strings=(stop,)),)),
+        Arrival((request(prompt(1, 6), max_tokens=20, stop_token_ids=frozenset({tokens[3]})),)),
+        Arrival((request(prompt(2, 8), max_tokens=20),)),
+    ]
+    _, result = assert_same_outputs(model, arrivals)
+    assert result.outputs[0][-1].finish_reason is FinishReason.STOP
+    assert result.outputs[100][-1].finish_reason is FinishReason.STOP
+
+
+def test_cancelled_requests_end_and_the_others_give_the_same_tokens(model):
+    arrivals = [
+        Arrival((request(prompt(1, 6), max_tokens=30),), cancel_at_step=5),
+        Arrival((request(prompt(2, 9), max_tokens=14),)),
+        Arrival((request(prompt(3, 3), max_tokens=30),), at_step=2, cancel_at_step=2),
+    ]
+    synchronous = run(model, config(False), arrivals)
+    overlapped = run(model, config(True), arrivals)
+    assert comparable(overlapped.outputs[100]) == comparable(synchronous.outputs[100])
+    full = run(model, config(False), [Arrival((request(prompt(1, 6), max_tokens=30),))])
+    full_tokens = [o.token_id for o in full.outputs[0] if o.token_id is not None]
+    for result in (synchronous, overlapped):
+        for key in (0, 200):
+            outputs = result.outputs[key]
+            assert isinstance(outputs[-1].error, RequestCancelledError)
+        tokens = [o.token_id for o in result.outputs[0] if o.token_id is not None]
+        assert 0 < len(tokens) < 30 and tokens == full_tokens[: len(tokens)]
+
+
+def test_preemption_gives_the_same_tokens(model):
+    # 11 usable blocks of 4 for four sequences that grow to 6-8 blocks each: preemptions.
+    arrivals = [
+        Arrival((request(prompt(i, 9 + 3 * i), max_tokens=12, context_size=32),), at_step=i)
+        for i in range(4)
+    ]
+    runs = assert_same_outputs(model, arrivals, num_kv_blocks=12, context_size=32)
+    for result in runs:
+        assert result.num_preemptions > 0
+        assert all(o[-1].finish_reason is FinishReason.LENGTH for o in result.outputs.values())
+
+
+def test_parallel_choices_of_one_prompt_give_the_same_tokens(model):
+    sampled = SamplingParams(temperature=0.9, seed=5)
+    group = tuple(
+        request(prompt(1, 10), sampling=sampled, index=i, max_tokens=8 + i) for i in range(3)
+    )
+    arrivals = [Arrival(group), Arrival((request(prompt(2, 5)),), at_step=1)]
+    _, result = assert_same_outputs(model, arrivals)
+    assert sorted(result.outputs) == [0, 1, 2, 100]
+
+
+def test_a_constrained_row_reads_its_tokens_before_its_next_step(model):
+    arrivals = [
+        Arrival((request(prompt(1, 6), constraint=ThirdsConstraint()),)),
+        Arrival((request(prompt(2, 6)),)),
+    ]
+    constrained = SamplingParams(temperature=0.0, dry_multiplier=0.8, seed=1)
+    dry = [Arrival((request(prompt(3, 12), sampling=constrained, max_tokens=16),))]
+    _, result = assert_same_outputs(model, arrivals)
+    tokens = [o.token_id for o in result.outputs[0] if o.token_id is not None]
+    assert [token % 3 for token in tokens] == [n % 3 for n in range(len(tokens))]
+    assert_same_outputs(model, dry)
+
+
+def test_speculative_decoding_runs_synchronously_with_the_same_tokens(model):
+    speculative = SpeculativeConfig(num_draft_tokens=3, prompt_lookup_min=1)
+    repetitive = [3, 4, 5, 6] * 4
+    arrivals = [Arrival((request(repetitive),)), Arrival((request(prompt(2, 7)),))]
+    assert_same_outputs(model, arrivals, speculative=speculative)
+    core = EngineCore(model, config(True, speculative=speculative))
+    assert not core.runs_ahead
+
+
+# EngineCore steps, without threads
+
+
+def test_overlapped_core_reads_each_step_one_step_later(model):
+    core = EngineCore(model, config(True))
+    assert core.runs_ahead
+    sink = OutputQueue()
+    core.admit(Submission(0, request(prompt(1, 3), max_tokens=3), sink, RequestHandle(0)), {})
+    outputs = []
+
+    def step() -> list[EngineOutput]:
+        core.step()
+        new = []
+        while True:
+            try:
+                new.append(sink.get(timeout=0))
+            except Exception:
+                return new
+
+    outputs = [step() for _ in range(4)]
+    assert [len(new) for new in outputs] == [0, 1, 1, 2]  # the 3rd token, then the terminal
+    assert outputs[-1][-1].finish_reason is FinishReason.LENGTH
+    assert not core.has_work
+
+
+def test_synchronous_core_reads_each_step_before_the_next(model):
+    core = EngineCore(model, config(False))
+    assert not core.runs_ahead
+    sink = OutputQueue()
+    core.admit(Submission(0, request(prompt(1, 3), max_tokens=2), sink, RequestHandle(0)), {})
+    core.step()
+    assert sink.get(timeout=0).token_id is not None
+    core.step()
+    assert sink.get(timeout=0).token_id is not None
+    assert sink.get(timeout=0).finish_reason is FinishReason.LENGTH
+    assert not core.has_work
