@@ -28,35 +28,24 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 
 import mlx.core as mx
 
 from mlxcel_core.adapters import RowAdapterScales
-from mlxcel_core.cache.paged import InvariantError, KeyedSpan, KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.config import EngineConfig, make_kv_storage, plan_kv_blocks
-from mlxcel_core.engine.emission import emit_final, emit_token
-from mlxcel_core.engine.memory import profile_model
-from mlxcel_core.engine.remote_prefill import (
-    PrefilledKV,
-    PrefillJob,
-    RemotePrefill,
-    RemotePrefillFactory,
-    returned_block_ids,
-)
+from mlxcel_core.cache.paged import InvariantError
+from mlxcel_core.engine.admission import GroupPrompt, Submission, group_prompt, make_sequence
+from mlxcel_core.engine.config import EngineConfig
+from mlxcel_core.engine.emission import emit_token
+from mlxcel_core.engine.parts import RunnerFactory, make_engine_parts
+from mlxcel_core.engine.remote_prefill import PrefillDispatch, PrefilledKV, RemotePrefillFactory
 from mlxcel_core.engine.request import (
     EngineError,
     EngineOutput,
-    EngineRequest,
-    OutputSink,
     RequestCancelledError,
-    RequestHandle,
 )
 from mlxcel_core.engine.row_sampling import BatchDraw, Draw
-from mlxcel_core.engine.runner import ModelRunner
-from mlxcel_core.engine.scheduler import Scheduler, SchedulerOutput
-from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence, SequenceStatus
-from mlxcel_core.engine.speculation import Speculation, make_speculation
+from mlxcel_core.engine.scheduler import SchedulerOutput
+from mlxcel_core.engine.sequence import Sequence, SequenceStatus
 from mlxcel_core.engine.stats import EngineStats, make_engine_stats
 from mlxcel_core.engine.step import (
     StartedStep,
@@ -67,34 +56,13 @@ from mlxcel_core.engine.step import (
     needs_host_tokens,
     samples_per_row,
 )
-from mlxcel_core.generate import LanguageModel, TextAssembler
-from mlxcel_core.sampling import Sampler
+from mlxcel_core.generate import LanguageModel
 from mlxcel_core.speculative import AcceptanceRule, DraftProposal
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Submission:
-    """A request handed to the engine, with the ids and sink it runs under."""
-
-    seq_id: int
-    request: EngineRequest
-    sink: OutputSink
-    handle: RequestHandle
-
-
-# A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt, images.
-GroupPrompt = tuple[int, tuple[int, ...], tuple[str, ...], tuple[KeyedSpan, ...]]
-
-# Builds the engine's model runner from the model, its KV storage and unfused adapters.
-RunnerFactory = Callable[[LanguageModel, PagedKVStorage, RowAdapterScales | None], ModelRunner]
-
-
-def _make_model_runner(
-    model: LanguageModel, storage: PagedKVStorage, adapters: RowAdapterScales | None
-) -> ModelRunner:
-    return ModelRunner(model, storage, adapters=adapters)
+__all__ = ["EngineCore", "GroupPrompt", "RunnerFactory", "Submission"]
 
 
 class EngineCore:
@@ -112,12 +80,13 @@ class EngineCore:
             plain `ModelRunner`.
         make_remote_prefill: builds where new prompts are prefilled instead of here
             (disaggregated prefill), given the storage and `deliver`; None prefills here.
-        deliver: where the remote prefill hands arrived KV (called on its own thread).
+        deliver: where the remote prefill hands arrived KV (called on its own thread);
+            needed with `make_remote_prefill`.
 
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
-        ValueError: the model stores no keys and values, or the draft model has another
-            vocabulary size.
+        ValueError: the model stores no keys and values, the draft model has another
+            vocabulary size, or `make_remote_prefill` comes without `deliver`.
     """
 
     def __init__(
@@ -133,47 +102,25 @@ class EngineCore:
     ) -> None:
         self.config = config
         self._adapters = adapters
-        chunk = config.scheduler.max_prefill_chunk
-        profile = profile_model(model, chunk)
-        draft_profile = None
-        if draft_model is not None:
-            draft_profile = profile_model(draft_model, chunk)
-            if draft_profile.vocab_size != profile.vocab_size:
-                raise ValueError(
-                    f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
-                    f"the model's ({profile.vocab_size}); a draft model must share it"
-                )
-        num_blocks = plan_kv_blocks(config, profile, draft_profile)
-        self._kv = KVCacheManager(
-            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        parts = make_engine_parts(
+            model,
+            config,
+            draft_model=draft_model,
+            adapters=adapters,
+            make_runner=make_runner,
+            make_remote_prefill=make_remote_prefill,
+            deliver=deliver,
         )
-        self._storage = make_kv_storage(config, profile, num_blocks)
-        self._storages = [self._storage]
-        self._speculation: Speculation | None = None
-        if config.speculative is not None:
-            draft = None
-            if draft_model is not None and draft_profile is not None:
-                draft = (draft_model, draft_profile)
-            self._speculation, draft_storage = make_speculation(
-                config.speculative, draft, block_size=config.block_size, num_blocks=num_blocks
+        self._kv = parts.kv
+        self._storage, self._storages = parts.storages[0], parts.storages
+        self._scheduler = parts.scheduler
+        self._runner = parts.runner
+        self._speculation = parts.speculation
+        self._prefill: PrefillDispatch | None = None
+        if parts.remote_prefill is not None:
+            self._prefill = PrefillDispatch(
+                parts.remote_prefill, self._kv, self._storage, self._scheduler
             )
-            if draft_storage is not None:
-                self._storages.append(draft_storage)
-        self._scheduler = Scheduler(
-            config.scheduler,
-            self._kv,
-            num_lookahead_tokens=(
-                0 if config.speculative is None else config.speculative.num_draft_tokens
-            ),
-            remote_prefill=make_remote_prefill is not None,
-        )
-        make = _make_model_runner if make_runner is None else make_runner
-        self._runner = make(model, self._storage, adapters)
-        self._remote_prefill: RemotePrefill | None = None
-        if make_remote_prefill is not None and deliver is not None:
-            self._remote_prefill = make_remote_prefill(self._storage, deliver)
-        # Sequences whose prompt KV is in flight and the jobs sent for them, by seq_id.
-        self._remote_jobs: dict[int, tuple[Sequence, PrefillJob]] = {}
         self._runs_ahead = (
             config.async_scheduling
             and config.speculative is None
@@ -216,37 +163,13 @@ class EngineCore:
         """Queue a new sequence; a later choice of a prompt forks from its first choice
         (of the same adapter scales, whose KV it can share). A group arrives whole, so
         `firsts`, shared by one call's arrivals, holds each prompt's first choice."""
-        request = submission.request
-        try:
-            if request.generation.context_size > self.config.context_size:
-                raise ValueError(
-                    f"the request's context size ({request.generation.context_size} tokens) "
-                    f"exceeds the engine's ({self.config.context_size})"
-                )
-            text = TextAssembler(request.detokenizer, request.generation, len(request.prompt_ids))
-            sampler = Sampler(request.sampling, dry_breaker_ids=request.dry_breaker_ids)
-        except ValueError as error:
-            submission.sink.put(EngineOutput(request.index, error=error))
+        sequence = make_sequence(submission, self.config.context_size, self._adapters)
+        if sequence is None:
             return
-        sequence = Sequence(
-            submission.seq_id, request, submission.sink, submission.handle, sampler, text
-        )
-        if self._adapters is not None:
-            sequence.adapter_scales = self._adapters.resolve_scales(request.adapter_scales)
-        if text.finish_reason is not None:
-            # Nothing to generate (a zero token budget): it ends without ever being queued.
-            sequence.status = FINISHED_STATUS[text.finish_reason]
-            emit_final(sequence, text.finish())
-            return
-        group_prompt = (
-            submission.handle.request_id,
-            request.prompt_ids,
-            sequence.cache_salt,
-            sequence.cache_spans,
-        )
-        if len(request.prompt_ids) > 1:
-            sequence.fork_parent = firsts.get(group_prompt)
-            firsts.setdefault(group_prompt, sequence)
+        if sequence.num_prompt_tokens > 1:
+            key = group_prompt(sequence)
+            sequence.fork_parent = firsts.get(key)
+            firsts.setdefault(key, sequence)
         self._scheduler.add(sequence)
 
     def end_cancelled(self) -> None:
@@ -259,18 +182,10 @@ class EngineCore:
                 sequence.sink.put(EngineOutput(sequence.request.index, error=error))
 
     def adopt_prefilled(self, kv: PrefilledKV) -> None:
-        """Write arrived prompt KV into the sequence's blocks, unless the sequence ended or
-        was preempted since its job was sent."""
-        sequence, job = self._remote_jobs.get(kv.seq_id, (None, None))
-        if sequence is None or job is None or job.attempt != kv.attempt:
-            return
-        del self._remote_jobs[kv.seq_id]
-        if sequence.status is not SequenceStatus.RUNNING or not sequence.kv_in_flight:
-            return  # it ended, or was preempted and waits to be sent again
-        block_ids = returned_block_ids(self._kv.block_table(sequence.seq_id), job)
-        self._storage.ensure_capacity(self._kv.num_materialized_blocks)
-        self._storage.write_blocks(block_ids, kv.contents)
-        self._scheduler.complete_remote_prefill(sequence)
+        """Write arrived prompt KV into its sequence's blocks (disaggregated prefill),
+        unless the sequence ended or was preempted since its job was sent."""
+        if self._prefill is not None:
+            self._prefill.adopt(kv)
 
     def step(self) -> None:
         """Schedule, build and launch the next step, then collect the oldest step in
@@ -291,8 +206,8 @@ class EngineCore:
                 if item.sequence.handle.cancelled:
                     item.sequence.runs_ahead = False  # it ends once its step is read
         plan = self._scheduler.schedule(self._step_seqs_cap())
-        if plan.remote and self._remote_prefill is not None:
-            self._send_to_remote(self._remote_prefill, plan.remote)
+        if plan.remote and self._prefill is not None:
+            self._prefill.send(plan.remote)
         if plan.scheduled:
             self._launch(plan)
         elif not self._in_flight:
@@ -330,23 +245,8 @@ class EngineCore:
 
     def close(self) -> None:
         """Close the remote prefill, if any."""
-        if self._remote_prefill is not None:
-            self._remote_prefill.close()
-
-    def _send_to_remote(self, remote: RemotePrefill, sequences: Seq[Sequence]) -> None:
-        size = self._storage.block_size
-        for sequence in sequences:
-            num_prompt = sequence.num_tokens - 1
-            first_block = sequence.num_computed // size
-            job = PrefillJob(
-                sequence.seq_id,
-                sequence.num_preemptions,
-                tuple(sequence.token_ids[:num_prompt]),
-                first_block,
-                -(-num_prompt // size) - first_block,
-            )
-            self._remote_jobs[sequence.seq_id] = (sequence, job)
-            remote.submit(job)
+        if self._prefill is not None:
+            self._prefill.remote.close()
 
     def _step_seqs_cap(self) -> int | None:
         """With several steps in flight, each takes its share of the sequences, so that
