@@ -69,8 +69,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=15, help="calls listed per level")
     parser.add_argument("-ctk", "--cache-type-k", default="auto", help="the KV key storage")
     parser.add_argument("-ctv", "--cache-type-v", default="auto", help="the KV value storage")
+    parser.add_argument(
+        "--sync", action="store_true", help="read each step before planning the next"
+    )
     args = parser.parse_args(argv)
-    settings = {"cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v}
+    settings = {
+        "cache_type_k": args.cache_type_k,
+        "cache_type_v": args.cache_type_v,
+        "async_scheduling": not args.sync,
+    }
 
     loaded = load_model(args.model)
     vocab_size = loaded.tokenizer.vocab_size
@@ -86,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         stats = pstats.Stats(profile)
         num_steps = next(
             calls
-            for (_, _, name), (_, calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
-            if name == "_step"
+            for (path, _, name), (_, calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
+            if name == "step" and path.endswith("engine/core.py")
         )
         print(
             f"N={level}: engine thread {seconds * 1000 / num_steps:.2f} ms CPU per step "
