@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import pstats
 import time
 from collections.abc import Sequence
 
+import mlx.core as mx
 from batched_decode import random_prompts, run_mlxcel
 
 from mlxcel_core.engine import Engine
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 _ENGINE_MODULES = r"mlxcel_core/(engine|sampling|cache|kernels)/"
@@ -72,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--sync", action="store_true", help="read each step before planning the next"
     )
+    parser.add_argument(
+        "--plain-ops", action="store_true", help="keep MLX's own RoPE and RMSNorm on the CPU"
+    )
     args = parser.parse_args(argv)
     settings = {
         "cache_type_k": args.cache_type_k,
@@ -79,7 +85,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "async_scheduling": not args.sync,
     }
 
-    loaded = load_model(args.model)
+    options = ComputeOptions.for_device(mx.default_device())
+    if args.plain_ops:
+        options = dataclasses.replace(options, cpu_ops=False)
+    loaded = load_model(args.model, compute=options)
     vocab_size = loaded.tokenizer.vocab_size
     # The first run compiles kernels; it is not reported.
     run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8, **settings)

@@ -18,13 +18,16 @@ with `mx.async_eval`). `--ab` runs both modes back to back per level and prints 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
 
+import mlx.core as mx
 from batched_decode import Run, random_prompts, run_mlxcel
 
 from mlxcel_core.engine import EngineCore
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 
@@ -93,10 +96,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--sync", action="store_true", help="synchronous steps only")
     mode.add_argument("--ab", action="store_true", help="synchronous, then async, per round")
+    parser.add_argument(
+        "--plain-ops", action="store_true", help="keep MLX's own RoPE and RMSNorm on the CPU"
+    )
     args = parser.parse_args(argv)
     modes = [False, True] if args.ab else [not args.sync]
 
-    loaded = load_model(args.model)
+    options = ComputeOptions.for_device(mx.default_device())
+    if args.plain_ops:
+        options = dataclasses.replace(options, cpu_ops=False)
+    loaded = load_model(args.model, compute=options)
     vocab_size = loaded.tokenizer.vocab_size
     run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)  # warm-up
     print("| N | mode | step ms | launch ms | collect ms | rest ms | decode tok/s |")

@@ -5,15 +5,18 @@ evaluated arrays) over N requests until every one has its first token, then capt
 next decode step's graph where the core hands it to `mx.async_eval`: the forward passes,
 the KV writes and the draws. `mx.export_to_dot` writes that graph; every primitive in it
 is one operation the device runs (on a GPU, one kernel launch or more). Prints the total and
-the count per primitive.
+the count per primitive. `--plain-ops` loads the model without the CPU forms of RoPE and
+RMSNorm (`mlxcel_models.cpu_ops`), as before they existed.
 
     python benchmarks/random_model.py llama-3.2-1b /tmp/l1b
     python benchmarks/step_ops.py /tmp/l1b --concurrency 1,16
+    python benchmarks/step_ops.py /tmp/l1b --concurrency 1,16 --plain-ops
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import tempfile
 from collections import Counter
@@ -34,6 +37,7 @@ from mlxcel_core.engine import (
 )
 from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 _PRIMITIVE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')
@@ -90,8 +94,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--top", type=int, default=12, help="primitives listed per level")
+    parser.add_argument("--plain-ops", action="store_true", help="keep MLX's own RoPE and RMSNorm")
     args = parser.parse_args(argv)
-    loaded = load_model(args.model)
+    options = ComputeOptions.for_device(mx.default_device())
+    if args.plain_ops:
+        options = dataclasses.replace(options, cpu_ops=False)
+    loaded = load_model(args.model, compute=options)
     for level in (int(level) for level in args.concurrency.split(",")):
         ops = decode_step_ops(loaded, level, args.prompt_tokens, args.temperature)
         listed = ", ".join(f"{name} {count}" for name, count in ops.most_common(args.top))

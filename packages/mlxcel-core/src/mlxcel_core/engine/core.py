@@ -128,6 +128,13 @@ class EngineCore:
             and self._runner.takes_pending_tokens
         )
         self._depth = 2 if self._runs_ahead else self._runner.steps_in_flight
+        # MLX's CPU `async_eval` returns only once all but the tail of a graph has run
+        # (docs/benchmarks.md): handing it step k + 1 before reading step k would hold
+        # step k's tokens back a whole step. There the next step is built first and
+        # handed over once the step before is read.
+        self._hands_over_after_reading = (
+            self._runs_ahead and mx.default_device().type == mx.DeviceType.cpu
+        )
         self._in_flight: deque[StartedStep] = deque()
         self._consecutive_failures = 0
         self._num_draft_tokens = 0
@@ -220,6 +227,8 @@ class EngineCore:
             )
         if self._in_flight and (not plan.scheduled or len(self._in_flight) >= self._depth):
             self._collect_oldest()
+        if self._in_flight and not self._in_flight[-1].handed_over:
+            self._hand_over(self._in_flight[-1])
 
     def drain(self) -> None:
         """Finish the steps still in flight without reading them, so that no rank is left
@@ -286,10 +295,6 @@ class EngineCore:
         if self._runner.steps_in_flight == 1:
             try:
                 started.draws = make_draws(started, self._runner.finish(), self._acceptance_rule)
-                mx.async_eval(
-                    _draw_arrays(started.draws),
-                    [a for storage in self._storages for a in storage.arrays()],
-                )
             except InvariantError:
                 raise
             except Exception as error:
@@ -300,16 +305,41 @@ class EngineCore:
         for item in plan.scheduled:
             item.sequence.steps_in_flight += 1
         self._in_flight.append(started)
-        if self._runs_ahead and started.draws is not None:
+        if started.draws is None:
+            return
+        if not self._hands_over_after_reading and not self._hand_over(started):
+            return
+        if self._runs_ahead:
             hold_pending(started.draws)
             for item, samples in zip(plan.scheduled, started.samples, strict=True):
                 sequence = item.sequence
                 sequence.runs_ahead = can_run_ahead(sequence, samples)
                 started.blocks_next |= samples and needs_host_tokens(sequence)
 
+    def _hand_over(self, started: StartedStep) -> bool:
+        """Start evaluating a sampled step: its draws and the pools' writes. On an error
+        the step is failed, after the steps before it are read; returns whether it went."""
+        started.handed_over = True
+        try:
+            mx.async_eval(
+                _draw_arrays(started.draws or ()),
+                [a for storage in self._storages for a in storage.arrays()],
+            )
+        except Exception as error:
+            self._in_flight.remove(started)
+            for item in started.plan.scheduled:
+                item.sequence.steps_in_flight -= 1
+            self._collect_sampled()
+            self._fail_steps([started.plan], error)
+            return False
+        return True
+
     def _collect_oldest(self) -> None:
         """Read the oldest step in flight, then update its sequences and emit its tokens;
         a sequence that ended since the step began has its tokens discarded."""
+        oldest = self._in_flight[0]
+        if oldest.draws is not None and not oldest.handed_over and not self._hand_over(oldest):
+            return
         started = self._in_flight.popleft()
         plan = started.plan
         for item in plan.scheduled:

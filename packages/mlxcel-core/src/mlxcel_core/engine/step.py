@@ -37,6 +37,7 @@ class StartedStep:
             once, else when the step is read.
         blocks_next: a sequence of it needs its token on the host before its next step
             (a constraint, DRY): the step is read before the next is planned.
+        handed_over: its draws and KV writes were handed to MLX to evaluate.
     """
 
     plan: SchedulerOutput
@@ -44,6 +45,7 @@ class StartedStep:
     samples: tuple[bool, ...]
     draws: list[Draw | BatchDraw] | None = None
     blocks_next: bool = False
+    handed_over: bool = False
 
 
 def samples_per_row(plan: SchedulerOutput) -> tuple[bool, ...]:
