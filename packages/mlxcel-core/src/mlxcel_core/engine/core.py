@@ -14,7 +14,9 @@ k + 1 takes step k's token on the device (`RowInput.pending`), so emission, stop
 and cancellation run one step behind, and a row that step k finished has its step k + 1
 token discarded. A sequence whose sampling reads its tokens on the host (a constraint,
 DRY) does not run ahead: the step that holds it is read before the next is planned.
-Speculative decoding and runners that send their rows elsewhere run synchronously.
+Speculative decoding and runners that send their rows elsewhere run synchronously. On the
+CPU, where `mx.async_eval` returns only near the end of a graph, step k + 1 is built while
+step k finishes but handed to MLX once step k is read (docs/adr/0020).
 
 A runner that keeps several steps in flight (`ModelRunner.steps_in_flight`: pipeline
 stages, each working on a different step) gets the next step started before the oldest is
