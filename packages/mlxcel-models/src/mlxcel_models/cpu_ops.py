@@ -80,18 +80,10 @@ class RopeTable:
     """
 
     def __init__(self) -> None:
-        self._key: tuple[int | mx.array, int, Hashable] | None = None
-        self._value: tuple[mx.array, mx.array] = (mx.array(0.0), mx.array(0.0))
-
-    def _holds(self, owner: Hashable, offset: int | mx.array, length: int) -> bool:
-        if self._key is None:
-            return False
-        held_offset, held_length, held_owner = self._key
-        if (held_length, held_owner) != (length, owner):
-            return False
-        if isinstance(offset, int):
-            return isinstance(held_offset, int) and held_offset == offset
-        return held_offset is offset
+        # ((offset, length, owner), (cos, sin)), replaced whole so a reader never sees
+        # one pass's key with another's values.
+        self._entry: tuple[tuple[int | mx.array, int, Hashable], tuple[mx.array, mx.array]]
+        self._entry = ((-1, 0, None), (mx.array(0.0), mx.array(0.0)))
 
     def lookup(
         self, owner: Hashable, offset: int | mx.array, length: int, inv_freqs: mx.array
@@ -107,16 +99,20 @@ class RopeTable:
         Returns:
             (cos, sin), each (L, D / 2) for an int offset or (B, 1, L, D / 2) for an array.
         """
-        if self._holds(owner, offset, length):
-            return self._value
+        (held_offset, held_length, held_owner), value = self._entry
+        if (held_length, held_owner) == (length, owner) and (
+            held_offset is offset
+            or (isinstance(offset, int) and isinstance(held_offset, int) and held_offset == offset)
+        ):
+            return value
         if isinstance(offset, int):
             positions = mx.arange(offset, offset + length, dtype=mx.float32)
         else:
             positions = (offset[:, None] + mx.arange(length))[:, None, :].astype(mx.float32)
         theta = positions[..., None] * inv_freqs
-        self._key = (offset, length, owner)
-        self._value = (mx.cos(theta), mx.sin(theta))
-        return self._value
+        value = (mx.cos(theta), mx.sin(theta))
+        self._entry = ((offset, length, owner), value)
+        return value
 
 
 class TableRoPE(nn.Module):
