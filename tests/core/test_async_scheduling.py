@@ -25,6 +25,7 @@ from mlxcel_core.engine import (
     SchedulerConfig,
     Submission,
 )
+from mlxcel_core.engine.runner import PendingToken, RowInput, pass_tokens
 from mlxcel_core.generate import FinishReason, GenerationConfig, LanguageModel
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig
@@ -333,3 +334,25 @@ def test_synchronous_core_reads_each_step_before_the_next(model):
     assert sink.get(timeout=0).token_id is not None
     assert sink.get(timeout=0).finish_reason is FinishReason.LENGTH
     assert not core.has_work
+
+
+def test_pass_tokens_reads_pending_tokens_on_the_device():
+    first = mx.array([11, 12, 13], dtype=mx.int32)
+    second = mx.array([21], dtype=mx.int32)
+    table = [1, 2]
+
+    def row(token: int, pending: PendingToken | None = None) -> RowInput:
+        return RowInput([token], table, 4, pending=pending)
+
+    whole = [row(0, PendingToken(first, i)) for i in range(3)]
+    assert pass_tokens(whole).tolist() == [[11], [12], [13]]
+    mixed = [
+        row(0, PendingToken(first, 2)),
+        row(7),
+        row(0, PendingToken(second, 0)),
+        row(0, PendingToken(first, 0)),
+    ]
+    assert pass_tokens(mixed).tolist() == [[13], [7], [21], [11]]
+    assert pass_tokens([row(5), row(6)]).tolist() == [[5], [6]]
+    with pytest.raises(ValueError, match="pending token has one token"):
+        RowInput([0, 1], table, 4, pending=PendingToken(first, 0))

@@ -122,7 +122,8 @@ def make_draws(
 
 
 def hold_pending(draws: Seq[Draw | BatchDraw]) -> None:
-    """Append each drawn token, still on the device, to its sequence's `pending`."""
+    """Append each drawn token, still on the device, to its sequence's `pending` (rows
+    without drafts: a row's one token is its verdict's first)."""
     for draw in draws:
         match draw:
             case BatchDraw(sequences=sequences, tokens=tokens):
