@@ -51,6 +51,7 @@ from mlxcel_core.engine.sequence import Sequence, SequenceStatus
 from mlxcel_core.engine.stats import EngineStats, make_engine_stats
 from mlxcel_core.engine.step import (
     StartedStep,
+    append_tokens,
     can_run_ahead,
     hold_pending,
     make_draws,
@@ -366,22 +367,10 @@ class EngineCore:
             self._fail_steps([plan], error)
             return
         self._consecutive_failures = 0
-        num_accepted = {}
-        live = []
-        for row in emitted:
-            sequence = row.sequence
-            if sequence.pending:
-                sequence.pending.popleft()
-            if sequence.status.finished:
-                continue
-            live.append(row)
-            sequence.token_ids.extend(token for token, _ in row.tokens)
-            accepted = len(row.tokens) - 1
-            num_accepted[sequence.seq_id] = accepted
-            sequence.num_draft_tokens += row.num_drafts
-            sequence.num_accepted_draft_tokens += accepted
+        live, num_accepted = append_tokens(emitted)
+        for row in live:
             self._num_draft_tokens += row.num_drafts
-            self._num_accepted_draft_tokens += accepted
+            self._num_accepted_draft_tokens += num_accepted[row.sequence.seq_id]
         self._scheduler.complete_step(plan, num_accepted)
         for row in live:
             for token_id, logprobs in row.tokens:

@@ -11,6 +11,7 @@ from mlxcel_core.cache.paged import InvariantError, KVCacheManager
 from mlxcel_core.engine.row_sampling import (
     BatchDraw,
     Draw,
+    RowTokens,
     can_draw_together,
     draw_together,
     draw_tokens,
@@ -146,3 +147,26 @@ def can_run_ahead(sequence: Sequence, samples: bool) -> bool:
     if not samples:
         return True
     return sequence.num_tokens_left > 0 and not needs_host_tokens(sequence)
+
+
+def append_tokens(emitted: Seq[RowTokens]) -> tuple[list[RowTokens], dict[int, int]]:
+    """Append each read row's tokens to its sequence, oldest pending token first off its
+    `pending`; a sequence that ended since its step began has its tokens discarded.
+
+    Returns:
+        The rows kept, and per `seq_id` the drafts accepted (its tokens less one).
+    """
+    live, num_accepted = [], {}
+    for row in emitted:
+        sequence = row.sequence
+        if sequence.pending:
+            sequence.pending.popleft()
+        if sequence.status.finished:
+            continue
+        live.append(row)
+        sequence.token_ids.extend(token for token, _ in row.tokens)
+        accepted = len(row.tokens) - 1
+        num_accepted[sequence.seq_id] = accepted
+        sequence.num_draft_tokens += row.num_drafts
+        sequence.num_accepted_draft_tokens += accepted
+    return live, num_accepted
