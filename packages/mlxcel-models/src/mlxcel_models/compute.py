@@ -1,4 +1,4 @@
-"""How a loaded model computes: activation dtype, and dense or quantized weights."""
+"""How a loaded model computes: activation dtype, dense or quantized weights, CPU forms."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import mlx.nn as nn
 from mlx.utils import tree_map, tree_unflatten
 
 from mlxcel_core.kernels import METAL, kernel_backend, quantized_linear
+from mlxcel_models.cpu_ops import install_cpu_ops
 
 # Rows of input from which quantized layers dequantize for a dense GEMM (prefill chunks).
 CPU_DEQUANTIZE_MIN_ROWS = 4
@@ -38,12 +39,15 @@ class ComputeOptions:
         kernel_linear: quantized linear layers kept quantized go through
             `quantized_linear` even with `dequantize_min_rows` None, so its matvec kernel
             serves decode rows.
+        cpu_ops: RoPE and RMSNorm take their CPU forms (`mlxcel_models.cpu_ops`): fewer
+            operations per step where each costs host time.
     """
 
     float_dtype: mx.Dtype | None = None
     dequantize_min_rows: int | None = None
     dense_weights_max_bytes: int | None = None
     kernel_linear: bool = False
+    cpu_ops: bool = False
 
     def __post_init__(self) -> None:
         if self.dequantize_min_rows is not None and self.dequantize_min_rows < 1:
@@ -70,10 +74,11 @@ class ComputeOptions:
         On the CPU, float16 arithmetic has no fast path and quantized products skip BLAS,
         so activations run in float32 and quantized weights are made dense float32 when
         they fit in a quarter of the memory; larger models keep them quantized and
-        dequantize per prefill chunk. On a CUDA GPU the file's dtypes are kept, and
-        quantized layers go through `quantized_linear`: its kernel for decode rows, a
-        dequantized GEMM from `CUDA_DEQUANTIZE_MIN_ROWS` rows. Elsewhere (Apple GPUs) the
-        file's dtypes and MLX's quantized kernels are kept; with the Metal kernels on
+        dequantize per prefill chunk; RoPE and RMSNorm take their CPU forms. On a CUDA
+        GPU the file's dtypes are kept, and quantized layers go through
+        `quantized_linear`: its kernel for decode rows, a dequantized GEMM from
+        `CUDA_DEQUANTIZE_MIN_ROWS` rows. Elsewhere (Apple GPUs) the file's dtypes and
+        MLX's quantized kernels are kept; with the Metal kernels on
         (`mlxcel_core.kernels.KernelOptions`), decode rows take the matvec kernel.
         """
         if device.type == mx.DeviceType.cpu:
@@ -82,6 +87,7 @@ class ComputeOptions:
                 float_dtype=mx.float32,
                 dequantize_min_rows=CPU_DEQUANTIZE_MIN_ROWS,
                 dense_weights_max_bytes=int(memory * CPU_DENSE_WEIGHTS_MEMORY_FRACTION),
+                cpu_ops=True,
             )
         if mx.cuda.is_available():
             return cls(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
@@ -162,8 +168,8 @@ def _dense_layer(layer: nn.Module, dtype: mx.Dtype) -> nn.Module:
 
 
 def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
-    """Cast float parameters and make quantized layers dense or install the prefill tactic,
-    in place, before evaluation."""
+    """Cast float parameters, make quantized layers dense or install the prefill tactic,
+    and install the CPU forms of RoPE and RMSNorm, in place, before evaluation."""
     if options.float_dtype is not None:
         dtype = options.float_dtype
         module.update(
@@ -189,3 +195,5 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
             if type(layer) is nn.QuantizedLinear and layer.mode == "affine"
         ]
         module.update_modules(tree_unflatten(replacements))
+    if options.cpu_ops:
+        install_cpu_ops(module)

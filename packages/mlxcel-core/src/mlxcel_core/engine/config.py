@@ -51,6 +51,11 @@ class EngineConfig:
         paged_decode_kernel: decode passes attend straight from the KV pools where a
             kernel serves the device (`PagedKVStorage`'s `decode_kernel`); False keeps
             gathering each row's keys and values, then attending.
+        async_scheduling: schedule and launch each step while the device computes the one
+            before, reading tokens one step late (`mlxcel_core.engine.core`); the tokens
+            are the same as with False, which reads every step before planning the next.
+            Speculative decoding and runners that send their rows to other ranks always
+            run synchronously.
 
     Raises:
         ValueError: a setting is out of range.
@@ -70,6 +75,7 @@ class EngineConfig:
     cache_type_v: str = AUTO
     cache_residual: int = 0
     paged_decode_kernel: bool = True
+    async_scheduling: bool = True
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
