@@ -11,7 +11,7 @@ never met before ("new"), then at the same lengths again ("seen"):
   L keys and over 512 + L keys (their random keys drawn inside the timed call, a
   small kernel beside the attention);
 - `model`: the whole forward pass of an mlx-lm folder's model over L = 400..411 tokens
-  on an empty cache (`mlxcel_core.engine.memory.profile_model`, the LM head on the last
+  on caches that store nothing (`mlxcel_core.engine.memory.measure_pass`, the LM head on the last
   position only), then the best of three passes at 512-8,192 tokens.
 
 Run the `model` probe under `MLX_CUDA_USE_CUDNN_SDPA=0` too, to compare MLX's attention
@@ -100,7 +100,7 @@ def probe_ops() -> None:
 
 
 def probe_model(folder: str) -> None:
-    from mlxcel_core.engine.memory import profile_model
+    from mlxcel_core.engine.memory import measure_pass
     from mlxcel_models.loading.loader import load_model
 
     model = load_model(folder).model
@@ -108,7 +108,7 @@ def probe_model(folder: str) -> None:
     mode = f"{mx.default_device()}, MLX_CUDA_USE_CUDNN_SDPA={cudnn}"
 
     def forward_ms(length: int) -> float:
-        return timed_ms(lambda: profile_model(model, length))
+        return timed_ms(lambda: measure_pass(model, length))
 
     forward_ms(64)
     forward_ms(64)

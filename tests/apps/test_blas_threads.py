@@ -23,6 +23,24 @@ def test_a_threads_setting_of_the_user_is_kept(monkeypatch):
     monkeypatch.setattr(blas_threads.os, "cpu_count", lambda: 8)
     assert blas_threads.rank_blas_environment({}, 2) == {"OPENBLAS_NUM_THREADS": "4"}
     assert blas_threads.rank_blas_environment({"OPENBLAS_NUM_THREADS": "3"}, 2) == {}
+    assert blas_threads.rank_blas_environment({"OMP_NUM_THREADS": "3"}, 2) == {}
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(2, 1), (1, 1), (8, 7), (None, 1)])
+def test_one_process_gets_the_cores_mlx_leaves(monkeypatch, cores, threads):
+    monkeypatch.setattr(blas_threads.os, "cpu_count", lambda: cores)
+    limited: list[int] = []
+    monkeypatch.setattr(blas_threads, "limit_own_blas_threads", lambda n: limited.append(n) or True)
+    assert blas_threads.limit_process_blas_threads({})
+    assert limited == [threads]
+
+
+@pytest.mark.parametrize("name", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_one_process_keeps_the_threads_its_environment_sets(monkeypatch, name):
+    limited: list[int] = []
+    monkeypatch.setattr(blas_threads, "limit_own_blas_threads", limited.append)
+    assert not blas_threads.limit_process_blas_threads({name: "2"})
+    assert limited == []
 
 
 class FakeLocalRanks:

@@ -34,6 +34,7 @@ def test_generate_streams_text_and_reports_timings(tiny_gguf):
     assert out.endswith("\n")
     assert "prompt: " in err and " tokens/s" in err
     assert "generated: " in err and "peak memory: " in err and "load time: " in err
+    assert "setup time: " in err
     assert "end of the context" not in err
 
 

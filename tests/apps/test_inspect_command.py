@@ -11,6 +11,7 @@ import pytest
 from mlxcel.cli import main, make_parser
 from mlxcel.flags import RunError, resolve_defaults
 from mlxcel.generate_command import FLAGS as GENERATE_FLAGS
+from mlxcel.loading import compute_options
 from mlxcel.memory_preflight import check_memory
 from mlxcel.store_flags import resolve_store_flags
 from mlxcel_models.compute import ComputeOptions
@@ -38,7 +39,7 @@ def test_inspect_json_reports_the_tiny_models_shape_weights_and_kv_cache(tiny_gg
         2, 4, 2, 16,
     )  # fmt: skip
     assert (report["context_length"], report["ctx_size"], report["parallel"]) == (256, 100, 3)
-    loaded = load_model(tiny_gguf, compute=ComputeOptions.for_device(mx.default_device()))
+    loaded = load_model(tiny_gguf, compute=compute_options(3))  # as inspect -np 3 counts
     assert report["weights"]["resident_bytes"] == loaded.config.weight_bytes
     assert report["parameters"] == loaded.config.num_parameters
     rows = {row["type"]: row for row in report["kv_cache"]}
@@ -161,7 +162,7 @@ def test_a_draft_model_adds_its_weights_and_kv_cache(tiny_gguf):
         resolve_defaults(args, GENERATE_FLAGS, {})
         resolve_store_flags(args, {})
         err = io.StringIO()
-        check_memory(args, err)
+        check_memory(args, err, ComputeOptions.for_device(mx.default_device()))
         return err.getvalue()
 
     alone, with_draft = estimate_line(), estimate_line("-md", str(tiny_gguf))
@@ -175,10 +176,12 @@ def test_the_check_reads_the_budget_it_is_given(tiny_gguf):
     resolve_defaults(args, GENERATE_FLAGS, {"LLAMA_ARG_ESTIMATE_MEMORY": "1"})
     resolve_store_flags(args, {})
     err = io.StringIO()
-    check_memory(args, err, budget=MemoryBudget(2**40, 2**40, 0.9))
+    check_memory(args, err, compute_options(1), budget=MemoryBudget(2**40, 2**40, 0.9))
     assert "mlxcel: memory: needs " in err.getvalue()
     with pytest.raises(RunError, match=r"but 1\.0 MiB is available"):
-        check_memory(args, io.StringIO(), budget=MemoryBudget(2**40, 2**20, 0.9))
+        check_memory(
+            args, io.StringIO(), compute_options(1), budget=MemoryBudget(2**40, 2**20, 0.9)
+        )
 
 
 def test_serve_refuses_before_loading_and_stops(tiny_gguf):

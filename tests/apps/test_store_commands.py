@@ -115,17 +115,26 @@ def test_a_draft_model_may_be_an_id(hub, environ):
 # mlxcel list
 
 
-def test_list_shows_the_store_as_a_table_json_and_names(tmp_path, environ):
+def test_list_shows_the_built_in_model_and_the_store_as_a_table_json_and_names(
+    tmp_path, environ, smollm2_path
+):
     empty = f"mlxcel: no models in the store {tmp_path / 'mlxcel' / 'models'}\n"
-    assert run_cli("list", environ=environ) == (0, "", empty)
+    code, out, err = run_cli("list", environ=environ)
+    header, built_in = out.splitlines()
+    assert (code, err) == (0, empty)
+    assert built_in.startswith(f"{smollm2_path.name} (built in)") and "MiB" in built_in
     generate("-m", REPO, environ=environ)
     code, out, _ = run_cli("list", environ=environ)
-    header, row = out.splitlines()
+    header, built_in, row = out.splitlines()
     assert code == 0 and header.split() == ["NAME", "SIZE", "MODIFIED"]
+    assert built_in.startswith(smollm2_path.name)
     assert row.startswith(REPO) and "KiB" in row
-    (listed,) = json.loads(run_cli("list", "--json", environ=environ)[1])
-    assert listed["id"] == REPO and listed["complete"] is True
+    default, listed = json.loads(run_cli("list", "--json", environ=environ)[1])
+    assert default["built_in"] is True and default["path"] == str(smollm2_path)
+    assert default["size_bytes"] == smollm2_path.stat().st_size
+    assert listed["id"] == REPO and listed["complete"] is True and listed["built_in"] is False
     assert listed["size_bytes"] > 300_000
+    # The ids of the store only, which `mlxcel rm` takes.
     assert run_cli("list", "-q", environ=environ)[1] == f"{REPO}\n"
     code, _, err = run_cli("list", "-q", "--json", environ=environ)
     assert_one_line_error(code, err, 2, "pick one")

@@ -4,6 +4,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -19,6 +20,8 @@ from mlxcel_core.engine import (
     RequestCancelledError,
     SchedulerConfig,
 )
+from mlxcel_core.engine.config import MIN_PREFILL_CHUNK, prefill_chunk_for
+from mlxcel_core.engine.memory import ModelProfile
 from mlxcel_core.generate import FinishReason, GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 
@@ -256,3 +259,64 @@ def test_request_and_config_validation():
         EngineConfig(max_waiting=0)
     with pytest.raises(ValueError, match="block_size must be <= 256, got 257"):
         EngineConfig(block_size=257)
+
+
+def test_a_request_cancelled_during_a_long_prompt_frees_its_slot_within_one_chunk(
+    async_scheduling,
+):
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_num_seqs=1, max_prefill_chunk=8),
+        async_scheduling=async_scheduling,
+    )
+    engine, model, gate = gated_engine(config)
+    try:
+        long_prompt, waiting = OutputQueue(), OutputQueue()
+        handle = engine.submit([make_request(prompt=tuple(range(1, 41)))], long_prompt)
+        engine.submit([make_request()], waiting)  # no free slot: it waits
+        gate.release(1)  # the first of five prefill chunks
+        deadline = time.monotonic() + TIMEOUT
+        while model.forwards < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handle.cancel()
+        gate.release(100)
+        assert [type(o.error) for o in drain(long_prompt, 1)] == [RequestCancelledError]
+        assert drain(waiting, 1)[-1].finish_reason is FinishReason.LENGTH
+        # At most the chunk in flight ran after the cancel, then the waiting request's
+        # prefill and its two decode steps.
+        assert model.forwards <= 2 + 3
+        assert engine.stats.num_kv_blocks_used == 0
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+
+
+def test_a_time_limit_lowers_the_prefill_chunk_to_the_measured_speed_but_not_below_a_floor():
+    scheduler = SchedulerConfig(max_prefill_chunk=512)
+    # 0.25 s whatever the length, then 1/256 s per token.
+    profile = ModelProfile((), 0, 0, VOCAB, prefill_seconds=(0.25, 1 / 256))
+    assert prefill_chunk_for(EngineConfig(scheduler=scheduler), profile) == 512
+    limited = EngineConfig(scheduler=scheduler, max_prefill_seconds=1.0)
+    assert prefill_chunk_for(limited, profile) == 192
+    assert prefill_chunk_for(replace(limited, max_prefill_seconds=0.5), profile) == 64
+    slow = replace(profile, prefill_seconds=(0.25, 0.5))
+    assert prefill_chunk_for(limited, slow) == MIN_PREFILL_CHUNK
+    fixed_cost_too_long = replace(profile, prefill_seconds=(2.0, 0.001))
+    assert prefill_chunk_for(limited, fixed_cost_too_long) == MIN_PREFILL_CHUNK
+    fast = replace(profile, prefill_seconds=(0.0, 1e-5))
+    assert prefill_chunk_for(limited, fast) == 512
+    assert prefill_chunk_for(limited, replace(profile, prefill_seconds=None)) == 512
+    with pytest.raises(ValueError, match="max_prefill_seconds must be None or > 0"):
+        EngineConfig(max_prefill_seconds=0.0)
+
+
+def test_the_engine_runs_the_chunk_its_start_up_speed_allows():
+    tiny_limit = EngineConfig(max_prefill_seconds=1e-9)
+    engine = Engine(CountingModel(), tiny_limit)
+    try:
+        assert engine.config.scheduler.max_prefill_chunk == MIN_PREFILL_CHUNK
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+    engine = Engine(CountingModel(), EngineConfig())
+    try:
+        assert engine.config.scheduler.max_prefill_chunk == 512
+    finally:
+        engine.shutdown(timeout=TIMEOUT)

@@ -1,12 +1,17 @@
 """End to end on the real SmolLM2-135M-Instruct GGUF (98 MB, CPU): answers and mlx-lm parity."""
 
 import io
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
 from mlxcel.cli import main
+from mlxcel_core.engine.memory import measure_pass, profile_model
 from mlxcel_core.generate import generate_tokens
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.compute import ComputeOptions
@@ -28,17 +33,26 @@ def smollm2_as_stored(smollm2_path):
     return load_model(smollm2_path, compute=ComputeOptions())
 
 
-def test_capital_of_france_is_paris():
-    out, err = io.StringIO(), io.StringIO()
-    code = main(
-        ["generate", "-p", "What is the capital of France? Answer in one sentence.", "--temp", "0"],
-        environ={},
-        out=out,
-        err=err,
+def readme_first_command() -> list[str]:
+    """The `mlxcel ...` part of the README's first command (after `uv run`)."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("```sh\n", 1)[1]
+    first_line = block.splitlines()[0]
+    return shlex.split(first_line.split(" uv run ", 1)[1])
+
+
+def test_the_readme_first_command_answers_paris():
+    command = readme_first_command()
+    assert command[:2] == ["mlxcel", "generate"]
+    result = subprocess.run(
+        [sys.executable, "-m", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    assert code == 0, err.getvalue()
-    assert "Paris" in out.getvalue()
-    assert out.getvalue().strip() == "The capital of France is Paris."
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "The capital of France is Paris."
 
 
 @pytest.mark.parametrize(
@@ -93,3 +107,10 @@ def test_n_predict_caps_the_answer(smollm2):
     )  # fmt: skip
     assert code == 0
     assert out.getvalue().strip() == "The capital of"
+
+
+def test_the_step_scaled_from_small_passes_covers_a_measured_chunk(smollm2):
+    model = smollm2.model
+    scaled = profile_model(model, 512).transient_bytes
+    measured = measure_pass(model, 512).transient_bytes
+    assert measured <= scaled <= 2.5 * measured

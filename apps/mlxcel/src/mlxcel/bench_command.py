@@ -32,7 +32,7 @@ from mlxcel.flags import (
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
-from mlxcel.loading import load_for_command
+from mlxcel.loading import compute_options, load_for_command
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.generate import generate_tokens
@@ -188,6 +188,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         args.model,
         store=args.model_store,
         revision=args.revision,
+        compute=compute_options(1),  # one sequence, as generate runs one prompt
         surgery=surgery,
         gguf_dequant=args.gguf_dequant,
     )

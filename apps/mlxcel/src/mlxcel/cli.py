@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, TextIO
 
+from mlxcel.blas import describe_blas
 from mlxcel.flags import InputError, RunError, UsageError
 from mlxcel_core.engine import ImagesNotSupportedError
 from mlxcel_core.generate import ContextOverflowError
@@ -81,8 +82,12 @@ def make_parser(command: str | None = None) -> argparse.ArgumentParser:
     Raises:
         UsageError: `command`'s module cannot be imported (an extra it needs is missing).
     """
-    parser = _Parser(prog="mlxcel", description="LLM inference on MLX.")
-    parser.add_argument("--version", action="version", version=f"mlxcel {_installed_version()}")
+    parser = _Parser(
+        prog="mlxcel",
+        description="LLM inference on MLX.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the version's lines
+    )
+    parser.add_argument("--version", action="version", version=_version_text())
     subparsers = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         if name == command:
@@ -94,6 +99,14 @@ def make_parser(command: str | None = None) -> argparse.ArgumentParser:
         else:
             subparsers.add_parser(name, help=help_text)
     return parser
+
+
+def _version_text() -> str:
+    """`mlxcel VERSION`, then, on Linux, the BLAS this process runs with."""
+    text = f"mlxcel {_installed_version()}"
+    if sys.platform.startswith("linux"):
+        text += "\n" + describe_blas(os.environ)
+    return text
 
 
 def _installed_version() -> str:

@@ -1,9 +1,13 @@
 """Console entry point of `mlxcel`: process setup, kept free of heavy imports.
 
-Three things must happen before MLX is imported:
-- On Linux, MLX's CPU wheel links a reference BLAS; when OpenBLAS is installed the command
-  re-executes itself with OpenBLAS preloaded, which makes float matrix products several
-  times faster (docs/adr/0003). `MLXCEL_NO_OPENBLAS=1` turns this off.
+Four things must happen before MLX is imported:
+- On Linux, MLX's CPU wheel links a reference BLAS; the command re-executes itself with
+  OpenBLAS preloaded (from PyPI, else the system's; `mlxcel.blas`), which makes float
+  matrix products many times faster (docs/adr/0003, 0028). `MLXCEL_NO_OPENBLAS=1` turns
+  this off.
+- OpenBLAS gets the cores MLX's own CPU work leaves (`mlxcel.blas_threads`) unless the
+  environment sets its thread count: with a thread per core its idle workers spin on the
+  cores MLX needs.
 - MLX's CUDA backend keeps per-shape state (cuDNN attention plans among it) in LRU caches
   that, once they have missed twice their capacity over the process's life, raise on every
   further miss ("Cache thrashing is happening"). A server keeps meeting new shapes as long
@@ -20,24 +24,21 @@ import os
 import sys
 from typing import NoReturn
 
+from mlxcel.blas_threads import limit_process_blas_threads
+
 EXIT_INTERRUPTED = 130
-NO_OPENBLAS_VARIABLE = "MLXCEL_NO_OPENBLAS"
 THRASHING_CHECK_VARIABLE = "MLX_ENABLE_CACHE_THRASHING_CHECK"
-# Debian's and Ubuntu's libopenblas0-pthread.
-OPENBLAS_LIBRARIES = (
-    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
-    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3",
-)
 
 
 def _reexec_with_openblas(argv: list[str]) -> None:
-    if not sys.platform.startswith("linux") or os.environ.get(NO_OPENBLAS_VARIABLE):
+    if not sys.platform.startswith("linux"):
         return
-    library = next((path for path in OPENBLAS_LIBRARIES if os.path.exists(path)), None)
-    preload = os.environ.get("LD_PRELOAD", "")
-    if library is None or library in preload:
+    from mlxcel.blas import preferred_blas
+
+    blas = preferred_blas(os.environ)
+    if blas.library is None or blas.is_preloaded(os.environ):
         return
-    environment = {**os.environ, "LD_PRELOAD": f"{library}:{preload}" if preload else library}
+    environment = blas.environment(os.environ)
     os.execve(sys.executable, [sys.executable, "-m", "mlxcel", *argv], environment)
 
 
@@ -64,6 +65,7 @@ def _run(argv: list[str]) -> NoReturn:
     set_process_defaults()
     try:
         _reexec_with_openblas(argv)
+        limit_process_blas_threads(os.environ)
         from mlxcel.cli import main
 
         code = main(argv)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+import mlx.core as mx
+
 from mlxcel.flags import Flag, RunError, UsageError, flag_error
 from mlxcel.speculative_flags import SPECULATIVE_FLAGS, load_draft_model, speculative_config_from
 from mlxcel_core.cache.quant import CACHE_TYPES
@@ -27,11 +29,16 @@ UBATCH_SIZE_FLAG = Flag(
     "ubatch_size",
     int,
     512,
-    "most prompt tokens of one request per forward pass (prefill chunk; with "
+    "most prompt tokens of one request per forward pass (prefill chunk; on the CPU fewer "
+    "if one would take over a second at the speed measured at start-up; with "
     "MLXCEL_AUTOTUNE set and neither this flag nor its variable given, the tuned one)",
     env="LLAMA_ARG_UBATCH",
 )
 _CACHE_TYPE_HELP = f"({', '.join(CACHE_TYPES)}); auto = the model's own dtype"
+# On the CPU a prefill chunk is cut to what the speed measured at start-up prefills in about
+# a second, so a request cancelled during a long prompt frees its slot within that time
+# (a 512-token chunk takes tens of seconds on MLX's reference BLAS).
+CPU_PREFILL_CHUNK_SECONDS = 1.0
 
 ENGINE_FLAGS = (
     Flag(("-np", "--parallel"), "parallel", int, 4,
@@ -115,6 +122,9 @@ def engine_config_from(args: argparse.Namespace, *, max_waiting: int) -> EngineC
             cache_type_k=args.cache_type_k,
             cache_type_v=args.cache_type_v,
             cache_residual=args.cache_residual,
+            max_prefill_seconds=(
+                CPU_PREFILL_CHUNK_SECONDS if mx.default_device().type == mx.DeviceType.cpu else None
+            ),
         )
     except ValueError as error:
         raise flag_error(str(error), _FLAG_NAMES) from error

@@ -8,6 +8,7 @@ together (see `batch_generate`).
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
@@ -40,10 +41,15 @@ from mlxcel.flags import (
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
-from mlxcel.loading import load_target_model
+from mlxcel.loading import compute_options, describe_weights, load_target_model
 from mlxcel.media_flags import IMAGE_FLAGS, check_image_mode, read_images
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
-from mlxcel.parallel_flags import PARALLEL_FLAGS, check_parallel, parallel_rank
+from mlxcel.parallel_flags import (
+    PARALLEL_FLAGS,
+    check_parallel,
+    parallel_mode_from,
+    parallel_rank,
+)
 from mlxcel.reasoning_display import ReasoningDisplay, stream_is_terminal
 from mlxcel.reply_reasoning import (
     REASONING_FLAGS,
@@ -166,8 +172,14 @@ def image_prompt(
 
 
 def format_stats(
-    stats: GenerationStats, load_seconds: float, gguf_conversions: Sequence[TypeConversion] = ()
+    stats: GenerationStats,
+    load_seconds: float,
+    setup_seconds: float,
+    gguf_conversions: Sequence[TypeConversion] = (),
 ) -> str:
+    """The stats lines on stderr: prompt and generation speed, drafts, peak memory, the
+    start-up times (`load_seconds` reading the weights, `setup_seconds` starting the engine:
+    its memory plan and KV cache) and the GGUF types converted on load."""
     lines = [
         f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s"
         f" ({stats.prompt_seconds:.2f} s)",
@@ -181,7 +193,8 @@ def format_stats(
             f"accepted ({rate:.1%})"
         )
     lines.append(
-        f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s"
+        f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s, "
+        f"setup time: {setup_seconds:.2f} s"
     )
     if gguf_conversions:
         lines.append("gguf: " + ", ".join(str(conversion) for conversion in gguf_conversions))
@@ -215,9 +228,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     check_draft_model_path(args)
     check_parallel(args, engine_config)
     surgery = surgery_plan_from(args)
-    check_memory(args, err)
+    # One prompt decodes alone; a prompts file decodes -np at once. Ranks that split the
+    # model keep the dense weights their sharding was measured with.
+    batch = 1 if len(prompts) == 1 else min(args.parallel, len(prompts))
+    compute = compute_options(None if parallel_mode_from(args) is not None else batch)
+    check_memory(args, err, compute)
     with parallel_rank(args, environ, err) as rank:
-        loaded = load_target_model(args, adapters, surgery)
+        loaded = load_target_model(args, adapters, surgery, compute)
         if rank is None:
             return _generate(args, loaded, engine_config, prompts, images, params, out, err)
         loaded = rank.prepare(loaded)
@@ -334,9 +351,11 @@ def generate_one(
         show=args.show_reasoning,
         dim=stream_is_terminal(out),
     )
+    setup_start = time.perf_counter()
     engine = open_engine(
         args, loaded, engine_config, context_size=context_size, make_runner=make_runner
     )
+    setup_seconds = time.perf_counter() - setup_start
     try:
         final = stream_reply(engine, request, display.write)
     finally:
@@ -350,7 +369,10 @@ def generate_one(
         and not 0 <= args.n_predict <= stats.generated_tokens
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
-    print(format_stats(stats, loaded.load_seconds, loaded.gguf_conversions), file=err)
+    print(
+        format_stats(stats, loaded.load_seconds, setup_seconds, loaded.gguf_conversions), file=err
+    )
+    print(describe_weights(loaded), file=err)
     return 0
 
 

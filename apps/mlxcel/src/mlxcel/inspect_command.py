@@ -26,6 +26,7 @@ from mlxcel.flags import (
     add_command,
     resolve_defaults,
 )
+from mlxcel.loading import compute_options
 from mlxcel.memory_preflight import (
     breakdown,
     context_request_from,
@@ -146,7 +147,7 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
     else:
         path = resolve_model(args.model, args.model_store, revision=args.revision)
     inventory = read_model_inventory(path)
-    options = ComputeOptions.for_device(mx.default_device())
+    options = compute_options(args.parallel)
     tokens = request.tokens(inventory)
     try:
         estimate = estimate_memory(inventory, request, options)

@@ -8,10 +8,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import mlx.core as mx
 from tqdm import tqdm
 
+from mlxcel.blas import loaded_openblas
 from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
-from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.compute import ComputeOptions, CpuBlas
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
@@ -86,11 +88,36 @@ def _load_vision_model(
     return load_vision_model(path, progress=progress, compute=compute)
 
 
+def process_blas() -> CpuBlas:
+    """The BLAS this process's CPU matrix products run on."""
+    return CpuBlas.OPENBLAS if loaded_openblas() is not None else CpuBlas.REFERENCE
+
+
+def compute_options(max_batch: int | None) -> ComputeOptions:
+    """The device's compute options for a command that decodes at most `max_batch`
+    sequences together (None: any number, as when the model is split over ranks), with
+    this process's BLAS: on the CPU, whether quantized weights are made dense
+    (`ComputeOptions.for_device`, docs/adr/0029)."""
+    return ComputeOptions.for_device(mx.default_device(), max_batch=max_batch, blas=process_blas())
+
+
+def describe_weights(loaded: LoadedModel) -> str:
+    """How the loaded weights are held, for the stats on stderr."""
+    held = "quantized, as in the file" if loaded.config.quantized else "dense"
+    if mx.default_device().type == mx.DeviceType.cpu:
+        return f"weights: {held}, matrix products on {process_blas()}"
+    return f"weights: {held}"
+
+
 def load_target_model(
-    args: argparse.Namespace, adapters: Sequence[AdapterSpec], surgery: SurgeryPlan | None
+    args: argparse.Namespace,
+    adapters: Sequence[AdapterSpec],
+    surgery: SurgeryPlan | None,
+    compute: ComputeOptions,
 ) -> LoadedModel:
     """`load_for_command` for the model of resolved `-m`, store, `--revision`,
-    `--lora-fuse` and `--gguf-dequant` flags, with its `adapters` and `surgery`.
+    `--lora-fuse` and `--gguf-dequant` flags, with its `adapters`, `surgery` and `compute`
+    options (`compute_options`).
 
     Raises:
         ModelLoadError: as `load_for_command` does.
@@ -99,6 +126,7 @@ def load_target_model(
         args.model,
         store=args.model_store,
         revision=args.revision,
+        compute=compute,
         adapters=adapters,
         fuse_adapters=args.lora_fuse,
         surgery=surgery,

@@ -80,9 +80,9 @@ _FLAG_NAMES = {
 }
 
 
-def estimate_for_start(args: argparse.Namespace) -> MemoryEstimate:
+def estimate_for_start(args: argparse.Namespace, options: ComputeOptions) -> MemoryEstimate:
     """What the model `-m` (and the draft model `-md`, if any) will take with one sequence
-    of `-c` tokens, on this device, from their headers. A Hugging Face id is resolved
+    of `-c` tokens, loaded with `options`, from their headers. A Hugging Face id is resolved
     through `args.model_store` first, downloaded if the store does not hold it yet.
 
     Raises:
@@ -90,7 +90,6 @@ def estimate_for_start(args: argparse.Namespace) -> MemoryEstimate:
             fetched.
         UsageError: a KV cache type cannot store the model's head dim.
     """
-    options = ComputeOptions.for_device(mx.default_device())
     request = context_request_from(args)
     if args.model is None:
         path = default_model_path()
@@ -102,7 +101,8 @@ def estimate_for_start(args: argparse.Namespace) -> MemoryEstimate:
             # The draft's KV is kept in its own dtype, whatever -ctk/-ctv say.
             draft_request = replace(request, cache_type_k=AUTO, cache_type_v=AUTO)
             draft_path = resolve_model(args.model_draft, args.model_store)
-            draft = estimate_memory(read_model_inventory(draft_path), draft_request, options)
+            draft_options = ComputeOptions.for_device(mx.default_device())
+            draft = estimate_memory(read_model_inventory(draft_path), draft_request, draft_options)
             estimate = estimate.beside(draft)
     except ValueError as error:
         raise UsageError(str(error)) from error
@@ -130,13 +130,18 @@ def describe_budget(budget: MemoryBudget) -> str:
 
 
 def check_memory(
-    args: argparse.Namespace, err: TextIO, *, budget: MemoryBudget | None = None
+    args: argparse.Namespace,
+    err: TextIO,
+    options: ComputeOptions,
+    *,
+    budget: MemoryBudget | None = None,
 ) -> None:
     """Refuse to start when the model and one sequence of `-c` tokens do not fit.
 
     Args:
         args: resolved `generate` / `serve` flags, `args.model_store` set.
         err: where `--estimate-memory` prints the estimate.
+        options: the compute options the model will be loaded with.
         budget: the memory to check against; None asks the device
             (`device_memory_budget` with `--gpu-memory-utilization`).
 
@@ -147,7 +152,7 @@ def check_memory(
     """
     if args.no_memory_check and not args.estimate_memory:
         return
-    estimate = estimate_for_start(args)
+    estimate = estimate_for_start(args, options)
     if budget is None:
         budget = device_memory_budget(args.memory_utilization)
     if args.estimate_memory:

@@ -41,7 +41,7 @@ from mlxcel.flags import (
 from mlxcel.generate_command import check_length_flags, generate_one
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
-from mlxcel.loading import load_target_model
+from mlxcel.loading import compute_options, load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.repl import run_repl
 from mlxcel.repl_input import PipedReader, TerminalReader, terminal_history
@@ -103,12 +103,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     # Engine and draft flags are checked before the model loads, not after.
     engine_config = engine_config_from(args, max_waiting=1)
     check_draft_model_path(args)
-    check_memory(args, err)
+    compute = compute_options(1)  # one reply at a time
+    check_memory(args, err, compute)
     template = chat_template_from(args)
     system = system_messages(args)
     prompt = None if args.prompt is None else check_text(args.prompt, "prompt")
     surgery = surgery_plan_from(args)
-    loaded = load_target_model(args, adapters, surgery)
+    loaded = load_target_model(args, adapters, surgery, compute)
     check_chat_template(loaded.tokenizer, template)
     if prompt is not None:
         messages = [*system, {"role": "user", "content": prompt}]

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -48,10 +49,16 @@ from mlxcel.flags import (
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
-from mlxcel.loading import load_target_model
+from mlxcel.loading import compute_options, load_target_model
 from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
-from mlxcel.parallel_flags import PARALLEL_FLAGS, ParallelRank, check_parallel, parallel_rank
+from mlxcel.parallel_flags import (
+    PARALLEL_FLAGS,
+    ParallelRank,
+    check_parallel,
+    parallel_mode_from,
+    parallel_rank,
+)
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.stage_faults import (
     STAGE_TIMEOUT_FLAG,
@@ -70,6 +77,7 @@ from mlxcel_core.engine import (
     RunnerFactory,
 )
 from mlxcel_core.threads import thread_stream
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
@@ -269,10 +277,12 @@ def _loader(
     surgery = surgery_plan_from(args)
     speech_paths = speech_model_paths(args)
 
+    compute = _serving_compute(args)
+
     def load() -> Models:
-        check_memory(args, err)
+        check_memory(args, err, compute)
         with thread_stream():
-            loaded = load_target_model(args, adapters, surgery)
+            loaded = load_target_model(args, adapters, surgery, compute)
             if template is not None:
                 loaded.tokenizer.chat_template = template
             if rank is not None:
@@ -291,10 +301,13 @@ async def serve_until_stopped(
     load_models: Callable[[], Models],
     make_runner: RunnerFactory | None = None,
     make_remote_prefill: RemotePrefillFactory | None = None,
+    *,
+    err: TextIO,
 ) -> None:
     """Serve `app` while `load_models` runs on a thread (the model, its draft model and the
     speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner,
-    `make_remote_prefill` where its prompts are prefilled.
+    `make_remote_prefill` where its prompts are prefilled. Once the engine runs, one line on
+    `err` says so, with the load and the engine's set-up times.
 
     Raises:
         ModelLoadError: the model, an adapter, the draft model or a speech model cannot be
@@ -316,6 +329,7 @@ async def serve_until_stopped(
             loaded, draft, audio = load_models()
             if audio is not None:
                 state.set_audio(audio)
+            setup_start = time.perf_counter()
             state.set_ready(
                 serving_model(
                     loaded,
@@ -324,6 +338,13 @@ async def serve_until_stopped(
                     make_runner=make_runner,
                     make_remote_prefill=make_remote_prefill,
                 )
+            )
+            setup_seconds = time.perf_counter() - setup_start
+            print(
+                f"mlxcel: ready: model loaded in {loaded.load_seconds:.2f} s, engine set up "
+                f"in {setup_seconds:.2f} s",
+                file=err,
+                flush=True,
             )
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
@@ -384,6 +405,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     return code
 
 
+def _serving_compute(args: argparse.Namespace) -> ComputeOptions:
+    """The compute options for `-np` streams at once; ranks that split the model (`--tp`,
+    `--pp`, `--disaggregate`) keep the dense weights their split was measured with."""
+    split = parallel_mode_from(args) is not None or args.disaggregate
+    return compute_options(None if split else args.parallel)
+
+
 def _follow(
     args: argparse.Namespace, settings: ServerSettings, rank: ParallelRank, err: TextIO
 ) -> int:
@@ -391,8 +419,9 @@ def _follow(
     rank 0's engine steps; no HTTP."""
     adapters = adapter_specs_from(args)
     surgery = surgery_plan_from(args)
-    check_memory(args, err)
-    loaded = rank.prepare(load_target_model(args, adapters, surgery))
+    compute = _serving_compute(args)
+    check_memory(args, err, compute)
+    loaded = rank.prepare(load_target_model(args, adapters, surgery, compute))
     return rank.follow(loaded, settings.engine)
 
 
@@ -402,8 +431,9 @@ def _prefill(
     """Rank 1 of `--disaggregate`: load the model, then prefill rank 0's prompts; no HTTP."""
     adapters = adapter_specs_from(args)
     surgery = surgery_plan_from(args)
-    check_memory(args, err)
-    loaded = load_target_model(args, adapters, surgery)
+    compute = _serving_compute(args)
+    check_memory(args, err, compute)
+    loaded = load_target_model(args, adapters, surgery, compute)
     context_size = settings.context_size or loaded.config.context_length
     return pair.serve_prefills(loaded, settings.engine, context_size)
 
@@ -442,7 +472,7 @@ def _serve(
     try:
         asyncio.run(
             serve_until_stopped(
-                app, config, state, settings, load_models, make_runner, make_remote_prefill
+                app, config, state, settings, load_models, make_runner, make_remote_prefill, err=err
             )
         )
     except OSError as error:

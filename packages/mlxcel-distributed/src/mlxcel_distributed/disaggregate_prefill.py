@@ -16,8 +16,7 @@ import mlx.core as mx
 
 from mlxcel_core.cache.paged import InvariantError, KVCacheManager
 from mlxcel_core.engine import EngineConfig, ModelRunner, PrefillJob, RowInput
-from mlxcel_core.engine.config import make_kv_storage, plan_kv_blocks
-from mlxcel_core.engine.memory import profile_model
+from mlxcel_core.engine.config import make_kv_storage, plan_kv_blocks, profile_largest_step
 from mlxcel_core.engine.remote_prefill import returned_block_ids
 from mlxcel_core.generate import LanguageModel
 from mlxcel_distributed.disaggregate_messages import receive_job, send_kv, send_ready
@@ -42,7 +41,7 @@ class PrefillWorker:
 
     def __init__(self, model: LanguageModel, config: EngineConfig) -> None:
         chunk = config.scheduler.max_prefill_chunk
-        profile = profile_model(model, chunk)
+        profile = profile_largest_step(config, model)
         num_blocks = plan_kv_blocks(config, profile)
         self.storage = make_kv_storage(config, profile, num_blocks)
         self._kv = KVCacheManager(

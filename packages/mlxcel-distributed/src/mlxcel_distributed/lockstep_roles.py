@@ -10,8 +10,7 @@ from mlxcel_core.cache.block_groups import BlockGroups
 from mlxcel_core.cache.layout import model_cache_layout
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RunnerFactory
-from mlxcel_core.engine.config import make_kv_storage
-from mlxcel_core.engine.memory import profile_model
+from mlxcel_core.engine.config import make_kv_storage, profile_largest_step
 from mlxcel_core.generate import LanguageModel
 from mlxcel_distributed.lockstep import LockstepRunner, asks_for_reports, evaluate_step
 from mlxcel_distributed.pipeline_runner import PipelineRunner, StageRunner
@@ -66,7 +65,7 @@ def follow_steps(model: LanguageModel, config: EngineConfig, channel: Channel) -
     Raises:
         LockstepError: a message came out of order.
     """
-    profile = profile_model(model, config.scheduler.max_prefill_chunk)
+    profile = profile_largest_step(config, model)
     plan = channel.receive()
     if isinstance(plan, Shutdown):
         return 0

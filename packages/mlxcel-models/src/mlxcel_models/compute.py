@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,6 +22,20 @@ CPU_DENSE_WEIGHTS_MEMORY_FRACTION = 0.25
 # its bf16 copy on one H200 (DESIGN.md); dequantizing reads 4 bits and writes 16 per weight
 # once more (docs/adr/0020-quantized-matvec-kernel.md).
 CUDA_DEQUANTIZE_MIN_ROWS = 16
+
+
+class CpuBlas(StrEnum):
+    """The BLAS MLX's CPU matrix products run on in a process."""
+
+    OPENBLAS = "OpenBLAS"
+    REFERENCE = "reference BLAS"
+
+
+# The smallest batch (sequences decoded together) from which quantized weights are made
+# dense float32 on the CPU, per BLAS. Below it the file's quantized form is kept: it holds
+# 4-6x less memory, and at one sequence it decodes as fast with the reference BLAS and about
+# 25% slower with OpenBLAS; from it dense decodes 2.6-5x faster (docs/adr/0004, 0029).
+CPU_DENSE_MIN_BATCH = {CpuBlas.OPENBLAS: 2, CpuBlas.REFERENCE: 4}
 
 
 @dataclass(frozen=True)
@@ -68,25 +83,37 @@ class ComputeOptions:
         return limit is not None and dense_bytes <= limit
 
     @classmethod
-    def for_device(cls, device: mx.Device) -> ComputeOptions:
-        """The measured best choice for `device` (docs/adr/0003, 0004).
+    def for_device(
+        cls, device: mx.Device, *, max_batch: int | None = None, blas: CpuBlas = CpuBlas.OPENBLAS
+    ) -> ComputeOptions:
+        """The measured best choice for `device` (docs/adr/0003, 0004, 0029).
 
         On the CPU, float16 arithmetic has no fast path and quantized products skip BLAS,
-        so activations run in float32 and quantized weights are made dense float32 when
-        they fit in a quarter of the memory; larger models keep them quantized and
-        dequantize per prefill chunk; RoPE and RMSNorm take their CPU forms. On a CUDA
-        GPU the file's dtypes are kept, and quantized layers go through
-        `quantized_linear`: its kernel for decode rows, a dequantized GEMM from
-        `CUDA_DEQUANTIZE_MIN_ROWS` rows. Elsewhere (Apple GPUs) the file's dtypes and
-        MLX's quantized kernels are kept; with the Metal kernels on
-        (`mlxcel_core.kernels.KernelOptions`), decode rows take the matvec kernel.
+        so activations run in float32, prefill chunks multiply by dequantized weights, and
+        RoPE and RMSNorm take their CPU forms (`cpu_ops`). Quantized weights are made
+        dense float32 at load when the command decodes at least `CPU_DENSE_MIN_BATCH[blas]`
+        sequences together (`max_batch`; None: batches of any size) and they fit in a
+        quarter of the memory; otherwise the file's quantized form is kept. On a CUDA GPU
+        the file's dtypes are kept, and quantized layers go through `quantized_linear`: its
+        kernel for decode rows, a dequantized GEMM from `CUDA_DEQUANTIZE_MIN_ROWS` rows.
+        Elsewhere (Apple GPUs) the file's dtypes and MLX's quantized kernels are kept; with
+        the Metal kernels on (`mlxcel_core.kernels.KernelOptions`), decode rows take the
+        matvec kernel.
+
+        Raises:
+            ValueError: `max_batch` < 1.
         """
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be None or >= 1, got {max_batch}")
         if device.type == mx.DeviceType.cpu:
             memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            dense = max_batch is None or max_batch >= CPU_DENSE_MIN_BATCH[blas]
             return cls(
                 float_dtype=mx.float32,
                 dequantize_min_rows=CPU_DEQUANTIZE_MIN_ROWS,
-                dense_weights_max_bytes=int(memory * CPU_DENSE_WEIGHTS_MEMORY_FRACTION),
+                dense_weights_max_bytes=(
+                    int(memory * CPU_DENSE_WEIGHTS_MEMORY_FRACTION) if dense else None
+                ),
                 cpu_ops=True,
             )
         if mx.cuda.is_available():
@@ -197,3 +224,9 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
         module.update_modules(tree_unflatten(replacements))
     if options.cpu_ops:
         install_cpu_ops(module)
+
+
+def has_quantized_layers(module: nn.Module) -> bool:
+    """Whether `module` holds affine-quantized linear or embedding layers (kept as the file
+    stores them, not made dense)."""
+    return bool(_quantized_layers(module))

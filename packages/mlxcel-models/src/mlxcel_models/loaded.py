@@ -50,6 +50,7 @@ class ModelConfig:
         num_layers: decoder layers.
         num_parameters: parameter count, counting quantized weights unpacked.
         weight_bytes: bytes the weights occupy in memory.
+        quantized: some layers are kept in the file's quantized form (not made dense).
     """
 
     context_length: int
@@ -57,6 +58,7 @@ class ModelConfig:
     num_layers: int
     num_parameters: int
     weight_bytes: int
+    quantized: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from mlxcel_models.backend import LoadProgress
-from mlxcel_models.compute import ComputeOptions
+from mlxcel_models.compute import ComputeOptions, has_quantized_layers
 from mlxcel_models.detection import detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel, ModelConfig
@@ -88,6 +88,7 @@ def load_vision_model(
         num_layers=parts.decoder.num_layers,
         num_parameters=count_parameters(parts.module),
         weight_bytes=sum(array.nbytes for _, array in tree_flatten(parts.module.parameters())),
+        quantized=has_quantized_layers(parts.module),
     )
     return LoadedModel(
         VisionLanguageModel(parts),

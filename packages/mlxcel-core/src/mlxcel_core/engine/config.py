@@ -10,10 +10,14 @@ from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row
 from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
 from mlxcel_core.cache.state import state_bytes_per_sequence
-from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes
+from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, profile_model
 from mlxcel_core.engine.scheduler import SchedulerConfig
+from mlxcel_core.generate import LanguageModel
 from mlxcel_core.speculative import SpeculativeConfig
 
+# The smallest prefill chunk a time limit lowers `max_prefill_chunk` to: one KV block of
+# the default size, so slow devices still make progress on a prompt.
+MIN_PREFILL_CHUNK = 16
 # vLLM's largest block size. The KV pools grow by whole blocks, at least 16 at a time, so a
 # far larger block costs gigabytes before the first token.
 MAX_BLOCK_SIZE = 256
@@ -56,6 +60,10 @@ class EngineConfig:
             are the same as with False, which reads every step before planning the next.
             Speculative decoding and runners that send their rows to other ranks always
             run synchronously.
+        max_prefill_seconds: lower `scheduler.max_prefill_chunk` so that a chunk takes
+            about this long at most at the prefill speed measured at start-up
+            (`prefill_chunk_for`); a request cancelled during a long prompt then frees
+            its slot within that time. None keeps the chunk as given.
 
     Raises:
         ValueError: a setting is out of range.
@@ -76,6 +84,7 @@ class EngineConfig:
     cache_residual: int = 0
     paged_decode_kernel: bool = True
     async_scheduling: bool = True
+    max_prefill_seconds: float | None = None
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
@@ -92,6 +101,10 @@ class EngineConfig:
             raise ValueError(f"retry_after_seconds must be >= 0, got {self.retry_after_seconds}")
         check_cache_type("cache_type_k", self.cache_type_k)
         check_cache_type("cache_type_v", self.cache_type_v)
+        if self.max_prefill_seconds is not None and not self.max_prefill_seconds > 0:
+            raise ValueError(
+                f"max_prefill_seconds must be None or > 0, got {self.max_prefill_seconds}"
+            )
         if self.cache_residual < 0:
             raise ValueError(f"cache_residual must be >= 0, got {self.cache_residual}")
         if self.cache_residual and not (
@@ -138,6 +151,33 @@ class EngineConfig:
         if self.speculative is not None:
             step_tokens = max(step_tokens, 1 + self.speculative.num_draft_tokens)
         return min(whole, 2 + math.ceil((window - 1 + step_tokens) / self.block_size))
+
+
+def profile_largest_step(
+    config: EngineConfig, model: LanguageModel, layout: CacheLayout | None = None
+) -> ModelProfile:
+    """`profile_model` for the largest step `config` runs: a prefill chunk of
+    `scheduler.max_prefill_chunk` tokens (at most the context) at the end of a context of
+    `context_size`. Every rank of a split model profiles alike, so the passes' collectives
+    pair up."""
+    chunk = min(config.scheduler.max_prefill_chunk, config.context_size)
+    return profile_model(model, chunk, layout, context_tokens=config.context_size)
+
+
+def prefill_chunk_for(config: EngineConfig, profile: ModelProfile) -> int:
+    """The prompt tokens of one sequence per forward pass: `scheduler.max_prefill_chunk`,
+    lowered to what `profile`'s measured prefill time (a fixed part plus a part per token)
+    allows in `config.max_prefill_seconds`, but not below `MIN_PREFILL_CHUNK`."""
+    chunk = config.scheduler.max_prefill_chunk
+    if config.max_prefill_seconds is None or profile.prefill_seconds is None:
+        return chunk
+    fixed, per_token = profile.prefill_seconds
+    budget = config.max_prefill_seconds - fixed
+    if budget <= 0:
+        return min(chunk, MIN_PREFILL_CHUNK)
+    if per_token <= 0:
+        return chunk
+    return min(chunk, max(MIN_PREFILL_CHUNK, int(budget / per_token)))
 
 
 def plan_kv_blocks(

@@ -76,7 +76,8 @@ class EngineCore:
 
     Args:
         model: the language model; its weights must already be evaluated.
-        config: limits and cache settings.
+        config: limits and cache settings; `self.config` is it as run, its prefill chunk
+            lowered to what `max_prefill_seconds` allows at the speed measured at start.
         draft_model: the draft model when `config.speculative` asks for one.
         adapters: the model's unfused LoRA adapters, or None.
         make_runner: builds the model runner once the KV storage exists; None builds a
@@ -89,7 +90,9 @@ class EngineCore:
     Raises:
         InsufficientMemoryError: the KV budget cannot hold one sequence of `context_size`.
         ValueError: the model stores no keys and values, the draft model has another
-            vocabulary size, or `make_remote_prefill` comes without `deliver`.
+            vocabulary size, `make_remote_prefill` comes without `deliver`, or speculative
+            decoding or disaggregated prefill is asked of a model with recurrent state
+            layers.
     """
 
     def __init__(
@@ -103,7 +106,6 @@ class EngineCore:
         make_remote_prefill: RemotePrefillFactory | None = None,
         deliver: Callable[[PrefilledKV], None] | None = None,
     ) -> None:
-        self.config = config
         self._adapters = adapters
         parts = make_engine_parts(
             model,
@@ -114,6 +116,7 @@ class EngineCore:
             make_remote_prefill=make_remote_prefill,
             deliver=deliver,
         )
+        self.config = config = parts.config
         self._kv = parts.kv
         self._storage, self._storages = parts.storages[0], parts.storages
         self._scheduler = parts.scheduler

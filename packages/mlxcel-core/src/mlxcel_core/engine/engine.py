@@ -164,6 +164,8 @@ class Engine:
 
     @property
     def config(self) -> EngineConfig:
+        """The settings the engine runs with: those given, with the prefill chunk lowered
+        to what `max_prefill_seconds` allows at the speed measured at start."""
         return self._config
 
     @property
@@ -302,6 +304,7 @@ class Engine:
                 self._start_error = error
                 self._started.set()
                 return
+            self._config = self._core.config  # its prefill chunk may have been lowered
             self._publish_stats()
             self._started.set()
             core = self._core

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlxcel_core.adapters import RowAdapterScales
 from mlxcel_core.cache.layout import model_cache_layout
 from mlxcel_core.cache.paged import KVCacheManager, PagedKVStorage
-from mlxcel_core.engine.config import EngineConfig, check_cache_layout
+from mlxcel_core.engine.config import (
+    EngineConfig,
+    check_cache_layout,
+    prefill_chunk_for,
+    profile_largest_step,
+)
 from mlxcel_core.engine.kv_plan import make_kv_manager, make_planned_storage, plan_kv_cache
-from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.remote_prefill import PrefilledKV, RemotePrefill, RemotePrefillFactory
 from mlxcel_core.engine.runner import ModelRunner
 from mlxcel_core.engine.scheduler import Scheduler
@@ -36,6 +40,8 @@ class EngineParts:
     """An engine's pieces.
 
     Attributes:
+        config: the engine's settings as it runs them: the config given, with its prefill
+            chunk lowered to what `max_prefill_seconds` allows (`prefill_chunk_for`).
         kv: the KV cache manager (block tables per block group, prefix cache).
         storages: the KV pools: the model's, then the draft model's if it has one.
         scheduler: the token-budget scheduler over `kv`.
@@ -44,6 +50,7 @@ class EngineParts:
         remote_prefill: where new prompts are prefilled, or None to prefill here.
     """
 
+    config: EngineConfig
     kv: KVCacheManager
     storages: tuple[PagedKVStorage, ...]
     scheduler: Scheduler
@@ -62,8 +69,10 @@ def make_engine_parts(
     make_remote_prefill: RemotePrefillFactory | None,
     deliver: Callable[[PrefilledKV], None] | None,
 ) -> EngineParts:
-    """Profile the model (and the draft model), plan and size the KV cache, and build the
-    rest; `deliver` is the callback `make_remote_prefill` hands arriving KV to.
+    """Profile the model (and the draft model) over the largest step `config` runs
+    (`profile_largest_step`), lower the prefill chunk to the time limit at the measured
+    speed, plan and size the KV cache, and build the rest; `deliver` is the callback
+    `make_remote_prefill` hands arriving KV to.
 
     A model with recurrent state layers gets a state slot per running sequence and no
     prefix caching; sliding-window layers get block groups of their own, except with
@@ -80,12 +89,12 @@ def make_engine_parts(
         raise ValueError("deliver must be given with make_remote_prefill")
     layout = model_cache_layout(model)
     check_cache_layout(layout, config, remote_prefill=make_remote_prefill is not None)
-    chunk = config.scheduler.max_prefill_chunk
-    profile = profile_model(model, chunk, layout)
+    profile = profile_largest_step(config, model, layout)
     draft_profile = draft_cache = None
     if draft_model is not None:
-        draft_profile = profile_model(draft_model, chunk)
-        draft_cache = (draft_profile, model_cache_layout(draft_model))
+        draft_layout = model_cache_layout(draft_model)
+        draft_profile = profile_largest_step(config, draft_model, draft_layout)
+        draft_cache = (draft_profile, draft_layout)
         if draft_profile.vocab_size != profile.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft_profile.vocab_size} tokens) is not "
@@ -96,6 +105,9 @@ def make_engine_parts(
             "prefix caching is off: the model's recurrent layers keep a state per "
             "sequence that no cached block can share"
         )
+    chunk = prefill_chunk_for(config, profile)
+    if chunk != config.scheduler.max_prefill_chunk:
+        config = replace(config, scheduler=replace(config.scheduler, max_prefill_chunk=chunk))
     plan = plan_kv_cache(
         config, profile, layout, draft_cache, separate_windows=make_remote_prefill is None
     )
@@ -129,4 +141,4 @@ def make_engine_parts(
     remote_prefill = None
     if make_remote_prefill is not None:
         remote_prefill = make_remote_prefill(storage, deliver)
-    return EngineParts(kv, tuple(storages), scheduler, runner, speculation, remote_prefill)
+    return EngineParts(config, kv, tuple(storages), scheduler, runner, speculation, remote_prefill)

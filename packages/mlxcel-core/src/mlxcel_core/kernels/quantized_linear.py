@@ -54,6 +54,9 @@ def quantized_linear(
             x, weight, scales, biases, group_size=group_size, bits=bits, backend=backend
         )
     elif dequantize_min_rows is not None and rows >= dequantize_min_rows:
+        # Without the dependency on x, MLX may dequantize the weights of many layers
+        # before it needs any of them, holding all their dense copies at once.
+        (weight,) = mx.depends([weight], [x])
         dense = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits)
         y = x @ dense.astype(x.dtype).T
     else:

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_models.cache_kinds import UnsupportedCacheError
-from mlxcel_models.compute import ComputeOptions, apply_compute_options
+from mlxcel_models.compute import ComputeOptions, apply_compute_options, has_quantized_layers
 from mlxcel_models.detection import CONFIG_FILE, ModelSource, detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
@@ -169,4 +169,5 @@ def _model_config(module: nn.Module, model: MlxLmLanguageModel, context_length: 
         num_layers=model.num_layers,
         num_parameters=count_parameters(module),
         weight_bytes=sum(array.nbytes for _, array in tree_flatten(module.parameters())),
+        quantized=has_quantized_layers(module),
     )
