@@ -84,13 +84,15 @@ def run_mlxcel(
     draft: LoadedModel | None = None,
     speculative: SpeculativeConfig | None = None,
     max_prefill_chunk: int = 512,
+    async_scheduling: bool = True,
 ) -> Run:
     """Every prompt through one engine with `len(prompts)` slots; no stop token; greedy at
     temperature 0, else sampled at `temperature` without truncation, seeded per request;
     `paged_decode_kernel` False makes decode gather the KV, then attend; `cache_type_k/v`
     are the KV cache's storage types (`mlxcel_core.cache.quant.CACHE_TYPES`); `draft` (a
     loaded model) drafts for the model as `speculative` says; `max_prefill_chunk` is the
-    most prompt tokens of one request in one forward pass (the server's `-ub`).
+    most prompt tokens of one request in one forward pass (the server's `-ub`);
+    `async_scheduling` False reads each step before planning the next.
 
     Raises:
         RuntimeError: a request failed.
@@ -111,6 +113,7 @@ def run_mlxcel(
             cache_type_k=cache_type_k,
             cache_type_v=cache_type_v,
             speculative=speculative,
+            async_scheduling=async_scheduling,
         ),
         draft_model=None if draft is None else draft.model,
     )

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import pstats
 import time
 from collections.abc import Sequence
 
+import mlx.core as mx
 from batched_decode import random_prompts, run_mlxcel
 
 from mlxcel_core.engine import Engine
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 _ENGINE_MODULES = r"mlxcel_core/(engine|sampling|cache|kernels)/"
@@ -69,10 +72,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=15, help="calls listed per level")
     parser.add_argument("-ctk", "--cache-type-k", default="auto", help="the KV key storage")
     parser.add_argument("-ctv", "--cache-type-v", default="auto", help="the KV value storage")
+    parser.add_argument(
+        "--sync", action="store_true", help="read each step before planning the next"
+    )
+    parser.add_argument(
+        "--plain-ops", action="store_true", help="keep MLX's own RoPE and RMSNorm on the CPU"
+    )
     args = parser.parse_args(argv)
-    settings = {"cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v}
+    settings = {
+        "cache_type_k": args.cache_type_k,
+        "cache_type_v": args.cache_type_v,
+        "async_scheduling": not args.sync,
+    }
 
-    loaded = load_model(args.model)
+    options = ComputeOptions.for_device(mx.default_device())
+    if args.plain_ops:
+        options = dataclasses.replace(options, cpu_ops=False)
+    loaded = load_model(args.model, compute=options)
     vocab_size = loaded.tokenizer.vocab_size
     # The first run compiles kernels; it is not reported.
     run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8, **settings)
@@ -86,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         stats = pstats.Stats(profile)
         num_steps = next(
             calls
-            for (_, _, name), (_, calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
-            if name == "_step"
+            for (path, _, name), (_, calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
+            if name == "step" and path.endswith("engine/core.py")
         )
         print(
             f"N={level}: engine thread {seconds * 1000 / num_steps:.2f} ms CPU per step "

@@ -1,92 +1,89 @@
-"""Where the wall time of an engine step goes: building the step's MLX graph, evaluating
-it, and the engine's bookkeeping around them.
+"""Where the wall time of an engine step goes, with and without async scheduling.
 
-Runs `batched_decode.py`'s engine workload and times, on the engine thread, each step's
-`_forward_and_sample` (scheduling is done; this builds the forward pass and the draws, host
-work only, since MLX is lazy), its `mx.eval` calls (launching the step's operations and
-waiting for the device), and the rest of `_step` (scheduling, emitting tokens). Steps that
-prefill are left out: only steps after every prompt's first token are counted. The engine
-evaluates each step before building the next, so these add up to the step; a loop that
-builds step k + 1 while the device runs step k (mlx-lm's `generate_step`, with
-`mx.async_eval`) hides the building behind the device.
+Runs `batched_decode.py`'s engine workload and times, on the engine thread, each decode
+step's `EngineCore.step`, and within it `_launch` (drafting, building the rows and the
+model's graph, the draws, and handing them to MLX: host work only, since MLX is lazy) and
+`_collect_oldest` (waiting for the oldest step's tokens, then updating and emitting). Steps
+that prefill are left out: only steps after every prompt's first token are counted.
 
-    python benchmarks/engine_step_split.py /tmp/l1b --concurrency 1,64
+Synchronously (`--sync`, or the first of each pair with `--ab`) a step is launch, then
+collect of the same step, so the device idles while the host builds. With async scheduling
+the collect waits for step k while the device already has step k + 1, so the wait shrinks
+by the build time when the device is the bottleneck (mlx-lm's `generate_step` does the same
+with `mx.async_eval`). `--ab` runs both modes back to back per level and prints the ratio.
+
+    python benchmarks/engine_step_split.py /tmp/l1b --concurrency 1,64 --ab
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
-from batched_decode import random_prompts, run_mlxcel
+from batched_decode import Run, random_prompts, run_mlxcel
 
-from mlxcel_core.engine import Engine
+from mlxcel_core.engine import EngineCore
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 
 class StepTimes:
-    """Per-step wall seconds of the three parts, on the engine thread."""
+    """Per-step wall seconds of a step and of its launch and collect."""
 
     def __init__(self) -> None:
-        self.build: list[float] = []
-        self.evaluate: list[float] = []
+        self.launch: list[float] = []
+        self.collect: list[float] = []
         self.total: list[float] = []
-        self._evaluating = 0.0
+        self._launch = 0.0
+        self._collect = 0.0
 
-    def wrap_eval(self, evaluate: Callable[..., None]) -> Callable[..., None]:
-        def timed(*arrays) -> None:
-            if threading.current_thread().name != "mlxcel-engine":
-                return evaluate(*arrays)
+    def wrap_part(self, part: Callable, into: str) -> Callable:
+        def timed(core: EngineCore, *args):
             start = time.perf_counter()
             try:
-                return evaluate(*arrays)
+                return part(core, *args)
             finally:
-                self._evaluating += time.perf_counter() - start
+                setattr(self, into, getattr(self, into) + time.perf_counter() - start)
 
         return timed
 
-    def wrap_step(self, step: Callable[[Engine], None], build: Callable) -> tuple:
-        def timed_build(engine: Engine, plan):
+    def wrap_step(self, step: Callable[[EngineCore], None]) -> Callable[[EngineCore], None]:
+        def timed(core: EngineCore) -> None:
+            self._launch = self._collect = 0.0
             start = time.perf_counter()
-            try:
-                return build(engine, plan)
-            finally:
-                self.build.append(time.perf_counter() - start)
+            step(core)
+            self.total.append(time.perf_counter() - start)
+            self.launch.append(self._launch)
+            self.collect.append(self._collect)
 
-        def timed_step(engine: Engine) -> None:
-            self._evaluating = 0.0
-            builds = len(self.build)
-            start = time.perf_counter()
-            step(engine)
-            if len(self.build) > builds:
-                self.total.append(time.perf_counter() - start)
-                self.evaluate.append(self._evaluating)
-
-        return timed_step, timed_build
+        return timed
 
 
-def measure(loaded, prompts: Sequence[Sequence[int]], gen_tokens: int) -> StepTimes:
-    """Step times of one `run_mlxcel` over `prompts`, decode steps only."""
+def measure(
+    loaded, prompts: Sequence[Sequence[int]], gen_tokens: int, async_scheduling: bool
+) -> tuple[StepTimes, Run]:
+    """Step times of one `run_mlxcel` over `prompts`, decode steps only, and its result."""
     times = StepTimes()
-    step, build, evaluate = Engine._step, Engine._forward_and_sample, mx.eval
-    Engine._step, Engine._forward_and_sample = times.wrap_step(step, build)
-    mx.eval = times.wrap_eval(evaluate)
+    step, launch, collect = EngineCore.step, EngineCore._launch, EngineCore._collect_oldest
+    EngineCore.step = times.wrap_step(step)
+    EngineCore._launch = times.wrap_part(launch, "_launch")
+    EngineCore._collect_oldest = times.wrap_part(collect, "_collect")
     try:
-        run_mlxcel(loaded, prompts, gen_tokens)
+        result = run_mlxcel(loaded, prompts, gen_tokens, async_scheduling=async_scheduling)
     finally:
-        Engine._step, Engine._forward_and_sample, mx.eval = step, build, evaluate
+        EngineCore.step, EngineCore._launch, EngineCore._collect_oldest = step, launch, collect
     # The first steps prefill (one chunk of every prompt); decode steps follow.
-    skip = len(prompts) + 1
-    times.build, times.evaluate, times.total = (
-        times.build[skip:],
-        times.evaluate[skip:],
+    skip = len(prompts) + 2
+    times.launch, times.collect, times.total = (
+        times.launch[skip:],
+        times.collect[skip:],
         times.total[skip:],
     )
-    return times
+    return times, result
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -95,24 +92,44 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each mode per level")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sync", action="store_true", help="synchronous steps only")
+    mode.add_argument("--ab", action="store_true", help="synchronous, then async, per round")
+    parser.add_argument(
+        "--plain-ops", action="store_true", help="keep MLX's own RoPE and RMSNorm on the CPU"
+    )
     args = parser.parse_args(argv)
+    modes = [False, True] if args.ab else [not args.sync]
 
-    loaded = load_model(args.model)
+    options = ComputeOptions.for_device(mx.default_device())
+    if args.plain_ops:
+        options = dataclasses.replace(options, cpu_ops=False)
+    loaded = load_model(args.model, compute=options)
     vocab_size = loaded.tokenizer.vocab_size
     run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)  # warm-up
-    print("| N | step ms | build ms | eval ms | rest ms | decode tok/s |")
-    print("|---|---|---|---|---|---|")
+    print("| N | mode | step ms | launch ms | collect ms | rest ms | decode tok/s |")
+    print("|---|---|---|---|---|---|---|")
     for level in (int(level) for level in args.concurrency.split(",")):
         prompts = random_prompts(level, args.prompt_tokens, vocab_size, seed=level)
-        times = measure(loaded, prompts, args.gen_tokens)
-        step, build, evaluate = (
-            statistics.median(values) * 1000
-            for values in (times.total, times.build, times.evaluate)
-        )
-        print(
-            f"| {level} | {step:.2f} | {build:.2f} | {evaluate:.2f} | "
-            f"{step - build - evaluate:.2f} | {level * 1000 / step:.1f} |"
-        )
+        decode: dict[bool, list[float]] = {mode: [] for mode in modes}
+        for _ in range(args.rounds):
+            for async_scheduling in modes:
+                times, result = measure(loaded, prompts, args.gen_tokens, async_scheduling)
+                step, launch, collect = (
+                    statistics.median(values) * 1000
+                    for values in (times.total, times.launch, times.collect)
+                )
+                decode[async_scheduling].append(result.decode_tps)
+                print(
+                    f"| {level} | {'async' if async_scheduling else 'sync'} | {step:.2f} | "
+                    f"{launch:.2f} | {collect:.2f} | {step - launch - collect:.2f} | "
+                    f"{result.decode_tps:.1f} |",
+                    flush=True,
+                )
+        if args.ab:
+            ratio = statistics.median(decode[True]) / statistics.median(decode[False])
+            print(f"N={level}: async / sync decode tok/s (medians of {args.rounds}): {ratio:.2f}x")
 
 
 if __name__ == "__main__":

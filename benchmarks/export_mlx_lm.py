@@ -8,9 +8,12 @@ template, so both runtimes serve bit-identical weights.
     uv run python benchmarks/export_mlx_lm.py /tmp/smollm2-mlx          # the embedded model
     uv run python benchmarks/export_mlx_lm.py /tmp/model-mlx -m model.gguf
     uv run python benchmarks/export_mlx_lm.py /tmp/draft-mlx --num-layers 8   # a draft model
+    uv run python benchmarks/export_mlx_lm.py /tmp/smollm2-f32 --float32  # as mlxcel's CPU runs it
 
 With `--num-layers N` only the first N decoder layers are kept (the final norm and LM head
-stay): a truncated-layer copy that speculative decoding can use as a draft model.
+stay): a truncated-layer copy that speculative decoding can use as a draft model. With
+`--float32` every quantized layer is written dense in float32, the weights mlxcel computes
+with on the CPU (docs/adr/0004), so that mlx-lm runs the same arithmetic.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.utils import save_config, save_model
 
@@ -57,7 +61,11 @@ def quantization_config(module: nn.Module) -> dict[str, Any] | None:
 
 
 def export_gguf(
-    gguf_path: str | Path, folder: str | Path, *, num_layers: int | None = None
+    gguf_path: str | Path,
+    folder: str | Path,
+    *,
+    num_layers: int | None = None,
+    float32: bool = False,
 ) -> Path:
     """Write the GGUF model at `gguf_path` as an mlx-lm folder.
 
@@ -65,6 +73,7 @@ def export_gguf(
         gguf_path: a GGUF file mlxcel can load.
         folder: the output folder, created if missing; files in it are overwritten.
         num_layers: keep only the first `num_layers` decoder layers; None keeps all.
+        float32: write every layer dense in float32 (quantized ones dequantized).
 
     Returns:
         The output folder.
@@ -74,7 +83,10 @@ def export_gguf(
             mlx-lm's config cannot express, or `num_layers` is not in [1, its layers].
         ModelLoadError: mlxcel cannot load the file.
     """
-    loaded = load_model(gguf_path, compute=ComputeOptions())
+    compute = ComputeOptions()
+    if float32:
+        compute = ComputeOptions(float_dtype=mx.float32, dense_weights_max_bytes=2**62)
+    loaded = load_model(gguf_path, compute=compute)
     if loaded.source.weight_format is not WeightFormat.GGUF:
         raise ValueError(f"gguf_path must be a GGUF file, got {gguf_path}")
     header = read_gguf_header(loaded.source.path, arrays=True)
@@ -114,8 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--num-layers", type=int, default=None, help="keep only the first N decoder layers"
     )
+    parser.add_argument("--float32", action="store_true", help="write every layer dense in float32")
     args = parser.parse_args(argv)
-    out = export_gguf(args.model or default_model_path(), args.folder, num_layers=args.num_layers)
+    out = export_gguf(
+        args.model or default_model_path(),
+        args.folder,
+        num_layers=args.num_layers,
+        float32=args.float32,
+    )
     print(f"wrote {out}")
     return 0
 

@@ -2,15 +2,16 @@
 
 The servers run one after the other on the same mlx-lm folder (write one from a GGUF file
 with `benchmarks/export_mlx_lm.py`; without `--model-dir` the embedded SmolLM2 is exported
-to a temporary folder). Each server gets a warm-up wave of max(concurrency) short requests,
-then for each level C of `--concurrency` a closed loop (`benchmarks/load_gen.py`) keeps C
-streaming chat completions in flight (`temperature` 0, `max_tokens` fixed) until
-`--requests-per-level` have been sent: by default C, one wave sent at once; `2x` sends 2*C.
-Every request's messages start with a distinct number, unique across levels and the
-warm-up, so no prompt cache helps either server; the same messages go to every server.
-With `--varied-lengths`, every request's prompt also ends with its own number of filler
-words, so prompt lengths vary as on a server in use (about 500 to 950 tokens with the
-random models' byte-level tokenizer, about 200 to 270 with SmolLM2's).
+to a temporary folder, dense float32 with `--float32`: the weights mlxcel computes with on
+the CPU, so that mlx-lm runs the same arithmetic). Each server gets a warm-up wave of
+max(concurrency) short requests, then for each level C of `--concurrency` a closed loop
+(`benchmarks/load_gen.py`) keeps C streaming chat completions in flight (`temperature` 0,
+`max_tokens` fixed) until `--requests-per-level` have been sent: by default C, one wave sent
+at once; `2x` sends 2*C. Every request's messages start with a distinct number, unique
+across levels and the warm-up, so no prompt cache helps either server; the same messages go
+to every server. With `--varied-lengths`, every request's prompt also ends with its own
+number of filler words, so prompt lengths vary as on a server in use (about 500 to 950
+tokens with the random models' byte-level tokenizer, about 200 to 270 with SmolLM2's).
 
 Per level the report gives aggregate output tokens/s (completion tokens over the wall time
 from the first send to the last finish), TTFT p50/p95 (send to first content delta), ITL
@@ -37,6 +38,9 @@ decoded in one batch, its best case. It also keeps the KV caches of finished req
 LRU prompt cache (`--prompt-cache-size`, default 10 entries), which counts in its memory.
 
     uv run python benchmarks/serve_bench.py --concurrency 1,4,16 -n 64
+    # the CPU serving target: both servers with OpenBLAS, same float32 weights, the ratios
+    uv run python benchmarks/serve_bench.py --float32 --servers mlxcel,mlx-lm+openblas \\
+        --concurrency 1,16 -n 64
     uv run python benchmarks/serve_bench.py --concurrency 1 --requests-per-level 5  # one stream
     uv run python benchmarks/serve_bench.py --model-dir /tmp/smollm2-mlx --servers mlx-lm \\
         --concurrency 4,16 --requests-per-level 2x
@@ -392,11 +396,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="end each request with its own number of filler words (0-148), so prompt lengths vary",
     )
+    parser.add_argument(
+        "--float32",
+        action="store_true",
+        help="export the embedded model dense in float32 (without --model-dir)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
     args = parser.parse_args(argv)
     if args.max_tokens < 2:
         parser.error(f"-n/--max-tokens must be >= 2, got {args.max_tokens}")
+    if args.float32 and args.model_dir is not None:
+        parser.error("--float32 exports the embedded model; give it without --model-dir")
     try:
         args.concurrency = parse_concurrency(args.concurrency)
         for concurrency in args.concurrency:
@@ -417,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
 
             from mlxcel_models.default_model import default_model_path
 
-            folder = export_gguf(default_model_path(), Path(scratch) / "model")
+            folder = export_gguf(
+                default_model_path(), Path(scratch) / "model", float32=args.float32
+            )
         for name in names:
             log = Path(scratch) / f"{name}.log"
             try:

@@ -47,6 +47,12 @@ def smollm2_path() -> Path:
     return default_model_path()
 
 
+@pytest.fixture(params=[True, False], ids=["async", "sync"])
+def async_scheduling(request: pytest.FixtureRequest) -> bool:
+    """Each engine loop in turn: `EngineConfig.async_scheduling` on, then off."""
+    return request.param
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     # Keeps each test's call report on its item, so fixtures can act on a failure in their

@@ -58,3 +58,17 @@ def test_quantization_config_keys_layers_that_differ_from_the_default() -> None:
 
 def test_quantization_config_is_none_for_a_float_model() -> None:
     assert export_mlx_lm.quantization_config(nn.Linear(8, 8)) is None
+
+
+def test_float32_export_writes_dense_float32_weights_with_equal_logits(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    folder = export_mlx_lm.export_gguf(tiny_gguf, tmp_path / "tiny-f32", float32=True)
+    module, config = mlx_lm_load_model(folder)
+    dense = ComputeOptions(float_dtype=mx.float32, dense_weights_max_bytes=2**62)
+    reference = load_model(tiny_gguf, compute=dense)
+    tokens = mx.array([[1, 5, 17, 42, 99, 3]])
+
+    assert "quantization" not in config
+    assert {value.dtype for _, value in nn.utils.tree_flatten(module.parameters())} == {mx.float32}
+    assert mx.array_equal(module(tokens), reference.model.module(tokens))

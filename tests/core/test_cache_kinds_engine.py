@@ -117,20 +117,20 @@ def test_the_layouts_hold_the_kinds_under_test():
     assert layouts["mamba"].attention_parts == ()
 
 
-def test_each_prompt_alone_equals_mlx_lm(family):
+def test_each_prompt_alone_equals_mlx_lm(family, async_scheduling):
     name, model, references = family
-    with running_engine(model, make_config()) as engine:
+    with running_engine(model, make_config(async_scheduling=async_scheduling)) as engine:
         for prompt, expected in zip(make_prompts(PROMPT_LENGTHS), references, strict=True):
             (outputs,) = generate_all(engine, [make_request(prompt, generation=GENERATION)])
             assert token_ids(outputs) == expected, name
     assert len(set(map(tuple, references))) == len(references)
 
 
-def test_batched_prompts_of_different_lengths_equal_mlx_lm(family):
+def test_batched_prompts_of_different_lengths_equal_mlx_lm(family, async_scheduling):
     name, model, references = family
     recording = RecordingModel(model)
     prompts = make_prompts(PROMPT_LENGTHS)
-    with running_engine(recording, make_config()) as engine:
+    with running_engine(recording, make_config(async_scheduling=async_scheduling)) as engine:
         recording.shapes.clear()  # drop the profiling pass
         outputs = generate_all(
             engine,
@@ -142,12 +142,14 @@ def test_batched_prompts_of_different_lengths_equal_mlx_lm(family):
     assert (4, 1) in recording.shapes
 
 
-def test_preemption_restarts_the_state_and_keeps_the_outputs(family):
+def test_preemption_restarts_the_state_and_keeps_the_outputs(family, async_scheduling):
     name, model, references = family
     # Room for one full context (or, windowed, one window and a chunk), not four.
     num_blocks = 8 if name in WINDOWED_FAMILIES else CONTEXT_SIZE // BLOCK_SIZE + 2
     prompts = make_prompts(PROMPT_LENGTHS)
-    with running_engine(model, make_config(num_kv_blocks=num_blocks)) as engine:
+    with running_engine(
+        model, make_config(async_scheduling=async_scheduling, num_kv_blocks=num_blocks)
+    ) as engine:
         outputs = generate_all(
             engine,
             [make_request(p, index=i, generation=GENERATION) for i, p in enumerate(prompts)],
@@ -159,7 +161,7 @@ def test_preemption_restarts_the_state_and_keeps_the_outputs(family):
 
 
 @pytest.mark.parametrize("prompt_length", [5, 11])
-def test_forked_choices_start_from_the_first_choices_state(family, prompt_length):
+def test_forked_choices_start_from_the_first_choices_state(family, prompt_length, async_scheduling):
     """The later choices of one prompt share its KV and copy the first choice's state at
     the prompt's last token, computing only that token; each samples what it samples
     alone (mlxcel's single-sequence path on mlx-lm's caches)."""
@@ -171,7 +173,7 @@ def test_forked_choices_start_from_the_first_choices_state(family, prompt_length
         token_ids(generate_alone(model, prompt, sampling=s, generation=generation))
         for s in samplings
     ]
-    with running_engine(model, make_config()) as engine:
+    with running_engine(model, make_config(async_scheduling=async_scheduling)) as engine:
         outputs = generate_all(
             engine,
             [
@@ -185,10 +187,10 @@ def test_forked_choices_start_from_the_first_choices_state(family, prompt_length
 
 
 @pytest.mark.parametrize("name", STATE_FAMILIES)
-def test_state_models_run_without_prefix_caching(name):
+def test_state_models_run_without_prefix_caching(name, async_scheduling):
     model = make_model(name)
     prompt = make_prompts([14])[0]
-    with running_engine(model, make_config()) as engine:
+    with running_engine(model, make_config(async_scheduling=async_scheduling)) as engine:
         (first,) = generate_all(engine, [make_request(prompt, generation=GENERATION)])
         (second,) = generate_all(engine, [make_request(prompt, generation=GENERATION)])
         stats = engine.stats
@@ -211,10 +213,10 @@ class BlockWatch:
 
 
 @pytest.mark.parametrize("name", WINDOWED_FAMILIES)
-def test_blocks_behind_the_window_return_to_the_pool(name):
+def test_blocks_behind_the_window_return_to_the_pool(name, async_scheduling):
     model = make_model(name)
     prompt = make_prompts([17])[0]
-    with running_engine(model, make_config()) as engine:
+    with running_engine(model, make_config(async_scheduling=async_scheduling)) as engine:
         watch = BlockWatch(engine)
         engine.submit([make_request(prompt, generation=GENERATION)], watch)
         outputs = drain(watch.queue, 1)
@@ -226,7 +228,7 @@ def test_blocks_behind_the_window_return_to_the_pool(name):
     assert free_after == 63
 
 
-def test_a_windowed_prefix_hit_needs_only_the_window_blocks():
+def test_a_windowed_prefix_hit_needs_only_the_window_blocks(async_scheduling):
     """A first run of a 30-token prompt, in chunks of 8 on 6 usable blocks of 4, frees its
     blocks behind the window and has to evict the oldest (positions 4-11) for its last
     chunk. A later run of the same prompt still hits the blocks its window needs (and the
@@ -234,7 +236,9 @@ def test_a_windowed_prefix_hit_needs_only_the_window_blocks():
     model = make_model("step3p5")
     prompt = make_prompts([30])[0]
     one_token = GenerationConfig(context_size=CONTEXT_SIZE, max_tokens=1)
-    with running_engine(model, make_config(num_kv_blocks=7)) as engine:
+    with running_engine(
+        model, make_config(async_scheduling=async_scheduling, num_kv_blocks=7)
+    ) as engine:
         generate_all(engine, [make_request(prompt, generation=one_token)])
         (second,) = generate_all(engine, [make_request(prompt, generation=GENERATION)])
     assert token_ids(second) == mlx_lm_greedy(model, prompt)

@@ -121,20 +121,30 @@ def gated_engine(
     return engine, model, gate
 
 
-def test_cancel_stops_a_running_request_within_one_step():
-    engine, model, gate = gated_engine()
+def forwards_to_first_token(engine: Engine) -> int:
+    """Forward passes before the first token is out: with async scheduling the step that
+    samples it is read once the next step is launched."""
+    return 2 if engine.config.async_scheduling else 1
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_cancel_stops_a_running_request_within_one_step(async_scheduling):
+    engine, model, gate = gated_engine(EngineConfig(async_scheduling=async_scheduling))
     try:
         sink = OutputQueue()
         handle = engine.submit([make_request(max_tokens=-1)], sink)
-        gate.release(1)  # the prefill step
+        gate.release(forwards_to_first_token(engine))  # the prefill step (and the next)
         first = sink.get(timeout=TIMEOUT)
         assert first.text == "b" and not first.finished
         handle.cancel()
         gate.release(100)
         rest = drain(sink, 1)
         assert isinstance(rest[-1].error, RequestCancelledError)
-        assert len(rest) <= 2  # at most the step already in flight, then the terminal one
-        assert model.forwards <= 2
+        # At most the steps already in flight (one more with async scheduling), then the
+        # terminal output.
+        in_flight = forwards_to_first_token(engine)
+        assert len(rest) <= in_flight + 1
+        assert model.forwards <= in_flight + 1
         assert engine.stats.num_kv_blocks_used == 0
     finally:
         engine.shutdown(timeout=TIMEOUT)
@@ -159,7 +169,8 @@ def test_full_waiting_queue_raises_overloaded_with_a_retry_hint():
     try:
         running = OutputQueue()
         engine.submit([make_request()], running)
-        gate.release(1)  # the prefill step; the next step waits on the gate
+        # The prefill step (and the next, with async scheduling); the next waits on the gate.
+        gate.release(forwards_to_first_token(engine))
         running.get(timeout=TIMEOUT)  # the first request left the queue
         engine.submit([make_request(), make_request(index=1)], OutputQueue())
         with pytest.raises(EngineOverloadedError) as caught:
@@ -193,7 +204,7 @@ def test_shutdown_ends_running_and_waiting_requests_and_joins_the_thread():
     running, waiting = OutputQueue(), OutputQueue()
     engine.submit([make_request(max_tokens=-1)], running)
     engine.submit([make_request()], waiting)
-    gate.release(1)
+    gate.release(forwards_to_first_token(engine))
     running.get(timeout=TIMEOUT)
     stopper = threading.Thread(target=engine.shutdown, kwargs={"timeout": TIMEOUT})
     stopper.start()
@@ -250,8 +261,13 @@ def test_request_and_config_validation():
         EngineConfig(block_size=257)
 
 
-def test_a_request_cancelled_during_a_long_prompt_frees_its_slot_within_one_chunk():
-    config = EngineConfig(scheduler=SchedulerConfig(max_num_seqs=1, max_prefill_chunk=8))
+def test_a_request_cancelled_during_a_long_prompt_frees_its_slot_within_one_chunk(
+    async_scheduling,
+):
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_num_seqs=1, max_prefill_chunk=8),
+        async_scheduling=async_scheduling,
+    )
     engine, model, gate = gated_engine(config)
     try:
         long_prompt, waiting = OutputQueue(), OutputQueue()

@@ -10,7 +10,7 @@ from test_generate import CountingModel as CachedCountingModel
 from test_generate import EvenThenStop, greedy
 from test_generate import LetterDetokenizer as TextDetokenizer
 
-from mlxcel_core.engine import Engine, EngineRequest, OutputQueue
+from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue
 from mlxcel_core.generate import FinishReason, GenerationConfig, TextAssembler, stream_generate
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.stopping import StopMatch, StopStringMatcher, StopTokenBan, ban_tokens
@@ -24,8 +24,10 @@ def config(**fields) -> GenerationConfig:
     return GenerationConfig(context_size=64, stop_token_ids=STOP, **fields)
 
 
-def engine_tokens(generation: GenerationConfig, constraint=None) -> tuple[list[int], object]:
-    engine = Engine(CountingModel())
+def engine_tokens(
+    generation: GenerationConfig, async_scheduling: bool, constraint=None
+) -> tuple[list[int], object]:
+    engine = Engine(CountingModel(), EngineConfig(async_scheduling=async_scheduling))
     try:
         sink = OutputQueue()
         request = EngineRequest(
@@ -43,16 +45,16 @@ def engine_tokens(generation: GenerationConfig, constraint=None) -> tuple[list[i
     return tokens, outputs[-1]
 
 
-def test_stop_tokens_are_banned_until_min_tokens():
+def test_stop_tokens_are_banned_until_min_tokens(async_scheduling):
     # Unbanned: 1, 2, then the stop token 3. Banned for the first 5 draws, 3 falls to 0.
-    assert engine_tokens(config())[0] == [1, 2]
-    tokens, final = engine_tokens(config(min_tokens=5))
+    assert engine_tokens(config(), async_scheduling)[0] == [1, 2]
+    tokens, final = engine_tokens(config(min_tokens=5), async_scheduling)
     assert tokens == [1, 2, 0, 1, 2]
     assert final.finish_reason is FinishReason.STOP and final.stats.generated_tokens == 6
 
 
-def test_ignore_eos_runs_to_the_token_limit():
-    tokens, final = engine_tokens(config(max_tokens=9, ignore_eos=True))
+def test_ignore_eos_runs_to_the_token_limit(async_scheduling):
+    tokens, final = engine_tokens(config(max_tokens=9, ignore_eos=True), async_scheduling)
     assert len(tokens) == 9 and 3 not in tokens
     assert final.finish_reason is FinishReason.LENGTH
 
@@ -72,10 +74,10 @@ class RollbackEvenThenStop(EvenThenStop):
         del self.seen[len(self.seen) - num_tokens :]
 
 
-def test_a_grammar_that_allows_only_the_stop_token_still_ends():
+def test_a_grammar_that_allows_only_the_stop_token_still_ends(async_scheduling):
     # Even tokens only, then only the stop token: the ban gives way rather than leave nothing.
     stop_one = GenerationConfig(context_size=64, stop_token_ids=frozenset({1}), min_tokens=10)
-    tokens, final = engine_tokens(stop_one, RollbackEvenThenStop(length=2))
+    tokens, final = engine_tokens(stop_one, async_scheduling, RollbackEvenThenStop(length=2))
     assert tokens == [0, 0] and final.finish_reason is FinishReason.STOP
 
 
@@ -122,7 +124,7 @@ def model(tiny_safetensors):
     return load_model(tiny_safetensors).model
 
 
-def test_a_request_that_skips_the_prefix_cache_computes_its_whole_prompt(model):
+def test_a_request_that_skips_the_prefix_cache_computes_its_whole_prompt(model, async_scheduling):
     prompt = make_prompts()[2]
 
     def request(use_prefix_cache: bool) -> EngineRequest:
@@ -134,7 +136,7 @@ def test_a_request_that_skips_the_prefix_cache_computes_its_whole_prompt(model):
             use_prefix_cache=use_prefix_cache,
         )
 
-    with running_engine(model, make_config()) as engine:
+    with running_engine(model, make_config(async_scheduling=async_scheduling)) as engine:
         runs = []
         for use in (True, False, True):
             sink = OutputQueue()

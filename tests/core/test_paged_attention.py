@@ -9,6 +9,7 @@ with the same tokens run alone through dense caches.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -628,3 +629,24 @@ def test_one_row_prefill_chunks_at_rounded_lengths_match_dense(tiny_safetensors,
     num_layers = len(harness.storage.layers)
     assert rounded == [70] * num_layers + [50] * num_layers + [30] * num_layers
     check_against_dense(harness, paged, FLOAT32_TOLERANCE)
+
+
+def test_float_pools_are_gathered_heads_first_without_a_transpose(tmp_path: Path):
+    geometry = LayerGeometry(3, 8, 4, mx.float32)
+    storage = PagedKVStorage([geometry, geometry], BLOCK_SIZE, max_blocks=16)
+    storage.ensure_capacity(16)
+    slots = mx.arange(4 * 16, dtype=mx.int32)
+    keys = mx.random.normal((64, 3, 8), key=mx.random.key(0))
+    values = mx.random.normal((64, 3, 4), key=mx.random.key(1))
+    for layer in (0, 1):
+        storage.write(layer, slots, keys * (layer + 1), values * (layer + 1))
+    read = mx.array([[5, 9, 17, 3], [40, 41, 0, 63]], dtype=mx.int32)
+    for layer in (0, 1):
+        got_keys, got_values = storage.gather(layer, read)
+        assert got_keys.shape == (2, 3, 4, 8) and got_values.shape == (2, 3, 4, 4)
+        mx.export_to_dot(str(tmp_path / "gather.dot"), got_keys)
+        assert "Transpose" not in (tmp_path / "gather.dot").read_text()
+        expected_keys = (keys * (layer + 1))[read].transpose(0, 2, 1, 3)
+        expected_values = (values * (layer + 1))[read].transpose(0, 2, 1, 3)
+        assert mx.array_equal(got_keys, expected_keys)
+        assert mx.array_equal(got_values, expected_values)

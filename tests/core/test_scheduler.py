@@ -1,7 +1,8 @@
 """The token-budget scheduler over a real KV cache manager, on CPU, with no model.
 
-Sequences come from small factories; a step is `schedule`, then `complete_step`, then a
-made-up token appended to every sequence whose tokens were all computed (as sampling does).
+Sequences come from small factories; a step is `schedule`, `begin_step`, then
+`complete_step`, then a made-up token appended to every sequence whose tokens were all
+computed (as sampling does).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def planned(output: SchedulerOutput) -> dict[int, int]:
 def step(scheduler: Scheduler) -> SchedulerOutput:
     """One engine step without a model: plan, compute, sample a made-up token."""
     output = scheduler.schedule()
+    scheduler.begin_step(output)
     scheduler.complete_step(output)
     for item in output.scheduled:
         sequence = item.sequence
@@ -189,13 +191,13 @@ def test_a_sequence_in_a_step_in_flight_is_neither_scheduled_nor_preempted():
     for _ in range(5):
         step(scheduler)
     assert scheduler.kv.num_free_blocks == 0
-    new.in_step = True
+    new.steps_in_flight = 1
     # The older one needs a 4th block: it waits for the newer one's step, not preempting
     # the newer one or itself.
     output = step(scheduler)
     assert (planned(output), output.preempted) == ({}, ())
     assert old.status is new.status is SequenceStatus.RUNNING
-    new.in_step = False
+    new.steps_in_flight = 0
     output = step(scheduler)
     assert (planned(output), output.preempted) == ({0: 1}, (new,))
 
@@ -207,7 +209,7 @@ def test_max_seqs_caps_one_step_and_leaves_the_rest_to_the_next():
     first = scheduler.schedule(max_seqs=2)
     assert planned(first) == {0: 3, 1: 3}
     for item in first.scheduled:
-        item.sequence.in_step = True
+        item.sequence.steps_in_flight = 1
     assert planned(scheduler.schedule(max_seqs=2)) == {2: 3, 3: 3}
 
 

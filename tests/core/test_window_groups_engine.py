@@ -67,10 +67,10 @@ class GroupWatch(BlockWatch):
         super().put(output)
 
 
-def test_the_window_groups_blocks_return_to_its_pool(family):
+def test_the_window_groups_blocks_return_to_its_pool(family, async_scheduling):
     name, model = family
     prompt = make_prompts([17])[0]
-    with running_engine(model, make_config()) as engine:
+    with running_engine(model, make_config(async_scheduling=async_scheduling)) as engine:
         watch = GroupWatch(engine)
         engine.submit([make_request(prompt, generation=GENERATION)], watch)
         outputs = drain(watch.queue, 1)
@@ -89,7 +89,7 @@ def test_the_window_groups_blocks_return_to_its_pool(family):
     ]
 
 
-def test_a_warm_prefix_cache_hits_what_both_groups_hold(family):
+def test_a_warm_prefix_cache_hits_what_both_groups_hold(family, async_scheduling):
     """A 30-token prompt run once leaves its blocks cached in both groups (the window
     group's freed behind the window as it went). Run again beside a prompt sharing its
     first 20 tokens and one of another length, each hits the longest prefix both groups
@@ -98,7 +98,7 @@ def test_a_warm_prefix_cache_hits_what_both_groups_hold(family):
     prompt = make_prompts([30])[0]
     sharing = (*prompt[:20], *make_prompts([1, 11])[1])
     other = make_prompts([1, 1, 9])[2]
-    with running_engine(model, make_config()) as engine:
+    with running_engine(model, make_config(async_scheduling=async_scheduling)) as engine:
         generate_all(engine, [make_request(prompt, generation=ONE_TOKEN)])
         outputs = generate_all(
             engine,
@@ -114,13 +114,16 @@ def test_a_warm_prefix_cache_hits_what_both_groups_hold(family):
     assert [o[-1].stats.cached_tokens for o in outputs] == [28, 20, 0]
 
 
-def test_a_hit_stops_where_the_window_group_no_longer_holds_the_blocks(family):
+def test_a_hit_stops_where_the_window_group_no_longer_holds_the_blocks(family, async_scheduling):
     """With one sequence at a time the window group has 6 blocks: a second run of a
     30-token prompt still hits the blocks its window reads, but once another prompt has
     taken the window group's blocks, the full group's cached blocks alone make no hit."""
     name, model = family
     prompt, other = make_prompts([30, 30])
-    config = make_config(scheduler=SchedulerConfig(max_num_seqs=1, max_prefill_chunk=8))
+    config = make_config(
+        async_scheduling=async_scheduling,
+        scheduler=SchedulerConfig(max_num_seqs=1, max_prefill_chunk=8),
+    )
     with running_engine(model, config) as engine:
         generate_all(engine, [make_request(prompt, generation=ONE_TOKEN)])
         (again,) = generate_all(engine, [make_request(prompt, generation=GENERATION)])
@@ -174,12 +177,19 @@ class OneGroup:
 
 
 @pytest.mark.parametrize(("cache_type", "residual"), [("turbo3", 0), ("turbo4", 6)])
-def test_quantized_kv_in_a_window_group_gives_the_tokens_of_one_group(family, cache_type, residual):
+def test_quantized_kv_in_a_window_group_gives_the_tokens_of_one_group(
+    family, cache_type, residual, async_scheduling
+):
     """Quantized keys and values (TurboQuant's centered on each sequence's first block,
     which the window group keeps) and a residual window of exact copies, per group."""
     name, model = family
     prompts = make_prompts([5, 11, 17])
-    config = make_config(cache_type_k=cache_type, cache_type_v=cache_type, cache_residual=residual)
+    config = make_config(
+        async_scheduling=async_scheduling,
+        cache_type_k=cache_type,
+        cache_type_v=cache_type,
+        cache_residual=residual,
+    )
     results = []
     for runner_model in (model, OneGroup(model)):
         with running_engine(runner_model, config) as engine:

@@ -21,7 +21,10 @@ def test_cpu_defaults_are_float32_with_dense_weights_up_to_a_quarter_of_memory()
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     options = ComputeOptions.for_device(mx.Device(mx.cpu))
     assert options == ComputeOptions(
-        float_dtype=mx.float32, dequantize_min_rows=4, dense_weights_max_bytes=memory // 4
+        float_dtype=mx.float32,
+        dequantize_min_rows=4,
+        dense_weights_max_bytes=memory // 4,
+        cpu_ops=True,
     )
     on_gpu = (
         ComputeOptions(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)

@@ -5,10 +5,11 @@ saved as a safetensors folder and loaded twice: by mlx-lm (`generate_step`, the 
 and by mlxcel's loader, whose model runs on the continuous-batching engine over the paged
 KV cache. The engine's 32 greedy tokens must equal mlx-lm's for a prompt alone, for the
 same prompt again (its full blocks now prefix-cache hits), and for three prompts of other
-lengths batched together. The prompts are longer than the sliding window the configs give
-window layers, and than the prefill chunk. For the families whose mlx-lm tokens depend on
-how a prompt is cut into passes (`ONE_TOKEN_PASSES`), the reference reads its prompt one
-token per pass, where mlx-lm computes the model as meant (docs/adr/0030).
+lengths batched together, with async scheduling and without. The prompts are longer than
+the sliding window the configs give window layers, and than the prefill chunk. For the
+families whose mlx-lm tokens depend on how a prompt is cut into passes
+(`ONE_TOKEN_PASSES`), the reference reads its prompt one token per pass, where mlx-lm
+computes the model as meant (docs/adr/0030).
 """
 
 from __future__ import annotations
@@ -110,17 +111,22 @@ def test_engine_matches_mlx_lm(model_type, tmp_path):
         prompt: mlx_lm_tokens(folder, prompt, prefill_step_size=step) for prompt in (PROMPT, *BATCH)
     }
     assert len(set(expected[PROMPT])) >= 4, "the reference repeats itself; sharpen the config"
-    config = EngineConfig(
-        SchedulerConfig(max_num_seqs=4, max_prefill_chunk=8),
-        context_size=CONTEXT_SIZE,
-        block_size=4,
-        num_kv_blocks=96,
-    )
-    engine = Engine(model, config)
-    try:
-        assert engine_tokens(engine, [PROMPT]) == [expected[PROMPT]], "alone"
-        if find_family(model_type).supports_prefix_caching:
-            assert engine_tokens(engine, [PROMPT]) == [expected[PROMPT]], "warm prefix cache"
-        assert engine_tokens(engine, BATCH) == [expected[p] for p in BATCH], "batched"
-    finally:
-        engine.shutdown(timeout=TIMEOUT)
+    for async_scheduling in (True, False):
+        config = EngineConfig(
+            SchedulerConfig(max_num_seqs=4, max_prefill_chunk=8),
+            context_size=CONTEXT_SIZE,
+            block_size=4,
+            num_kv_blocks=96,
+            async_scheduling=async_scheduling,
+        )
+        mode = "async" if async_scheduling else "sync"
+        engine = Engine(model, config)
+        try:
+            assert engine_tokens(engine, [PROMPT]) == [expected[PROMPT]], f"alone, {mode}"
+            if find_family(model_type).supports_prefix_caching:
+                warm = engine_tokens(engine, [PROMPT])
+                assert warm == [expected[PROMPT]], f"warm prefix cache, {mode}"
+            batched = engine_tokens(engine, BATCH)
+            assert batched == [expected[p] for p in BATCH], f"batched, {mode}"
+        finally:
+            engine.shutdown(timeout=TIMEOUT)

@@ -52,6 +52,9 @@ class LockstepRunner(ModelRunner):
         guard: the group's health, metrics and stage timeout; None runs steps unguarded.
     """
 
+    # The followers run the same rows from the step message: they need the token ids.
+    takes_pending_tokens = False
+
     def __init__(
         self,
         model: LanguageModel,

@@ -1,4 +1,4 @@
-"""How a loaded model computes: activation dtype, and dense or quantized weights."""
+"""How a loaded model computes: activation dtype, dense or quantized weights, CPU forms."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import mlx.nn as nn
 from mlx.utils import tree_map, tree_unflatten
 
 from mlxcel_core.kernels import METAL, kernel_backend, quantized_linear
+from mlxcel_models.cpu_ops import install_cpu_ops
 
 # Rows of input from which quantized layers dequantize for a dense GEMM (prefill chunks).
 CPU_DEQUANTIZE_MIN_ROWS = 4
@@ -53,12 +54,15 @@ class ComputeOptions:
         kernel_linear: quantized linear layers kept quantized go through
             `quantized_linear` even with `dequantize_min_rows` None, so its matvec kernel
             serves decode rows.
+        cpu_ops: RoPE and RMSNorm take their CPU forms (`mlxcel_models.cpu_ops`): fewer
+            operations per step where each costs host time.
     """
 
     float_dtype: mx.Dtype | None = None
     dequantize_min_rows: int | None = None
     dense_weights_max_bytes: int | None = None
     kernel_linear: bool = False
+    cpu_ops: bool = False
 
     def __post_init__(self) -> None:
         if self.dequantize_min_rows is not None and self.dequantize_min_rows < 1:
@@ -85,15 +89,16 @@ class ComputeOptions:
         """The measured best choice for `device` (docs/adr/0003, 0004, 0029).
 
         On the CPU, float16 arithmetic has no fast path and quantized products skip BLAS,
-        so activations run in float32 and prefill chunks multiply by dequantized weights.
-        Quantized weights are made dense float32 at load when the command decodes at
-        least `CPU_DENSE_MIN_BATCH[blas]` sequences together (`max_batch`; None: batches
-        of any size) and they fit in a quarter of the memory; otherwise the file's
-        quantized form is kept. On a CUDA GPU the file's dtypes are kept, and quantized
-        layers go through `quantized_linear`: its kernel for decode rows, a dequantized
-        GEMM from `CUDA_DEQUANTIZE_MIN_ROWS` rows. Elsewhere (Apple GPUs) the file's
-        dtypes and MLX's quantized kernels are kept; with the Metal kernels on
-        (`mlxcel_core.kernels.KernelOptions`), decode rows take the matvec kernel.
+        so activations run in float32, prefill chunks multiply by dequantized weights, and
+        RoPE and RMSNorm take their CPU forms (`cpu_ops`). Quantized weights are made
+        dense float32 at load when the command decodes at least `CPU_DENSE_MIN_BATCH[blas]`
+        sequences together (`max_batch`; None: batches of any size) and they fit in a
+        quarter of the memory; otherwise the file's quantized form is kept. On a CUDA GPU
+        the file's dtypes are kept, and quantized layers go through `quantized_linear`: its
+        kernel for decode rows, a dequantized GEMM from `CUDA_DEQUANTIZE_MIN_ROWS` rows.
+        Elsewhere (Apple GPUs) the file's dtypes and MLX's quantized kernels are kept; with
+        the Metal kernels on (`mlxcel_core.kernels.KernelOptions`), decode rows take the
+        matvec kernel.
 
         Raises:
             ValueError: `max_batch` < 1.
@@ -109,6 +114,7 @@ class ComputeOptions:
                 dense_weights_max_bytes=(
                     int(memory * CPU_DENSE_WEIGHTS_MEMORY_FRACTION) if dense else None
                 ),
+                cpu_ops=True,
             )
         if mx.cuda.is_available():
             return cls(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
@@ -189,8 +195,8 @@ def _dense_layer(layer: nn.Module, dtype: mx.Dtype) -> nn.Module:
 
 
 def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
-    """Cast float parameters and make quantized layers dense or install the prefill tactic,
-    in place, before evaluation."""
+    """Cast float parameters, make quantized layers dense or install the prefill tactic,
+    and install the CPU forms of RoPE and RMSNorm, in place, before evaluation."""
     if options.float_dtype is not None:
         dtype = options.float_dtype
         module.update(
@@ -216,6 +222,8 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
             if type(layer) is nn.QuantizedLinear and layer.mode == "affine"
         ]
         module.update_modules(tree_unflatten(replacements))
+    if options.cpu_ops:
+        install_cpu_ops(module)
 
 
 def has_quantized_layers(module: nn.Module) -> bool:

@@ -40,6 +40,11 @@ class FrequencyFactorRoPE(nn.Module):
             mx.float32
         )
 
+    @property
+    def freqs(self) -> mx.array:
+        """(dims / 2,) float32 wavelengths: each frequency's position divisor."""
+        return self._freqs
+
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         return mx.fast.rope(
             x,

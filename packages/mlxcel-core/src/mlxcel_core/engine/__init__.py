@@ -7,7 +7,8 @@ loop schedules every request over a paged KV cache.
 
 from mlxcel_core.adapters import AdapterScales, RowAdapterScales
 from mlxcel_core.engine.config import EngineConfig, InsufficientMemoryError
-from mlxcel_core.engine.engine import Engine, RunnerFactory
+from mlxcel_core.engine.core import EngineCore, RunnerFactory, Submission
+from mlxcel_core.engine.engine import Engine
 from mlxcel_core.engine.output_queue import OutputQueue
 from mlxcel_core.engine.remote_prefill import (
     PrefilledKV,
@@ -36,6 +37,7 @@ __all__ = [
     "Engine",
     "EngineClosedError",
     "EngineConfig",
+    "EngineCore",
     "EngineError",
     "EngineOutput",
     "EngineOverloadedError",
@@ -58,4 +60,5 @@ __all__ = [
     "RunnerFactory",
     "SchedulerConfig",
     "SlotState",
+    "Submission",
 ]

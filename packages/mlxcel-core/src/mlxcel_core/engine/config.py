@@ -55,6 +55,11 @@ class EngineConfig:
         paged_decode_kernel: decode passes attend straight from the KV pools where a
             kernel serves the device (`PagedKVStorage`'s `decode_kernel`); False keeps
             gathering each row's keys and values, then attending.
+        async_scheduling: schedule and launch each step while the device computes the one
+            before, reading tokens one step late (`mlxcel_core.engine.core`); the tokens
+            are the same as with False, which reads every step before planning the next.
+            Speculative decoding and runners that send their rows to other ranks always
+            run synchronously.
         max_prefill_seconds: lower `scheduler.max_prefill_chunk` so that a chunk takes
             about this long at most at the prefill speed measured at start-up
             (`prefill_chunk_for`); a request cancelled during a long prompt then frees
@@ -78,6 +83,7 @@ class EngineConfig:
     cache_type_v: str = AUTO
     cache_residual: int = 0
     paged_decode_kernel: bool = True
+    async_scheduling: bool = True
     max_prefill_seconds: float | None = None
     speculative: SpeculativeConfig | None = None
 

@@ -18,7 +18,10 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from mlxcel_core.cache.paged import PagedKVStorage
+from mlxcel_core.cache.paged import KVCacheManager, PagedKVStorage
+from mlxcel_core.engine.scheduler import Scheduler
+from mlxcel_core.engine.sequence import Sequence as EngineSequence
+from mlxcel_core.engine.sequence import SequenceStatus
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,58 @@ RemotePrefillFactory = Callable[[PagedKVStorage, Callable[[PrefilledKV], None]],
 def returned_block_ids(block_table: Sequence[int], job: PrefillJob) -> list[int]:
     """The block ids a job's contents are written to."""
     return list(block_table[job.first_block : job.first_block + job.num_blocks])
+
+
+class PrefillDispatch:
+    """The engine's side of a `RemotePrefill`: the jobs it sent, and the KV they return.
+
+    Args:
+        remote: where prompts are prefilled.
+        kv: the engine's KV cache manager.
+        storage: the engine's KV pools.
+        scheduler: the engine's scheduler, told when a sequence's KV has arrived.
+    """
+
+    def __init__(
+        self,
+        remote: RemotePrefill,
+        kv: KVCacheManager,
+        storage: PagedKVStorage,
+        scheduler: Scheduler,
+    ) -> None:
+        self.remote = remote
+        self._kv = kv
+        self._storage = storage
+        self._scheduler = scheduler
+        # Sequences whose prompt KV is in flight and the jobs sent for them, by seq_id.
+        self._jobs: dict[int, tuple[EngineSequence, PrefillJob]] = {}
+
+    def send(self, sequences: Sequence[EngineSequence]) -> None:
+        """Send each sequence's prompt, all but its last token, past its cached blocks."""
+        size = self._storage.block_size
+        for sequence in sequences:
+            num_prompt = sequence.num_tokens - 1
+            first_block = sequence.num_computed // size
+            job = PrefillJob(
+                sequence.seq_id,
+                sequence.num_preemptions,
+                tuple(sequence.token_ids[:num_prompt]),
+                first_block,
+                -(-num_prompt // size) - first_block,
+            )
+            self._jobs[sequence.seq_id] = (sequence, job)
+            self.remote.submit(job)
+
+    def adopt(self, kv: PrefilledKV) -> None:
+        """Write arrived prompt KV into the sequence's blocks, unless the sequence ended or
+        was preempted since its job was sent."""
+        sequence, job = self._jobs.get(kv.seq_id, (None, None))
+        if sequence is None or job is None or job.attempt != kv.attempt:
+            return
+        del self._jobs[kv.seq_id]
+        if sequence.status is not SequenceStatus.RUNNING or not sequence.kv_in_flight:
+            return  # it ended, or was preempted and waits to be sent again
+        block_ids = returned_block_ids(self._kv.block_table(sequence.seq_id), job)
+        self._storage.ensure_capacity(self._kv.materialized_blocks[0])
+        self._storage.write_blocks(block_ids, kv.contents)
+        self._scheduler.complete_remote_prefill(sequence)

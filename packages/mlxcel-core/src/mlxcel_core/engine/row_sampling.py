@@ -96,6 +96,15 @@ class BatchDraw:
         ]
 
 
+def token_history(sequence: Sequence) -> mx.array:
+    """(T,) int32: the sequence's tokens, its pending ones read on the device."""
+    history = mx.array(sequence.token_ids, dtype=mx.int32)
+    if not sequence.pending:
+        return history
+    pending = [p.tokens[p.index : p.index + 1] for p in sequence.pending]
+    return mx.concatenate([history, *pending])
+
+
 def can_draw_together(sequence: Sequence, drafts: tuple[int, ...]) -> bool:
     """Whether the row's token needs nothing of `draw_tokens` beyond its sampler's chain,
     which then has a batch group (see `Sampler.batch_group`)."""
@@ -115,9 +124,15 @@ def draw_together(sequences: Seq[Sequence], logits: mx.array) -> BatchDraw:
         sequences: the rows' sequences.
         logits: (rows, V) logits after each sequence's last token.
     """
-    logits = ban_tokens(logits, [sequence.text.banned_token_ids() for sequence in sequences])
+    logits = ban_tokens(logits, [_banned(sequence) for sequence in sequences])
     tokens = sample_batch([sequence.sampler for sequence in sequences], logits)
     return BatchDraw(tuple(sequences), tokens)
+
+
+def _banned(sequence: Sequence, ahead: int = 0) -> frozenset[int]:
+    """The stop tokens the draw `ahead` tokens after the sequence's next one may not give,
+    counting its pending tokens as generated (they come before it)."""
+    return sequence.text.banned_token_ids(len(sequence.pending) + ahead)
 
 
 def _constrain(
@@ -130,7 +145,7 @@ def _constrain(
     constraint is left as it was found.
     """
     constraint = sequence.request.constraint
-    bans = [sequence.text.banned_token_ids(j) for j in range(len(drafts) + 1)]
+    bans = [_banned(sequence, j) for j in range(len(drafts) + 1)]
     if constraint is None:
         return [ban_tokens(logits[j : j + 1], [bans[j]])[0] for j in range(len(drafts) + 1)], drafts
     rows = []
@@ -172,7 +187,7 @@ def draw_tokens(
     rows, drafts = _constrain(sequence, logits, drafts)
     k = len(drafts)
     draft_array = mx.array(drafts, dtype=mx.int32)
-    history = mx.array(sequence.token_ids, dtype=mx.int32)
+    history = token_history(sequence)
     histories = [history] + [mx.concatenate([history, draft_array[:j]]) for j in range(1, k + 1)]
     if k == 0 or rule is AcceptanceRule.EXACT or sampler.params.temperature <= 0.0:
         target = mx.stack([sampler(rows[j], histories[j]) for j in range(k + 1)])

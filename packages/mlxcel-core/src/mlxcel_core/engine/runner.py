@@ -32,6 +32,19 @@ from mlxcel_core.images import ImageLanguageModel, PromptImage, RowImages
 
 
 @dataclass(frozen=True)
+class PendingToken:
+    """A token sampled by a step the host has not read yet: `tokens[index]`.
+
+    Attributes:
+        tokens: (n,) int32 token ids of one draw, lazy or evaluated.
+        index: the token's place in `tokens`.
+    """
+
+    tokens: mx.array
+    index: int
+
+
+@dataclass(frozen=True)
 class RowInput:
     """One sequence's tokens for this step.
 
@@ -50,10 +63,12 @@ class RowInput:
         state_source: a slot whose state this row starts from, copied into `state_slot`
             before the step's passes (a forked choice); None continues from its own, or
             from nothing when `offset` is 0.
+        pending: the row's one token when the host does not know it yet (the token the
+            step before sampled, async scheduling); `token_ids` then holds a placeholder.
 
     Raises:
-        ValueError: `token_ids` or `block_tables` is empty, or `num_logits` is neither of
-            those.
+        ValueError: `token_ids` or `block_tables` is empty, `num_logits` is neither of
+            those, or a pending row has more than one token.
     """
 
     token_ids: Sequence[int]
@@ -64,12 +79,15 @@ class RowInput:
     images: tuple[PromptImage, ...] = ()
     state_slot: int | None = None
     state_source: int | None = None
+    pending: PendingToken | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             raise ValueError("token_ids must hold at least one token")
         if not self.block_tables:
             raise ValueError("block_tables must hold one table per block group")
+        if self.pending is not None and len(self.token_ids) != 1:
+            raise ValueError(f"a row with a pending token has one token, got {len(self.token_ids)}")
         if self.num_logits not in (1, len(self.token_ids)):
             raise ValueError(
                 f"num_logits must be 1 or len(token_ids) ({len(self.token_ids)}), "
@@ -114,8 +132,31 @@ def model_batches_rows(model: object) -> bool:
 
 
 def pass_tokens(rows: Sequence[RowInput]) -> mx.array:
-    """(B, L) int32 tokens of one pass's rows."""
-    return mx.array([list(row.token_ids) for row in rows], dtype=mx.int32)
+    """(B, L) int32 tokens of one pass's rows, pending tokens read on the device.
+
+    Rows that are each draw's tokens in order (a batch of decode rows running ahead) take
+    that draw's array as it is; otherwise each draw's pending tokens are gathered with one
+    op and put in place of the placeholders.
+    """
+    draws: dict[int, tuple[mx.array, list[int], list[int]]] = {}
+    for i, row in enumerate(rows):
+        if row.pending is not None:
+            source = row.pending.tokens
+            _, positions, indices = draws.setdefault(id(source), (source, [], []))
+            positions.append(i)
+            indices.append(row.pending.index)
+    if len(draws) == 1:
+        source, positions, indices = next(iter(draws.values()))
+        if len(positions) == len(rows) and indices == list(range(source.shape[0])):
+            return source[:, None]
+    tokens = mx.array([list(row.token_ids) for row in rows], dtype=mx.int32)
+    for source, positions, indices in draws.values():
+        gather = [0] * len(rows)
+        mask = [False] * len(rows)
+        for position, index in zip(positions, indices, strict=True):
+            gather[position], mask[position] = index, True
+        tokens = mx.where(mx.array(mask)[:, None], source[mx.array(gather)][:, None], tokens)
+    return tokens
 
 
 class StepLogits:
@@ -185,6 +226,10 @@ class ModelRunner:
 
     steps_in_flight = 1
     """How many steps the engine may have started before it must `finish` the oldest."""
+
+    takes_pending_tokens = True
+    """Whether rows may carry pending tokens (`RowInput.pending`): lazy arrays this
+    runner reads on the device. A runner that sends its rows elsewhere needs host ids."""
 
     def __init__(
         self,

@@ -4,8 +4,9 @@ It touches no arrays. Each step it serves running sequences first, oldest first,
 admits waiting ones in arrival order while the budget, the sequence cap and the KV cache
 allow. When the cache cannot hold a running sequence's next tokens, the newest running
 sequence is preempted: its blocks are freed and it is recomputed later. Sequences in a step
-still in flight (pipeline parallelism) are skipped and never preempted; a sequence whose
-only victim would be itself waits instead while a newer one is in flight. This is the
+still in flight (pipeline parallelism, async scheduling) are never preempted, and skipped
+unless they run ahead (`Sequence.runs_ahead`); a sequence that finds no newer victim outside
+the steps in flight waits instead. This is the
 scheduling of vLLM's v1 engine (`vllm/v1/core/sched/scheduler.py`), without its phases:
 chunked prefill, prefix-cache hits and decode are one rule (see `Sequence`).
 
@@ -72,6 +73,7 @@ class ScheduledSequence:
 
     Attributes:
         sequence: the sequence.
+        start: its first position computed this step (its `num_computed` when planned).
         num_new_tokens: its tokens computed this step.
         num_lookahead_tokens: KV slots held beyond `num_new_tokens`, for the draft tokens
             it may verify (speculative decoding).
@@ -80,6 +82,7 @@ class ScheduledSequence:
     """
 
     sequence: Sequence
+    start: int
     num_new_tokens: int
     num_lookahead_tokens: int = 0
     state_source: int | None = None
@@ -160,7 +163,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0 and len(scheduled) < room:
             sequence = self.running[index]
-            if sequence.kv_in_flight or sequence.in_step:
+            if sequence.kv_in_flight or (sequence.in_step and not sequence.runs_ahead):
                 index += 1
                 continue
             num_new = min(sequence.num_uncomputed, budget, self.config.max_prefill_chunk)
@@ -173,15 +176,21 @@ class Scheduler:
                     lookahead = 0
                     continue
                 victim = self._newest_preemptible()
-                if victim is sequence and self._has_newer_in_step(sequence):
-                    index += 1  # it waits for that step to end and free a newer victim
+                if (
+                    victim is None
+                    or victim.seq_id < sequence.seq_id
+                    or (victim is sequence and self._has_newer_in_step(sequence))
+                ):
+                    index += 1  # it waits for the steps in flight to end and free a victim
                     break
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is sequence:
                     break
             else:
-                scheduled.append(ScheduledSequence(sequence, num_new, lookahead))
+                scheduled.append(
+                    ScheduledSequence(sequence, sequence.num_computed, num_new, lookahead)
+                )
                 budget -= num_new + lookahead
                 index += 1
         # Admitting while preempting would hand the freed blocks to a newer request.
@@ -229,7 +238,11 @@ class Scheduler:
                 continue
             num_new = min(sequence.num_uncomputed, wanted, budget)
             num_new = self._stop_at_fork_point(sequence, num_new, fork_parents)
-            scheduled.append(ScheduledSequence(sequence, num_new, state_source=state_source))
+            scheduled.append(
+                ScheduledSequence(
+                    sequence, sequence.num_computed, num_new, state_source=state_source
+                )
+            )
             budget -= num_new
         return SchedulerOutput(tuple(scheduled), tuple(preempted), tuple(remote))
 
@@ -257,15 +270,18 @@ class Scheduler:
     def _can_fork_from(self, parent: Sequence, child: Sequence) -> bool:
         """Whether `child` may still fork from `parent`: the parent runs; it still holds
         the blocks the child reads (a sliding window frees those behind the parent's);
-        and, with a recurrent state, it has not moved past the prompt's last token nor is
-        in a step in flight that moves it (its state is the one at that token only then)."""
+        and, with a recurrent state, it has not moved past the prompt's last token. A
+        parent in a step in flight stands there once that step is through only if the
+        step is ordered before the child's (it `runs_ahead`: the copy reads the state that
+        step writes, on the same stream); a pipeline's steps are not, so it waits."""
         if parent.status is not SequenceStatus.RUNNING:
             return False
         if not self.recurrent_state:
             num_shared = child.num_prompt_tokens - 1
             return parent.num_computed < num_shared or self.kv.can_fork(parent.seq_id, num_shared)
         return parent.num_computed < child.num_prompt_tokens - 1 or (
-            parent.num_computed == child.num_prompt_tokens - 1 and not parent.in_step
+            parent.num_computed == child.num_prompt_tokens - 1
+            and (not parent.in_step or parent.runs_ahead)
         )
 
     @property
@@ -286,10 +302,17 @@ class Scheduler:
         sequence.num_computed = sequence.num_tokens - 1
         self.kv.commit(sequence.seq_id, sequence.token_ids, sequence.num_computed)
 
+    def begin_step(self, output: SchedulerOutput) -> None:
+        """Record that the step's tokens are being computed: each sequence's `num_computed`
+        moves past them, so that the next step can be planned before this one is read."""
+        for item in output.scheduled:
+            item.sequence.num_computed = item.start + item.num_new_tokens
+
     def complete_step(
         self, output: SchedulerOutput, num_accepted: Mapping[int, int] | None = None
     ) -> None:
-        """Record that the step's tokens were computed; full blocks join the prefix cache.
+        """Record that the step's tokens were computed (after `begin_step`); full blocks
+        join the prefix cache, up to this step's tokens (not those of later steps in flight).
 
         Args:
             output: the step's plan.
@@ -300,8 +323,10 @@ class Scheduler:
         for item in output.scheduled:
             sequence = item.sequence
             if sequence.status is SequenceStatus.RUNNING:
-                sequence.num_computed += item.num_new_tokens + accepted.get(sequence.seq_id, 0)
-                self.kv.commit(sequence.seq_id, sequence.token_ids, sequence.num_computed)
+                num_accepted_here = accepted.get(sequence.seq_id, 0)
+                sequence.num_computed += num_accepted_here
+                computed = item.start + item.num_new_tokens + num_accepted_here
+                self.kv.commit(sequence.seq_id, sequence.token_ids, computed)
 
     def finish(self, sequence: Sequence, status: SequenceStatus) -> None:
         """End a sequence (waiting or running): free its KV and its slot.
@@ -361,10 +386,10 @@ class Scheduler:
     def _has_newer_in_step(self, sequence: Sequence) -> bool:
         return any(other.in_step and other.seq_id > sequence.seq_id for other in self.running)
 
-    def _newest_preemptible(self) -> Sequence:
-        """The newest running sequence outside a step in flight; the one being scheduled
-        is such a sequence, so there always is one."""
-        return next(sequence for sequence in reversed(self.running) if not sequence.in_step)
+    def _newest_preemptible(self) -> Sequence | None:
+        """The newest running sequence outside the steps in flight; None when every one is
+        in them (a sequence running ahead is scheduled while in one)."""
+        return next((sequence for sequence in reversed(self.running) if not sequence.in_step), None)
 
     def _release_slot(self, sequence: Sequence) -> None:
         if sequence.slot is not None:

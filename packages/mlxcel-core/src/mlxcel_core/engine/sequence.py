@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from mlxcel_core.adapters import AdapterScales, adapter_cache_salt
 from mlxcel_core.cache.paged import KeyedSpan
 from mlxcel_core.engine.request import EngineRequest, OutputSink, RequestHandle
+from mlxcel_core.engine.runner import PendingToken
 from mlxcel_core.generate import FinishReason, TextAssembler
 from mlxcel_core.sampling import Sampler
 
@@ -37,10 +39,12 @@ FINISHED_STATUS = {
 class Sequence:
     """One request being generated.
 
-    The engine's one rule: `num_computed` of `token_ids` have their KV in the cache, and
-    each step computes some of the rest. When all are computed, the last position's logits
-    give the next token. A fresh prompt, a prefix-cache hit, chunked prefill, decode and
-    recompute after preemption are all this one rule.
+    The engine's one rule: `num_computed` of its tokens have their KV in the cache (or
+    being written by a step in flight), and each step computes some of the rest. When all
+    are computed, the last position's logits give the next token. A fresh prompt, a
+    prefix-cache hit, chunked prefill, decode and recompute after preemption are all this
+    one rule. Its tokens are `token_ids` and then the `pending` ones: sampled by steps still
+    on the device, not yet read by the host (async scheduling, see `EngineCore`).
 
     Attributes:
         seq_id: unique within the engine.
@@ -50,7 +54,8 @@ class Sequence:
         sampler: its own sampler chain and random stream.
         text: its stop criteria and detokenized text.
         token_ids: prompt then generated tokens.
-        num_computed: leading tokens whose KV is in the cache.
+        num_computed: leading tokens whose KV is in the cache or being written by a step
+            in flight.
         num_cached_tokens: prompt tokens the prefix cache supplied at first admission.
         status: where it is.
         slot: its slot (0 .. max_num_seqs - 1) while running, else None.
@@ -71,9 +76,14 @@ class Sequence:
             when the model has no unfused adapters.
         kv_in_flight: running, its prompt's KV being computed elsewhere (disaggregated
             prefill, `remote_prefill`): it holds its blocks and slot but is not scheduled.
-        in_step: running, in a step the runner has started and the engine has not sampled
-            yet (pipeline parallelism keeps several steps in flight): it is neither
-            scheduled nor preempted until that step completes.
+        steps_in_flight: steps started and not yet read that hold it (pipeline stages
+            keep several in flight, async scheduling two): it is not preempted until they
+            complete, and scheduled again only if it `runs_ahead`.
+        runs_ahead: its next step may start before its steps in flight are read: its next
+            input is known (the rest of its prompt) or is its last pending token, and
+            nothing in its sampling needs the tokens on the host.
+        pending: tokens sampled by its steps in flight, oldest first, not yet appended to
+            `token_ids`.
     """
 
     seq_id: int
@@ -98,11 +108,18 @@ class Sequence:
     fork_parent: Sequence | None = None
     adapter_scales: AdapterScales | None = None
     kv_in_flight: bool = False
-    in_step: bool = False
+    steps_in_flight: int = 0
+    runs_ahead: bool = False
+    pending: deque[PendingToken] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.request.prompt_ids)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step in flight holds it."""
+        return self.steps_in_flight > 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -118,8 +135,8 @@ class Sequence:
 
     @property
     def num_tokens_left(self) -> int:
-        """Tokens it may still generate (its token budget less those generated)."""
-        return self.text.budget - self.text.num_generated
+        """Tokens it may still generate (its token budget less those generated or pending)."""
+        return self.text.budget - self.text.num_generated - len(self.pending)
 
     @property
     def cache_salt(self) -> tuple[str, ...]:
@@ -136,5 +153,5 @@ class Sequence:
 
     @property
     def num_uncomputed(self) -> int:
-        """Tokens whose KV is not in the cache yet."""
-        return len(self.token_ids) - self.num_computed
+        """Tokens, pending ones included, whose KV is not in the cache yet."""
+        return len(self.token_ids) + len(self.pending) - self.num_computed

@@ -123,6 +123,8 @@ class Sampler:
         batch_group: Requests with equal groups can draw together through `sample_batch`
             (greedy ones, or sampled ones with the same settings and no logit bias, penalties,
             DRY or XTC); None when this request's chain must run alone.
+        reads_history_on_host: Its chain reads the token history as host ints (an active
+            DRY stage), so every token before the one it samples must be known on the host.
     """
 
     def __init__(
@@ -148,6 +150,7 @@ class Sampler:
         )
         self._active_stages = tuple(stage for stage in params.samplers if _is_active(stage, params))
         self.batch_group = _batch_group(params, self._active_stages)
+        self.reads_history_on_host = SamplerStage.DRY in self._active_stages
 
     def next_key(self) -> mx.array:
         """Split a key off the request's random stream (for draws made outside the chain,

@@ -136,6 +136,7 @@ class PagedKVStorage:
         self.layers_attending_in_cache: set[int] = set()
         self.capacity_blocks = [0] * num_groups
         self.states = StatePool(state_layers, num_state_slots) if state_layers else None
+        self._heads_first: tuple[mx.array, int, mx.array] | None = None
         self._key_codecs = [make_kv_codec(cache_type_k, g.key_dim) for g in layers]
         self._value_codecs = [make_kv_codec(cache_type_v, g.value_dim) for g in layers]
         # Computed once: the engine's statistics read it every step, and it makes codecs.
@@ -296,8 +297,16 @@ class PagedKVStorage:
                 a quantized side is read from its exact copy instead (`ResidualSlots`).
 
         Returns:
-            Keys (B, H_kv, S, D_k) and values (B, H_kv, S, D_v), in the layer's dtype.
+            Keys (B, H_kv, S, D_k) and values (B, H_kv, S, D_v), in the layer's dtype;
+            row-contiguous when both pools store the layer's own dtype and no exact copies
+            are read (gathered heads first, so attention's products read them as they are).
         """
+        codecs = (self._key_codecs[layer], self._value_codecs[layer])
+        if codecs == (None, None) and exact is None:
+            index = self._heads_first_index(slots, self.layers[layer].num_kv_heads)
+            return _take_heads_first(self.keys[layer][0], index), _take_heads_first(
+                self.values[layer][0], index
+            )
         dtype = self.layers[layer].dtype
         keys = _load(self.keys[layer], self._key_codecs[layer], slots, dtype, anchors)
         values = _load(self.values[layer], self._value_codecs[layer], slots, dtype, None)
@@ -311,6 +320,18 @@ class PagedKVStorage:
                 exact_values = self.exact_values[layer][residual_slots].astype(dtype)
                 values = mx.where(is_exact, exact_values, values)
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
+
+    def _heads_first_index(self, slots: mx.array, num_heads: int) -> mx.array:
+        """(B, H, S) int32 rows of a pool viewed as (slots * H, W): head h of slot
+        `slots[b, s]` at `slots[b, s] * H + h`. Every layer of a pass reads the same slots,
+        so the latest index is kept (with its slots, never mistaken for later ones)."""
+        held = self._heads_first
+        if held is not None and held[0] is slots and held[1] == num_heads:
+            return held[2]
+        heads = mx.arange(num_heads, dtype=mx.int32)[:, None]
+        index = slots[:, None, :] * num_heads + heads
+        self._heads_first = (slots, num_heads, index)
+        return index
 
     def codecs(self, layer: int) -> tuple[KVCodec | None, KVCodec | None]:
         """The codecs of the layer's key and value pools; None for one that stores the
@@ -418,6 +439,11 @@ def _store(
         store_centered(pool, codec, slots, x, anchors)
     else:
         store_parts(pool, codec.encode(x), slots)
+
+
+def _take_heads_first(pool: mx.array, index: mx.array) -> mx.array:
+    """(B, H, S, W) of a (slots, H, W) pool at a `_heads_first_index`, in one gather."""
+    return pool.reshape(-1, pool.shape[-1])[index]
 
 
 def _load(
