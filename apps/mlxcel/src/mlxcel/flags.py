@@ -237,8 +237,21 @@ def resolve_defaults(
             else:
                 value = convert(given)
         except ValueError as error:
-            raise UsageError(f"{source}: invalid value {given!r} ({error})") from error
+            raise _conversion_error(flag, source, given, error) from error
         setattr(namespace, flag.dest, value)
+
+
+# What a value of a built-in flag type must be, in the words of a conversion error.
+_EXPECTED = {int: "an integer", float: "a number"}
+
+
+def _conversion_error(flag: Flag, source: str, given: Any, error: ValueError) -> UsageError:
+    """`--seed: expected an integer, got 'abc'` for a number flag; the converter's own
+    message, with the value, for any other."""
+    expected = None if flag.is_switch else _EXPECTED.get(flag.type)
+    if expected is not None:
+        return UsageError(f"{source}: expected {expected}, got {given!r}")
+    return UsageError(f"{source}: invalid value {given!r} ({error})")
 
 
 def sampling_params_from(namespace: argparse.Namespace) -> SamplingParams:

@@ -272,10 +272,9 @@ def _generate(
         prompt_images = with_images.images
     else:
         token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
-    for line, tokens in enumerate(token_ids, start=1):
-        if not tokens:
-            where = "" if args.prompts_file is None else f" on line {line}"
-            raise InputError(f"the prompt{where} is empty: it encodes to no tokens")
+    # A prompts file's empty prompts get error rows of their own (`run_batch`).
+    if args.prompts_file is None and not token_ids[0]:
+        raise InputError("the prompt is empty: it encodes to no tokens")
     template = chat_template_from(args)
     reasoning = [
         reply_reasoning(loaded.tokenizer, template, ids, args.reasoning_budget) for ids in token_ids
