@@ -38,14 +38,35 @@ def test_generate_streams_text_and_reports_timings(tiny_gguf):
     assert "end of the context" not in err
 
 
-def test_the_stats_say_what_each_gguf_tensor_type_became(tiny_gguf):
+def _weights_line(err: str) -> str:
+    (line,) = [line for line in err.splitlines() if line.startswith("weights: ")]
+    return line
+
+
+def test_the_weights_line_says_what_each_gguf_tensor_type_became_in_memory(tiny_gguf):
     argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "--temp", "0", "-n", "2")
     code, _, err = run_cli(*argv)
     assert code == 0
-    assert "gguf: Q8_0→8-bit g32 (15 tensors), F32 (5 tensors)" in err
+    # One sequence on the CPU with OpenBLAS keeps the file's quantization (docs/adr/0029).
+    assert _weights_line(err).startswith(
+        "weights: quantized, as in the file: Q8_0→8-bit g32 (15 tensors), F32 (5 tensors)"
+    )
+    assert "gguf:" not in err
     code, _, err = run_cli(*argv, environ={"MLXCEL_GGUF_DEQUANT": "bf16"})
     assert code == 0
-    assert "gguf: Q8_0→bfloat16 (15 tensors), F32 (5 tensors)" in err
+    # Dequantized to bfloat16, then every float weight is cast to the CPU's float32.
+    assert _weights_line(err).startswith(
+        "weights: dense float32: Q8_0→float32 (15 tensors), F32 (5 tensors)"
+    )
+
+
+def test_weights_made_dense_for_a_batch_are_said_to_be_dense(tiny_gguf, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\nthree\nfour\n")
+    argv = ("generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "1")
+    code, _, err = run_cli(*argv, "-np", "4", "--temp", "0")
+    assert code == 0
+    assert "weights: dense float32: Q8_0→float32 (15 tensors), F32 (5 tensors)" in err
     code, _, err = run_cli(*argv, "--gguf-dequant", "q4")
     assert_one_line_error(code, err, 2, "--gguf-dequant: invalid value 'q4' (expected one of")
 
@@ -111,16 +132,18 @@ def test_model_from_environment(tiny_gguf):
     ("argv", "environ", "code", "message"),
     [
         (("--top-p", "1.5"), {}, 2, "--top-p: top_p must be"),
-        (("--temp", "hot"), {}, 2, "--temp: invalid value 'hot'"),
-        ((), {"LLAMA_ARG_TOP_K": "many"}, 2, "LLAMA_ARG_TOP_K: invalid value 'many'"),
+        (("--temp", "hot"), {}, 2, "--temp: expected a number, got 'hot'"),
+        ((), {"LLAMA_ARG_TOP_K": "many"}, 2, "LLAMA_ARG_TOP_K: expected an integer, got 'many'"),
+        (("--seed", "abc"), {}, 2, "--seed: expected an integer, got 'abc'"),
+        ((), {"LLAMA_ARG_CTX_SIZE": "x"}, 2, "LLAMA_ARG_CTX_SIZE: expected an integer, got 'x'"),
         (("--samplers", "top_k;magic"), {}, 2, "magic"),
         (("--repeat-last-n", "-5"), {}, 2, "repeat_last_n"),
         (("-n", "-3"), {}, 2, "-n/--n-predict"),
         (("--no-such-flag",), {}, 2, "unrecognized arguments"),
         # llama.cpp's flags mlxcel lacks, not read as a known short flag and its value.
-        (("-ngl", "99"), {}, 2, "unrecognized arguments: -ngl"),
         (("-hf", "owner/model"), {}, 2, "unrecognized arguments: -hf"),
-        (("-fa",), {}, 2, "unrecognized arguments: -fa"),
+        (("-dev", "CUDA0"), {}, 2, "unrecognized arguments: -dev"),
+        (("-nocb",), {}, 2, "unrecognized arguments: -nocb"),
         (("--tem", "0.5"), {}, 2, "unrecognized arguments: --tem"),
         (("-c", "4"), {}, 1, "the context size is 4"),
         (("--block-size", "100000"), {}, 2, "--block-size must be <= 256, got 100000"),
@@ -174,7 +197,7 @@ def test_bad_model_files(tiny_gguf, tmp_path):
         (missing, "model not found"),
         (truncated, "corrupt or truncated"),
         (not_gguf, "neither a GGUF file nor a model folder"),
-        (unknown, "unsupported model type 'mamba'"),
+        (unknown, "unsupported GGUF architecture 'mamba'"),
         (folder, "holds no .safetensors"),
         (missing_tensor, "model.norm.weight"),
         (corrupt_weights, "corrupt"),

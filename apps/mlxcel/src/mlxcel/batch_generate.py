@@ -102,7 +102,12 @@ def run_batch(
     writer = _RowWriter(len(prompts), out)
     if requests:
         engine = open_engine(
-            args, loaded, engine_config, context_size=context_size, make_runner=make_runner
+            args,
+            loaded,
+            engine_config,
+            context_size=context_size,
+            err=err,
+            make_runner=make_runner,
         )
         try:
             sink = OutputQueue()

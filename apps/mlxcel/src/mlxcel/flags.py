@@ -64,6 +64,8 @@ class Flag:
         metavar: the names of its values when it takes several (`--lora-scaled PATH
             SCALE`); `type` then converts the list of them, and the environment mirror
             gives them space-separated, the last ones without spaces.
+        optional_value: the flag's value when it is given without one (`-fa` for
+            `-fa on`); None for a flag whose value is required.
     """
 
     names: tuple[str, ...]
@@ -75,6 +77,7 @@ class Flag:
     is_switch: bool = False
     repeatable: bool = False
     metavar: tuple[str, ...] = ()
+    optional_value: str | None = None
 
     @property
     def env_name(self) -> str:
@@ -198,6 +201,10 @@ def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
             )
         elif flag.repeatable:
             parser.add_argument(*flag.names, dest=flag.dest, action="append", help=help_text)
+        elif flag.optional_value is not None:
+            parser.add_argument(
+                *flag.names, dest=flag.dest, nargs="?", const=flag.optional_value, help=help_text
+            )
         else:
             parser.add_argument(*flag.names, dest=flag.dest, type=str, help=help_text)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxcel_models.model_args import config_error, make_model_args, mlx_lm_module_name
+from mlxcel_models.model_args import config_error, family_module, make_model_args
 
 
 def make_mlx_lm_model(config: dict[str, Any], *, where: str | Path) -> nn.Module:
@@ -27,7 +26,7 @@ def make_mlx_lm_model(config: dict[str, Any], *, where: str | Path) -> nn.Module
             constructor refuses it (an unknown RoPE type).
     """
     args = make_model_args(config, where=where)
-    architecture = importlib.import_module(f"mlx_lm.models.{mlx_lm_module_name(config)}")
+    architecture = family_module(config, where=where)
     try:
         return architecture.Model(args)
     except (TypeError, ValueError) as error:

@@ -27,7 +27,7 @@ from mlxcel_models.loading.dimensions import check_config_dimensions, positive_i
 
 # Fields that, when a family declares them and the config gives a value, count positions
 # or layers: zero or less describes no model.
-_POSITIVE_FIELDS = ("sliding_window", "sliding_window_pattern")
+_POSITIVE_FIELDS = ("sliding_window",)
 # (experts per token, the keys a family names its expert count with).
 _EXPERT_COUNTS = (
     ("num_experts_per_tok", ("num_experts", "num_local_experts", "n_routed_experts",
@@ -88,8 +88,7 @@ def check_model_args(config: Mapping[str, Any], *, where: str | Path) -> type:
     """
     check_config_dimensions(config, where)
     _check_expert_counts(config, where)
-    module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module_name(config)}")
-    args_class = module.ModelArgs
+    args_class = family_module(config, where=where).ModelArgs
     # A family with its own from_dict (a nested text_config) is checked by its constructor.
     if args_class.from_dict.__func__ is not BaseModelArgs.from_dict.__func__:
         return args_class
@@ -103,17 +102,36 @@ def check_model_args(config: Mapping[str, Any], *, where: str | Path) -> type:
             raise ModelLoadError(f"{where} lacks a hyperparameter: '{name}'")
     for name in _POSITIVE_FIELDS:
         if name in fields and config.get(name) is not None:
-            positive_int(config[name], f"'{name}'", where)
+            positive_int(config[name], name, where)
     hints = _type_hints(args_class)
     for name, value in config.items():
         if name not in fields or name not in hints:
             continue
-        if value is None and fields[name].default is not dataclasses.MISSING:
+        # Null stands for "the default" in Hugging Face configs; the family's code decides.
+        if value is None:
             continue
         expected = _expected_type(value, hints[name])
         if expected is not None:
-            raise ModelLoadError(f"{where}: '{name}' must be {expected}, got {value!r}")
+            raise ModelLoadError(f"{where}: {name} must be {expected}, got {value!r}")
     return args_class
+
+
+def family_module(config: Mapping[str, Any], *, where: str | Path) -> types.ModuleType:
+    """The `mlx_lm.models` module that runs `config` (`mlx_lm_module_name`).
+
+    Raises:
+        ModuleNotFoundError: mlx-lm has no module for the model type.
+        ModelLoadError: the module needs a package that is not installed.
+    """
+    name = mlx_lm_module_name(config)
+    try:
+        return importlib.import_module(f"mlx_lm.models.{name}")
+    # mlx-lm's olmo module exits the interpreter when its optional package is missing.
+    except SystemExit as error:
+        raise ModelLoadError(
+            f"{where}: mlx-lm's {name} module needs a package that is not installed "
+            "(for olmo: pip install ai2-olmo)"
+        ) from error
 
 
 def config_error(error: TypeError | ValueError, where: str | Path) -> ModelLoadError:
@@ -133,7 +151,7 @@ def _check_expert_counts(config: Mapping[str, Any], where: str | Path) -> None:
             continue
         if not 0 < per_token <= config[count_key]:
             raise ModelLoadError(
-                f"{where}: '{per_token_key}' must be between 1 and '{count_key}' "
+                f"{where}: {per_token_key} must be between 1 and {count_key} "
                 f"({config[count_key]}), got {per_token}"
             )
 
@@ -173,14 +191,13 @@ def _expected_type(value: Any, annotation: Any) -> str | None:
 
 
 def _has_type(value: Any, base: type) -> bool:
-    if base is float:
+    """Whether `value` passes for `base`, leniently where mlx-lm's annotations are loose:
+    any number for `int` (some fields annotated `int` hold fractions, and configs write
+    whole numbers as 2048.0), a string for `list` (a layer pattern such as "M*-")."""
+    if base in (int, float):
         return isinstance(value, int | float) and not isinstance(value, bool)
-    if base is int:
-        # Some configs write whole numbers as floats (2048.0).
-        whole_float = isinstance(value, float) and value.is_integer()
-        return _is_int(value) or whole_float
     if base is bool:
         return isinstance(value, bool) or value in (0, 1)
     if base in (list, tuple):
-        return isinstance(value, list | tuple)
+        return isinstance(value, list | tuple | str)
     return isinstance(value, base)

@@ -150,12 +150,6 @@ def _load_safetensors(source: ModelSource) -> tuple[nn.Module, Tokenizer, int]:
     # safetensors as MLX's RuntimeError.
     except (ValueError, TypeError, KeyError, RuntimeError, OSError) as error:
         raise ModelLoadError(f"{source.path}: {error}") from error
-    # mlx-lm's olmo module exits the interpreter when its optional package is missing.
-    except SystemExit as error:
-        raise ModelLoadError(
-            f"{source.path}: mlx-lm's {source.model_type} module needs a package that is not "
-            "installed (for olmo: pip install ai2-olmo)"
-        ) from error
     tokenizer = Tokenizer.from_folder(source.path)
     return module, tokenizer, int(config.get("max_position_embeddings", 4096))
 
@@ -170,11 +164,16 @@ def _evaluate_weights(module: nn.Module, progress: LoadProgress | None) -> None:
 
 
 def _model_config(module: nn.Module, model: MlxLmLanguageModel, context_length: int) -> ModelConfig:
+    parameters = [array for _, array in tree_flatten(module.parameters())]
+    float_dtypes = {str(a.dtype) for a in parameters if mx.issubdtype(a.dtype, mx.floating)}
     return ModelConfig(
         context_length=context_length,
         vocab_size=model.vocab_size,
         num_layers=model.num_layers,
         num_parameters=count_parameters(module),
-        weight_bytes=sum(array.nbytes for _, array in tree_flatten(module.parameters())),
+        weight_bytes=sum(array.nbytes for array in parameters),
         quantized=has_quantized_layers(module),
+        float_dtype=float_dtypes.pop().removeprefix("mlx.core.")
+        if len(float_dtypes) == 1
+        else None,
     )
