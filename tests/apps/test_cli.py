@@ -1,13 +1,18 @@
 """`mlxcel generate` and `mlxcel bench` through `main(argv)`, on a tiny GGUF model."""
 
 import io
+import json
+import re
+import sys
 
 import mlx.core as mx
 import pytest
 
+from mlxcel import loading
 from mlxcel.cli import main, make_parser
 from mlxcel.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
 from mlxcel.generate_command import FLAGS
+from mlxcel_models.store import StoreConfig
 
 from factories import TinyConfig, write_gguf_model, write_safetensors_model
 
@@ -249,3 +254,55 @@ def test_a_missing_extra_is_one_usage_line_naming_what_needed_it():
     )
     flags = import_extra("mlxcel.flags", extra="fast", needed_by="--warp")
     assert flags.import_extra is import_extra
+
+
+def test_a_prompts_file_row_that_cannot_run_is_an_error_row_and_the_rest_run(tiny_gguf, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    # Prompts are numbered from 0 as the JSON rows' index; blank lines are no prompts.
+    prompts.write_text("hello\n\n" + "word " * 200 + "\nbye\n")
+    argv = ("generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "2")
+    code, out, err = run_cli(*argv, "-c", "64", "-no-cnv", "--temp", "0")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["index"] for row in rows] == [0, 1, 2]
+    assert rows[0]["completion_tokens"] == 2 and rows[2]["completion_tokens"] == 2
+    assert set(rows[1]) == {"index", "prompt", "error"}
+    assert re.match(r"the prompt has \d+ tokens but the context size is 64", rows[1]["error"])
+    assert code == 1
+    assert err.splitlines()[-1].startswith(
+        "mlxcel: error: 1 of 3 prompts not generated (error rows); prompt 1: the prompt has"
+    )
+
+
+def test_a_ctrl_c_during_generate_prints_the_stats_of_what_was_generated(tiny_gguf):
+    class InterruptedTerminal(io.StringIO):
+        """Ctrl-C is pressed once, after the reply's first characters are shown."""
+
+        pressed = False
+
+        def write(self, text: str) -> int:
+            if len(self.getvalue()) > 3 and not self.pressed:
+                self.pressed = True
+                raise KeyboardInterrupt
+            return super().write(text)
+
+    out, err = InterruptedTerminal(), io.StringIO()
+    argv = ["generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0"]
+    code = main([*argv, "-n", "50"], environ={}, out=out, err=err)
+    assert code == 130
+    lines = err.getvalue().splitlines()
+    generated = next(line for line in lines if line.startswith("generated: "))
+    assert 1 <= int(generated.split()[1]) < 50
+    assert lines[-1] == "mlxcel: interrupted"
+
+
+def test_the_load_progress_bar_is_drawn_on_a_terminal_only(tiny_gguf, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(loading, "PROGRESS_DELAY_SECONDS", 0.0)
+    for stream, drawn in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        store = StoreConfig(models_dir=tiny_gguf.parent, hf_cache_dir=tiny_gguf.parent)
+        loading.load_for_command(str(tiny_gguf), store=store)
+        assert ("loading" in stream.getvalue()) is drawn

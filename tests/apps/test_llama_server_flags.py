@@ -7,11 +7,12 @@ import io
 import logging
 
 import pytest
-from family_folders import write_family_model
 
 from mlxcel import llama_server_flags
 from mlxcel.cli import main
 from mlxcel.llama_server_flags import IGNORED_FLAGS
+
+from family_folders import write_family_model
 
 
 def run_cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:

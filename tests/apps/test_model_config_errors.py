@@ -8,9 +8,10 @@ import io
 import socket
 
 import pytest
-from family_folders import edited_copy, write_family_model
 
 from mlxcel.cli import main
+
+from family_folders import edited_copy, write_family_model
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:

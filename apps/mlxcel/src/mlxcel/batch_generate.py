@@ -18,6 +18,7 @@ from typing import TextIO
 from mlxcel.engine_flags import open_engine
 from mlxcel.engine_outputs import next_output
 from mlxcel.flags import InputError, RunError
+from mlxcel.loading import describe_weights
 from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import (
     EngineConfig,
@@ -120,6 +121,7 @@ def run_batch(
         writer.write(rows)
     seconds = time.perf_counter() - start
     _print_throughput(replies, token_ids, seconds, err)
+    print(describe_weights(loaded), file=err)
     if refused:
         first = min(refused)
         print(
