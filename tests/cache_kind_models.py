@@ -196,6 +196,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def make_model(name: str, seed: int = 0) -> MlxLmLanguageModel:
     """The family's tiny model with seeded random weights, evaluated."""
     mx.random.seed(seed)
-    module = make_mlx_lm_model(CONFIGS[name])
+    module = make_mlx_lm_model(CONFIGS[name], where=name)
     mx.eval(module.parameters())
     return MlxLmLanguageModel(module)

@@ -1,13 +1,18 @@
 """`mlxcel generate` and `mlxcel bench` through `main(argv)`, on a tiny GGUF model."""
 
 import io
+import json
+import re
+import sys
 
 import mlx.core as mx
 import pytest
 
+from mlxcel import loading
 from mlxcel.cli import main, make_parser
 from mlxcel.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
 from mlxcel.generate_command import FLAGS
+from mlxcel_models.store import StoreConfig
 
 from factories import TinyConfig, write_gguf_model, write_safetensors_model
 
@@ -38,14 +43,35 @@ def test_generate_streams_text_and_reports_timings(tiny_gguf):
     assert "end of the context" not in err
 
 
-def test_the_stats_say_what_each_gguf_tensor_type_became(tiny_gguf):
+def _weights_line(err: str) -> str:
+    (line,) = [line for line in err.splitlines() if line.startswith("weights: ")]
+    return line
+
+
+def test_the_weights_line_says_what_each_gguf_tensor_type_became_in_memory(tiny_gguf):
     argv = ("generate", "-m", str(tiny_gguf), "-p", "hello", "--temp", "0", "-n", "2")
     code, _, err = run_cli(*argv)
     assert code == 0
-    assert "gguf: Q8_0→8-bit g32 (15 tensors), F32 (5 tensors)" in err
+    # One sequence on the CPU with OpenBLAS keeps the file's quantization (docs/adr/0029).
+    assert _weights_line(err).startswith(
+        "weights: quantized, as in the file: Q8_0→8-bit g32 (15 tensors), F32 (5 tensors)"
+    )
+    assert "gguf:" not in err
     code, _, err = run_cli(*argv, environ={"MLXCEL_GGUF_DEQUANT": "bf16"})
     assert code == 0
-    assert "gguf: Q8_0→bfloat16 (15 tensors), F32 (5 tensors)" in err
+    # Dequantized to bfloat16, then every float weight is cast to the CPU's float32.
+    assert _weights_line(err).startswith(
+        "weights: dense float32: Q8_0→float32 (15 tensors), F32 (5 tensors)"
+    )
+
+
+def test_weights_made_dense_for_a_batch_are_said_to_be_dense(tiny_gguf, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\nthree\nfour\n")
+    argv = ("generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "1")
+    code, _, err = run_cli(*argv, "-np", "4", "--temp", "0")
+    assert code == 0
+    assert "weights: dense float32: Q8_0→float32 (15 tensors), F32 (5 tensors)" in err
     code, _, err = run_cli(*argv, "--gguf-dequant", "q4")
     assert_one_line_error(code, err, 2, "--gguf-dequant: invalid value 'q4' (expected one of")
 
@@ -111,16 +137,18 @@ def test_model_from_environment(tiny_gguf):
     ("argv", "environ", "code", "message"),
     [
         (("--top-p", "1.5"), {}, 2, "--top-p: top_p must be"),
-        (("--temp", "hot"), {}, 2, "--temp: invalid value 'hot'"),
-        ((), {"LLAMA_ARG_TOP_K": "many"}, 2, "LLAMA_ARG_TOP_K: invalid value 'many'"),
+        (("--temp", "hot"), {}, 2, "--temp: expected a number, got 'hot'"),
+        ((), {"LLAMA_ARG_TOP_K": "many"}, 2, "LLAMA_ARG_TOP_K: expected an integer, got 'many'"),
+        (("--seed", "abc"), {}, 2, "--seed: expected an integer, got 'abc'"),
+        ((), {"LLAMA_ARG_CTX_SIZE": "x"}, 2, "LLAMA_ARG_CTX_SIZE: expected an integer, got 'x'"),
         (("--samplers", "top_k;magic"), {}, 2, "magic"),
         (("--repeat-last-n", "-5"), {}, 2, "repeat_last_n"),
         (("-n", "-3"), {}, 2, "-n/--n-predict"),
         (("--no-such-flag",), {}, 2, "unrecognized arguments"),
         # llama.cpp's flags mlxcel lacks, not read as a known short flag and its value.
-        (("-ngl", "99"), {}, 2, "unrecognized arguments: -ngl"),
         (("-hf", "owner/model"), {}, 2, "unrecognized arguments: -hf"),
-        (("-fa",), {}, 2, "unrecognized arguments: -fa"),
+        (("-dev", "CUDA0"), {}, 2, "unrecognized arguments: -dev"),
+        (("-nocb",), {}, 2, "unrecognized arguments: -nocb"),
         (("--tem", "0.5"), {}, 2, "unrecognized arguments: --tem"),
         (("-c", "4"), {}, 1, "the context size is 4"),
         (("--block-size", "100000"), {}, 2, "--block-size must be <= 256, got 100000"),
@@ -174,7 +202,7 @@ def test_bad_model_files(tiny_gguf, tmp_path):
         (missing, "model not found"),
         (truncated, "corrupt or truncated"),
         (not_gguf, "neither a GGUF file nor a model folder"),
-        (unknown, "unsupported model type 'mamba'"),
+        (unknown, "unsupported GGUF architecture 'mamba'"),
         (folder, "holds no .safetensors"),
         (missing_tensor, "model.norm.weight"),
         (corrupt_weights, "corrupt"),
@@ -226,3 +254,55 @@ def test_a_missing_extra_is_one_usage_line_naming_what_needed_it():
     )
     flags = import_extra("mlxcel.flags", extra="fast", needed_by="--warp")
     assert flags.import_extra is import_extra
+
+
+def test_a_prompts_file_row_that_cannot_run_is_an_error_row_and_the_rest_run(tiny_gguf, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    # Prompts are numbered from 0 as the JSON rows' index; blank lines are no prompts.
+    prompts.write_text("hello\n\n" + "word " * 200 + "\nbye\n")
+    argv = ("generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "2")
+    code, out, err = run_cli(*argv, "-c", "64", "-no-cnv", "--temp", "0")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["index"] for row in rows] == [0, 1, 2]
+    assert rows[0]["completion_tokens"] == 2 and rows[2]["completion_tokens"] == 2
+    assert set(rows[1]) == {"index", "prompt", "error"}
+    assert re.match(r"the prompt has \d+ tokens but the context size is 64", rows[1]["error"])
+    assert code == 1
+    assert err.splitlines()[-1].startswith(
+        "mlxcel: error: 1 of 3 prompts not generated (error rows); prompt 1: the prompt has"
+    )
+
+
+def test_a_ctrl_c_during_generate_prints_the_stats_of_what_was_generated(tiny_gguf):
+    class InterruptedTerminal(io.StringIO):
+        """Ctrl-C is pressed once, after the reply's first characters are shown."""
+
+        pressed = False
+
+        def write(self, text: str) -> int:
+            if len(self.getvalue()) > 3 and not self.pressed:
+                self.pressed = True
+                raise KeyboardInterrupt
+            return super().write(text)
+
+    out, err = InterruptedTerminal(), io.StringIO()
+    argv = ["generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0"]
+    code = main([*argv, "-n", "50"], environ={}, out=out, err=err)
+    assert code == 130
+    lines = err.getvalue().splitlines()
+    generated = next(line for line in lines if line.startswith("generated: "))
+    assert 1 <= int(generated.split()[1]) < 50
+    assert lines[-1] == "mlxcel: interrupted"
+
+
+def test_the_load_progress_bar_is_drawn_on_a_terminal_only(tiny_gguf, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(loading, "PROGRESS_DELAY_SECONDS", 0.0)
+    for stream, drawn in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        store = StoreConfig(models_dir=tiny_gguf.parent, hf_cache_dir=tiny_gguf.parent)
+        loading.load_for_command(str(tiny_gguf), store=store)
+        assert ("loading" in stream.getvalue()) is drawn

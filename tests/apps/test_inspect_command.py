@@ -19,6 +19,7 @@ from mlxcel_models.loading.loader import load_model
 from mlxcel_models.memory import MemoryBudget
 
 from factories import TinyConfig, write_sliding_window_model
+from family_folders import write_family_model
 from hf_hub_server import HubServer, folder_files
 
 REFUSAL = "mlxcel: error: the model and one sequence of the context size need "
@@ -230,3 +231,47 @@ def test_inspect_counts_a_windowed_layer_at_its_window(tmp_path):
     assert report["memory"]["kv_cache"] == auto["context_bytes"]
     code, out, _ = run_cli("inspect", "-m", str(folder), "-c", "1000")
     assert "2 layers, 1 of them reading only the last 5 tokens" in out
+
+
+def test_inspect_on_a_recurrent_model_shows_its_state_and_no_kv_cache(tmp_path):
+    mamba = write_family_model(tmp_path / "mamba2", "mamba2")
+    code, out, err = run_cli("inspect", "-m", str(mamba), "-c", "256")
+    assert code == 0 and err == ""
+    assert "KV cache      none: the layers keep recurrent state only" in out
+    assert re.search(r"recurrent state  [\d.]+ KiB per sequence \(2 state layers", out)
+    assert "KV heads" not in out and "bytes/token" not in out
+    report = json.loads(run_cli("inspect", "-m", str(mamba), "-c", "256", "--json")[1])
+    assert report["kv_cache"] == [] and report["kv_heads"] is None
+    assert report["memory"]["kv_cache"] == 0 and report["memory"]["states"] > 0
+    code, _, err = run_cli("inspect", "-m", str(mamba), "-ctk", "q8_0")
+    assert code == 2
+    assert err == (
+        "mlxcel: error: -ctk/-ctv: mamba2 (mamba2) keeps no KV cache, only recurrent state: "
+        "there are no keys or values to store\n"
+    )
+
+
+def test_cache_types_for_a_model_without_kv_are_refused_when_it_loads(tmp_path):
+    mamba = write_family_model(tmp_path / "mamba2", "mamba2")
+    argv = ("generate", "-m", str(mamba), "-p", "hi", "-n", "1", "-c", "64", "--no-memory-check")
+    code, _, err = run_cli(*argv, "-ctv", "q4_0")
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        "mlxcel: error: -ctv/--cache-type-v: mamba2 (mamba2) keeps no KV cache, only "
+        "recurrent state: there are no keys or values to store"
+    )
+
+
+def test_a_context_above_the_trained_one_is_warned_of(tiny_gguf):
+    # The tiny model is trained for 256 tokens.
+    warning = (
+        "mlxcel: warning: -c/--ctx-size 1024 is above the model's trained context (256 "
+        "tokens): possible training context overflow"
+    )
+    code, _, err = run_cli("inspect", "-m", str(tiny_gguf), "-c", "1024")
+    assert code == 0 and err.startswith(warning)
+    assert run_cli("inspect", "-m", str(tiny_gguf), "-c", "256")[2] == ""
+    report = json.loads(run_cli("inspect", "-m", str(tiny_gguf), "-c", "1024", "--json")[1])
+    assert report["warnings"][0].startswith(warning.removeprefix("mlxcel: "))
+    code, _, err = run_cli("generate", "-m", str(tiny_gguf), "-p", "hi", "-n", "1", "-c", "1024")
+    assert code == 0 and err.startswith(warning)

@@ -292,7 +292,7 @@ def test_a_message_the_template_cannot_render_is_not_sent(monkeypatch, tiny_gguf
 def test_input_that_is_not_utf8_is_one_line(monkeypatch, tiny_gguf):
     stdin = io.TextIOWrapper(io.BytesIO(b"\xff\xfe hello\n"), encoding="utf-8")
     monkeypatch.setattr(sys, "stdin", stdin)
-    code, _, err = run_cli("run", str(tiny_gguf), "-n", "1")
+    code, _, err = run_cli("run", str(tiny_gguf), "-n", "1", "-c", "256")
     assert_one_line_error(code, err, 1, "the input is not valid UTF-8 text")
 
 

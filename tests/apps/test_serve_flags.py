@@ -1,9 +1,11 @@
 """`mlxcel serve`'s flags: monitoring switches, API keys, the listening address."""
 
 import io
+import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from mlxcel import serve_command
@@ -12,7 +14,7 @@ from mlxcel.flags import UsageError, resolve_defaults
 from mlxcel.serve_command import FLAGS, settings_from
 from mlxcel.store_flags import resolve_store_flags
 
-from live_server import free_port
+from live_server import LiveServer, free_port
 
 
 def settings(argv, environ):
@@ -88,3 +90,28 @@ def test_an_unexpected_loading_error_stops_the_server_instead_of_leaving_it_load
     argv = ["serve", "-m", str(tiny_gguf), "--port", str(free_port())]
     with pytest.raises(RuntimeError, match="a defect while loading"):
         main(argv, environ={}, out=io.StringIO(), err=io.StringIO())
+
+
+def test_serve_logs_the_model_it_loaded_and_one_line_per_request(tiny_gguf):
+    server = LiveServer("-m", str(tiny_gguf), "-c", "64", "-a", "tiny")
+    try:
+        with server.stderr_on_failure():
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            assert httpx.post(server.url + "/v1/chat/completions", json=body).status_code == 200
+            assert httpx.get(server.url + "/nowhere").status_code == 404
+    finally:
+        server.stop()
+    lines = server.stderr().splitlines()
+    assert any(re.fullmatch(r"mlxcel: ready: tiny loaded in [\d.]+ s, .*", ln) for ln in lines)
+    access = r"mlxcel: 127\.0\.0\.1 {} {} {} \d+\.\d{{3}} s"
+    assert any(re.fullmatch(access.format("POST", "/v1/chat/completions", 200), ln) for ln in lines)
+    assert any(re.fullmatch(access.format("GET", "/nowhere", 404), ln) for ln in lines)
+
+
+def test_log_disable_leaves_only_errors(tiny_gguf):
+    server = LiveServer("-m", str(tiny_gguf), "-c", "64", "--log-disable")
+    try:
+        assert httpx.get(server.url + "/health").status_code == 200
+    finally:
+        server.stop()
+    assert not [ln for ln in server.stderr().splitlines() if ln.startswith("mlxcel: ")]

@@ -216,7 +216,7 @@ def test_rm_asks_on_a_terminal(tmp_path, environ, terminal_stdin):
 def test_arch_lists_the_families_and_what_they_support():
     code, out, _ = run_cli("arch", environ={})
     assert code == 0
-    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line}
     text_families = {"llama", "mistral", "qwen2", "qwen3"}
     assert text_families | {"qwen2_vl", "qwen2_5_vl"} <= set(rows)
     architectures = json.loads(run_cli("arch", "--json", environ={})[1])
@@ -232,3 +232,27 @@ def test_arch_lists_the_families_and_what_they_support():
     formats = {entry["architecture"]: entry["formats"] for entry in architectures}
     assert formats["mistral"] == ["safetensors"]
     assert formats["llama"] == ["gguf", "safetensors"]
+
+
+def test_arch_sorts_names_whatever_their_case_and_filters_by_name():
+    code, out, _ = run_cli("arch", environ={})
+    names = [line.split()[0] for line in out.splitlines()[1:] if line and " " in line]
+    table = names[: names.index("not")] if "not" in names else names
+    assert table == sorted(table, key=str.lower)
+    code, out, _ = run_cli("arch", "QWEN3", "klear", environ={})
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["Klear", "qwen3"]
+    assert_one_line_error(*run_cli("arch", "qwen3", "nosuch", environ={})[::2], 2, "nosuch")
+
+
+def test_arch_marks_the_families_the_engine_refuses_without_internal_names():
+    code, out, _ = run_cli("arch", "deepseek_v41", environ={})
+    assert code == 0
+    row = out.splitlines()[1].split()
+    assert row[:4] == ["deepseek_v41", "text", "safetensors", "not"]
+    assert row[-6:] == ["no"] * 6  # paged KV, prefix cache, speculative, LoRA, TP, PP
+    assert "not supported: deepseek_v41: its layers keep a cache of their own kind" in out
+    assert "LayerCache" not in out
+    (entry,) = json.loads(run_cli("arch", "--json", "deepseek_v41", environ={})[1])
+    assert entry["supported"] is False and entry["lora"] is False and entry["layers"] == []
+    assert "cache of their own kind" in entry["unsupported_reason"]

@@ -32,5 +32,9 @@ def test_path_serves_a_folder(tmp_path):
 def test_a_missing_folder_or_a_folder_without_the_page_is_refused(tmp_path):
     with pytest.raises(InputError, match="--path: no such folder"):
         settings(["--path", str(tmp_path / "missing")])
+    page = tmp_path / "index.html"
+    page.write_text("<html></html>")
+    with pytest.raises(InputError, match=f"--path: {page} is not a folder"):
+        settings(["--path", str(page)])
     with pytest.raises(UsageError, match="--no-webui serves no page"):
         settings(["--no-webui", "--path", str(tmp_path)])

@@ -32,6 +32,7 @@ from mlxcel.flags import (
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
+from mlxcel.llama_server_flags import LLAMA_SERVER_FLAGS, apply_llama_server_flags
 from mlxcel.loading import compute_options, load_for_command
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
@@ -53,6 +54,7 @@ BENCH_FLAGS = (
     SURGERY_FLAG,
     GGUF_DEQUANT_FLAG,
     METAL_KERNELS_FLAG,
+    *LLAMA_SERVER_FLAGS,
 )  # fmt: skip
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
@@ -151,6 +153,7 @@ def format_results(results: list[BenchResult], args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, BENCH_FLAGS, environ)
+    apply_llama_server_flags(args, err)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err, BATCH_SIZE_FLAG)
     apply_kernel_flags(args)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from typing import TextIO
 
 import mlx.core as mx
 
 from mlxcel.flags import Flag, RunError, UsageError, flag_error
 from mlxcel.speculative_flags import SPECULATIVE_FLAGS, load_draft_model, speculative_config_from
-from mlxcel_core.cache.quant import CACHE_TYPES
+from mlxcel_core.cache.layout import model_cache_layout
+from mlxcel_core.cache.quant import AUTO, CACHE_TYPES
 from mlxcel_core.engine import (
     Engine,
     EngineConfig,
@@ -68,18 +70,23 @@ def open_engine(
     config: EngineConfig,
     *,
     context_size: int,
+    err: TextIO,
     make_runner: RunnerFactory | None = None,
 ) -> Engine:
     """Start an engine on `loaded` (with its unfused adapters) with `config` (from
     `engine_config_from`) and `context_size`, loading the draft model `-md` names;
     `make_runner` builds its model runner (`--tp`/`--pp`'s lockstep runner), None the plain one.
+    A context beyond the model's trained one is warned of on `err`.
 
     Raises:
-        UsageError: the draft model's vocabulary differs, or a KV cache type cannot store
-            the model's head dim.
+        UsageError: -ctk/-ctv are given for a model without a KV cache, the draft model
+            keeps recurrent state or its vocabulary differs, or a KV cache type cannot
+            store the model's head dim.
         ModelLoadError: the draft model cannot be loaded.
         RunError: the KV cache cannot hold one sequence of the context size.
     """
+    check_cache_types_fit(args, loaded)
+    warn_beyond_trained_context(context_size, loaded.config.context_length, err)
     config = replace(config, context_size=context_size)
     draft = load_draft_model(args, loaded)
     draft_model = None if draft is None else draft.model
@@ -142,3 +149,46 @@ _FLAG_NAMES = {
     "cache_type_v": "-ctv/--cache-type-v",
     "cache_residual": "--cache-residual",
 }
+
+
+def check_cache_types_fit(args: argparse.Namespace, loaded: LoadedModel) -> None:
+    """Refuse -ctk/-ctv for a model whose layers keep no keys and values.
+
+    Raises:
+        UsageError: a cache type other than `auto` is given and the model keeps only
+            recurrent state.
+    """
+    if model_cache_layout(loaded.model).attention_parts:
+        return
+    given = [
+        name
+        for name, value in (
+            ("-ctk/--cache-type-k", args.cache_type_k),
+            ("-ctv/--cache-type-v", args.cache_type_v),
+        )
+        if value != AUTO
+    ]
+    if given:
+        raise UsageError(
+            f"{' and '.join(given)}: {loaded.source.path.name} ({loaded.source.model_type}) "
+            "keeps no KV cache, only recurrent state: there are no keys or values to store"
+        )
+
+
+def trained_context_warning(context_size: int, trained: int) -> str | None:
+    """The warning for a context longer than the one the model was trained for (as
+    llama-server's "possible training context overflow"); None within it."""
+    if context_size <= trained:
+        return None
+    return (
+        f"warning: -c/--ctx-size {context_size} is above the model's trained context "
+        f"({trained} tokens): possible training context overflow, output past "
+        f"{trained} tokens may degrade"
+    )
+
+
+def warn_beyond_trained_context(context_size: int, trained: int, err: TextIO) -> None:
+    """Print `trained_context_warning` on `err`, if any."""
+    warning = trained_context_warning(context_size, trained)
+    if warning is not None:
+        print(f"mlxcel: {warning}", file=err)

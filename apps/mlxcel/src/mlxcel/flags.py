@@ -64,6 +64,8 @@ class Flag:
         metavar: the names of its values when it takes several (`--lora-scaled PATH
             SCALE`); `type` then converts the list of them, and the environment mirror
             gives them space-separated, the last ones without spaces.
+        optional_value: the flag's value when it is given without one (`-fa` for
+            `-fa on`); None for a flag whose value is required.
     """
 
     names: tuple[str, ...]
@@ -75,6 +77,7 @@ class Flag:
     is_switch: bool = False
     repeatable: bool = False
     metavar: tuple[str, ...] = ()
+    optional_value: str | None = None
 
     @property
     def env_name(self) -> str:
@@ -198,6 +201,10 @@ def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
             )
         elif flag.repeatable:
             parser.add_argument(*flag.names, dest=flag.dest, action="append", help=help_text)
+        elif flag.optional_value is not None:
+            parser.add_argument(
+                *flag.names, dest=flag.dest, nargs="?", const=flag.optional_value, help=help_text
+            )
         else:
             parser.add_argument(*flag.names, dest=flag.dest, type=str, help=help_text)
 
@@ -237,8 +244,21 @@ def resolve_defaults(
             else:
                 value = convert(given)
         except ValueError as error:
-            raise UsageError(f"{source}: invalid value {given!r} ({error})") from error
+            raise _conversion_error(flag, source, given, error) from error
         setattr(namespace, flag.dest, value)
+
+
+# What a value of a built-in flag type must be, in the words of a conversion error.
+_EXPECTED = {int: "an integer", float: "a number"}
+
+
+def _conversion_error(flag: Flag, source: str, given: Any, error: ValueError) -> UsageError:
+    """`--seed: expected an integer, got 'abc'` for a number flag; the converter's own
+    message, with the value, for any other."""
+    expected = None if flag.is_switch else _EXPECTED.get(flag.type)
+    if expected is not None:
+        return UsageError(f"{source}: expected {expected}, got {given!r}")
+    return UsageError(f"{source}: invalid value {given!r} ({error})")
 
 
 def sampling_params_from(namespace: argparse.Namespace) -> SamplingParams:

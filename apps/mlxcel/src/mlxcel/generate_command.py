@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TextIO
 
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
@@ -41,6 +41,7 @@ from mlxcel.flags import (
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
+from mlxcel.llama_server_flags import LLAMA_SERVER_FLAGS, apply_llama_server_flags
 from mlxcel.loading import compute_options, describe_weights, load_target_model
 from mlxcel.media_flags import IMAGE_FLAGS, check_image_mode, read_images
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
@@ -58,7 +59,7 @@ from mlxcel.reply_reasoning import (
     reply_reasoning,
     thinking_template_kwargs,
 )
-from mlxcel.reply_stream import make_reply_request, stream_reply
+from mlxcel.reply_stream import ReplyInterrupted, make_reply_request, stream_reply
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
@@ -67,7 +68,7 @@ from mlxcel_core.generate import FinishReason, GenerationStats
 from mlxcel_core.images import PromptImage
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.image_prompt import ImagePrompt
-from mlxcel_models.loaded import LoadedModel, TypeConversion
+from mlxcel_models.loaded import LoadedModel
 
 PROMPT_FLAGS = (
     Flag(("-p", "--prompt"), "prompt", str, None, "the prompt"),
@@ -96,6 +97,7 @@ FLAGS = (
     *SAMPLING_FLAGS,
     *PARALLEL_FLAGS,
     METAL_KERNELS_FLAG,
+    *LLAMA_SERVER_FLAGS,
 )
 
 
@@ -171,15 +173,10 @@ def image_prompt(
         raise InputError(str(error)) from error
 
 
-def format_stats(
-    stats: GenerationStats,
-    load_seconds: float,
-    setup_seconds: float,
-    gguf_conversions: Sequence[TypeConversion] = (),
-) -> str:
-    """The stats lines on stderr: prompt and generation speed, drafts, peak memory, the
+def format_stats(stats: GenerationStats, load_seconds: float, setup_seconds: float) -> str:
+    """The stats lines on stderr: prompt and generation speed, drafts, peak memory and the
     start-up times (`load_seconds` reading the weights, `setup_seconds` starting the engine:
-    its memory plan and KV cache) and the GGUF types converted on load."""
+    its memory plan and KV cache). How the weights are held follows (`describe_weights`)."""
     lines = [
         f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s"
         f" ({stats.prompt_seconds:.2f} s)",
@@ -196,8 +193,6 @@ def format_stats(
         f"peak memory: {stats.peak_memory_bytes / 2**20:.1f} MiB, load time: {load_seconds:.2f} s, "
         f"setup time: {setup_seconds:.2f} s"
     )
-    if gguf_conversions:
-        lines.append("gguf: " + ", ".join(str(conversion) for conversion in gguf_conversions))
     return "\n".join(lines)
 
 
@@ -213,6 +208,7 @@ def check_length_flags(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
+    apply_llama_server_flags(args, err)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err)
     apply_kernel_flags(args)
@@ -272,10 +268,9 @@ def _generate(
         prompt_images = with_images.images
     else:
         token_ids = [prompt_tokens(loaded, args, prompt) for prompt in prompts]
-    for line, tokens in enumerate(token_ids, start=1):
-        if not tokens:
-            where = "" if args.prompts_file is None else f" on line {line}"
-            raise InputError(f"the prompt{where} is empty: it encodes to no tokens")
+    # A prompts file's empty prompts get error rows of their own (`run_batch`).
+    if args.prompts_file is None and not token_ids[0]:
+        raise InputError("the prompt is empty: it encodes to no tokens")
     template = chat_template_from(args)
     reasoning = [
         reply_reasoning(loaded.tokenizer, template, ids, args.reasoning_budget) for ids in token_ids
@@ -353,11 +348,23 @@ def generate_one(
     )
     setup_start = time.perf_counter()
     engine = open_engine(
-        args, loaded, engine_config, context_size=context_size, make_runner=make_runner
+        args,
+        loaded,
+        engine_config,
+        context_size=context_size,
+        err=err,
+        make_runner=make_runner,
     )
     setup_seconds = time.perf_counter() - setup_start
     try:
         final = stream_reply(engine, request, display.write)
+    except ReplyInterrupted as interrupted:
+        # What was generated before the Ctrl-C is reported before the command ends.
+        display.finish()
+        _write_now(out, "\n")
+        print(format_stats(interrupted.stats, loaded.load_seconds, setup_seconds), file=err)
+        print(describe_weights(loaded), file=err)
+        raise
     finally:
         engine.shutdown()
     display.finish()
@@ -369,9 +376,7 @@ def generate_one(
         and not 0 <= args.n_predict <= stats.generated_tokens
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
-    print(
-        format_stats(stats, loaded.load_seconds, setup_seconds, loaded.gguf_conversions), file=err
-    )
+    print(format_stats(stats, loaded.load_seconds, setup_seconds), file=err)
     print(describe_weights(loaded), file=err)
     return 0
 

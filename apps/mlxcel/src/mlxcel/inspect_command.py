@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import mlx.core as mx
 
-from mlxcel.engine_flags import ENGINE_FLAGS
+from mlxcel.engine_flags import ENGINE_FLAGS, trained_context_warning
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
     CTX_SIZE_FLAG,
@@ -34,7 +34,7 @@ from mlxcel.memory_preflight import (
     format_bytes,
 )
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
-from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
+from mlxcel_core.cache.quant import AUTO, CACHE_TYPES, CacheTypeError
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.memory import (
@@ -51,6 +51,7 @@ from mlxcel_models.memory import (
     read_model_inventory,
     sequences_kv_bytes,
 )
+from mlxcel_models.memory.cache_geometry import ModelCacheGeometry
 from mlxcel_models.store import resolve_model
 
 _ESTIMATE_FLAGS = {
@@ -96,9 +97,12 @@ def _verdict(
 
 
 def _kv_table(
-    inventory: ModelInventory, options: ComputeOptions, tokens: int, args: argparse.Namespace
+    geometry: ModelCacheGeometry, tokens: int, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
-    geometry = cache_geometry(inventory, options)
+    """Bytes per token, per sequence and for -np sequences, for every cache type; no rows
+    for a model whose layers keep no keys and values."""
+    if not geometry.layers:
+        return []
     request = context_request_from(args)
     rows: list[dict[str, Any]] = []
     for cache_type in CACHE_TYPES:
@@ -121,9 +125,8 @@ def _kv_table(
     return rows
 
 
-def _windowed_layers(inventory: ModelInventory, options: ComputeOptions) -> dict[int, int]:
+def _windowed_layers(geometry: ModelCacheGeometry) -> dict[int, int]:
     """Attention layers per window, for the layers that read a window only."""
-    geometry = cache_geometry(inventory, options)
     counts = Counter(
         part.window_size for part in geometry.layout.attention_parts if part.window_size
     )
@@ -149,13 +152,21 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
     inventory = read_model_inventory(path)
     options = compute_options(args.parallel)
     tokens = request.tokens(inventory)
+    geometry = cache_geometry(inventory, options)
+    has_kv = bool(geometry.layers)
+    if not has_kv and (request.cache_type_k, request.cache_type_v) != (AUTO, AUTO):
+        raise UsageError(
+            f"-ctk/-ctv: {inventory.source.path.name} ({inventory.source.model_type}) keeps "
+            "no KV cache, only recurrent state: there are no keys or values to store"
+        )
     try:
         estimate = estimate_memory(inventory, request, options)
-    except ValueError as error:
+    except CacheTypeError as error:
         raise UsageError(str(error)) from error
     all_sequences = _all_sequences(inventory, request, options, estimate, args.parallel)
     weights = estimate_weights(inventory, options)
     arch = inventory.architecture
+    warning = trained_context_warning(tokens, arch.context_length)
     stored = Counter[str]()
     for tensor in inventory.tensors:
         stored[tensor.stored_type] += tensor.num_elements
@@ -174,9 +185,10 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
             "dtype": None if weights.dtype is None else _dtype_name(weights.dtype),
         },
         "layers": arch.num_layers,
-        "heads": arch.num_heads,
-        "kv_heads": arch.num_kv_heads,
-        "head_dim": arch.head_dim,
+        # A model without attention layers has no heads to report.
+        "heads": arch.num_heads if has_kv else None,
+        "kv_heads": arch.num_kv_heads if has_kv else None,
+        "head_dim": arch.head_dim if has_kv else None,
         "hidden_size": arch.hidden_size,
         "intermediate_size": arch.intermediate_size,
         "vocab_size": arch.vocab_size,
@@ -184,8 +196,9 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
         "ctx_size": tokens,
         "parallel": args.parallel,
         "kv_dtype": _dtype_name(activation_dtype(inventory, options)),
-        "kv_cache": _kv_table(inventory, options, tokens, args),
-        "windowed_layers": _windowed_layers(inventory, options),
+        "kv_cache": _kv_table(geometry, tokens, args),
+        "windowed_layers": _windowed_layers(geometry),
+        "state_layers": len(geometry.state_layers),
         "cache_type_k": request.cache_type_k,
         "cache_type_v": request.cache_type_v,
         "memory": {
@@ -202,6 +215,7 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
         },
         "fits": verdict.fits,
         "margin_bytes": verdict.margin_bytes,
+        "warnings": [] if warning is None else [warning],
     }
 
 
@@ -249,13 +263,54 @@ def format_report(report: dict[str, Any]) -> str:
         f"parameters    {report['parameters'] / 1e6:.1f} M",
         f"weights       {stored} of parameters; {format_bytes(weights['file_bytes'])} on disk",
         f"resident      {format_bytes(weights['resident_bytes'])} on {weights['device']} ({held})",
-        f"shape         {report['layers']} layers, {report['heads']} heads, "
-        f"{report['kv_heads']} KV heads, head dim {report['head_dim']}, hidden "
+        f"shape         {report['layers']} layers, {_heads_text(report)}hidden "
         f"{report['hidden_size']}, MLP {report['intermediate_size']}, vocab "
         f"{report['vocab_size']}",
         f"context       {report['context_length']} tokens trained; -c {report['ctx_size']}, "
         f"-np {report['parallel']}",
         "",
+        *_cache_lines(report),
+    ]
+    estimate = MemoryEstimate(
+        memory["weights"], memory["kv_cache"], memory["activations"], memory["states"]
+    )
+    budget = MemoryBudget(memory["device"], memory["available"], memory["utilization"])
+    lines += [
+        "",
+        f"memory        {breakdown(estimate)} for one sequence of {report['ctx_size']} tokens"
+        f"{_cache_types_text(report)}; "
+        f"{format_bytes(memory['total_parallel'])} for {report['parallel']}",
+        f"budget        {describe_budget(budget)}",
+        f"verdict       {_verdict_text(report)}",
+    ]
+    return "\n".join(lines)
+
+
+def _heads_text(report: dict[str, Any]) -> str:
+    if report["heads"] is None:
+        return ""
+    return (
+        f"{report['heads']} heads, {report['kv_heads']} KV heads, head dim {report['head_dim']}, "
+    )
+
+
+def _cache_types_text(report: dict[str, Any]) -> str:
+    if not report["kv_cache"]:
+        return ""
+    return f" (-ctk {report['cache_type_k']}, -ctv {report['cache_type_v']})"
+
+
+def _cache_lines(report: dict[str, Any]) -> list[str]:
+    """The KV cache table (none for a model without attention layers), then the
+    recurrent state each sequence keeps, if any."""
+    states = report["memory"]["states"]
+    state_line = (
+        f"recurrent state  {format_bytes(states)} per sequence "
+        f"({report['state_layers']} state layers; no prefix caching)"
+    )
+    if not report["kv_cache"]:
+        return ["KV cache      none: the layers keep recurrent state only", state_line]
+    lines = [
         f"KV cache (keys + values, {report['layers']} layers{_windows_text(report)}; "
         f"auto = {report['kv_dtype']})",
         f"  {'type':<8} {'bytes/token':>12} {'-c tokens':>12} {'x -np':>12}",
@@ -268,19 +323,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"  {row['type']:<8} {row['bytes_per_token']:>12,} "
             f"{format_bytes(row['context_bytes']):>12} {format_bytes(row['parallel_bytes']):>12}"
         )
-    estimate = MemoryEstimate(
-        memory["weights"], memory["kv_cache"], memory["activations"], memory["states"]
-    )
-    budget = MemoryBudget(memory["device"], memory["available"], memory["utilization"])
-    lines += [
-        "",
-        f"memory        {breakdown(estimate)} for one sequence of {report['ctx_size']} tokens "
-        f"(-ctk {report['cache_type_k']}, -ctv {report['cache_type_v']}); "
-        f"{format_bytes(memory['total_parallel'])} for {report['parallel']}",
-        f"budget        {describe_budget(budget)}",
-        f"verdict       {_verdict_text(report)}",
-    ]
-    return "\n".join(lines)
+    return [*lines, state_line] if states else lines
 
 
 def _windows_text(report: dict[str, Any]) -> str:
@@ -312,6 +355,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     resolve_defaults(args, FLAGS, environ)
     resolve_store_flags(args, environ)
     report = inspect_model(args, device_memory_budget_from(args))
+    for warning in report["warnings"]:
+        print(f"mlxcel: {warning}", file=err)
     if args.json:
         print(json.dumps(report, indent=2), file=out)
     else:

@@ -37,8 +37,9 @@ def load_for_command(
     gguf_dequant: GGUFDequant = GGUFDequant.AUTO,
 ) -> LoadedModel:
     """Load `model` (or the default model) through the selected backend, showing progress
-    on stderr after a second and the `surgery` edits applied, one line each, then attach
-    its LoRA `adapters` (fused into the weights with `fuse_adapters`). `gguf_dequant` says
+    on stderr after a second when stderr is a terminal, and the `surgery` edits applied,
+    one line each, then attach its LoRA `adapters` (fused into the weights with
+    `fuse_adapters`). `gguf_dequant` says
     how a GGUF file's quantized tensors load.
 
     A Hugging Face id in `model` is resolved through `store` at `revision` first (found in
@@ -53,8 +54,14 @@ def load_for_command(
             fit the model.
     """
     path = default_model_path() if model is None else resolve_model(model, store, revision=revision)
+    # On a terminal only: in a log file the bar's redrawn frames would pile up.
     with tqdm(
-        desc="loading", unit="layer", delay=PROGRESS_DELAY_SECONDS, file=sys.stderr, leave=False
+        desc="loading",
+        unit="layer",
+        delay=PROGRESS_DELAY_SECONDS,
+        file=sys.stderr,
+        leave=False,
+        disable=not sys.stderr.isatty(),
     ) as bar:
 
         def progress(done: int, total: int) -> None:
@@ -102,10 +109,22 @@ def compute_options(max_batch: int | None) -> ComputeOptions:
 
 
 def describe_weights(loaded: LoadedModel) -> str:
-    """How the loaded weights are held, for the stats on stderr."""
-    held = "quantized, as in the file" if loaded.config.quantized else "dense"
+    """How the loaded weights are held, for the stats on stderr: quantized as the file
+    has them, or dense (and in which dtype); for a GGUF file, what each of its tensor
+    types became in memory; on the CPU, the BLAS running the matrix products."""
+    config = loaded.config
+    if config.quantized:
+        held = "quantized, as in the file"
+    else:
+        held = " ".join(("dense", *((config.float_dtype,) if config.float_dtype else ())))
+    if loaded.gguf_conversions:
+        forms = (
+            conversion.held_as(quantized=config.quantized, float_dtype=config.float_dtype)
+            for conversion in loaded.gguf_conversions
+        )
+        held += ": " + ", ".join(map(str, forms))
     if mx.default_device().type == mx.DeviceType.cpu:
-        return f"weights: {held}, matrix products on {process_blas()}"
+        return f"weights: {held}; matrix products on {process_blas()}"
     return f"weights: {held}"
 
 

@@ -15,9 +15,10 @@ from typing import TextIO
 import mlx.core as mx
 
 from mlxcel.flags import Flag, RunError, UsageError, flag_error
-from mlxcel_core.cache.quant import AUTO
+from mlxcel_core.cache.quant import AUTO, CacheTypeError
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
+from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.memory import (
     ContextRequest,
     MemoryBudget,
@@ -86,8 +87,8 @@ def estimate_for_start(args: argparse.Namespace, options: ComputeOptions) -> Mem
     through `args.model_store` first, downloaded if the store does not hold it yet.
 
     Raises:
-        ModelLoadError: a model is missing, corrupt or unsupported, or an id cannot be
-            fetched.
+        ModelLoadError: a model is missing, corrupt or unsupported, its config is
+            invalid, or an id cannot be fetched.
         UsageError: a KV cache type cannot store the model's head dim.
     """
     request = context_request_from(args)
@@ -104,8 +105,11 @@ def estimate_for_start(args: argparse.Namespace, options: ComputeOptions) -> Mem
             draft_options = ComputeOptions.for_device(mx.default_device())
             draft = estimate_memory(read_model_inventory(draft_path), draft_request, draft_options)
             estimate = estimate.beside(draft)
+    except CacheTypeError as error:
+        raise flag_error(str(error), _FLAG_NAMES) from error
+    # Anything else the lazily built model refuses is the model's (its config's) fault.
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        raise ModelLoadError(f"{path}: {error}") from error
     return estimate
 
 

@@ -41,6 +41,7 @@ from mlxcel.flags import (
 from mlxcel.generate_command import check_length_flags, generate_one
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
+from mlxcel.llama_server_flags import LLAMA_SERVER_FLAGS, apply_llama_server_flags
 from mlxcel.loading import compute_options, load_target_model
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.repl import run_repl
@@ -75,6 +76,7 @@ FLAGS = (
     GGUF_DEQUANT_FLAG,
     *SAMPLING_FLAGS,
     METAL_KERNELS_FLAG,
+    *LLAMA_SERVER_FLAGS,
 )  # fmt: skip
 
 
@@ -92,6 +94,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
+    apply_llama_server_flags(args, err)
     args.model = _model_from(args)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err)
@@ -126,7 +129,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         system_messages=tuple(system),
         reasoning_budget=args.reasoning_budget,
     )
-    engine = open_engine(args, loaded, engine_config, context_size=context_size)
+    engine = open_engine(args, loaded, engine_config, context_size=context_size, err=err)
     try:
         session = ChatSession(engine, loaded.tokenizer, settings)
         return _chat(session, args.show_reasoning, environ, out, err)

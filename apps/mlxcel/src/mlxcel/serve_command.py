@@ -23,6 +23,7 @@ from typing import TextIO
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from mlxcel.access_log import access_logger
 from mlxcel.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
 from mlxcel.audio_flags import AUDIO_FLAGS, serving_audio, speech_model_paths
 from mlxcel.autotune_settings import apply_autotune
@@ -33,7 +34,12 @@ from mlxcel.disaggregate_flags import (
     check_disaggregate,
     disaggregated_rank,
 )
-from mlxcel.engine_flags import ENGINE_FLAGS, engine_config_from
+from mlxcel.engine_flags import (
+    ENGINE_FLAGS,
+    check_cache_types_fit,
+    engine_config_from,
+    warn_beyond_trained_context,
+)
 from mlxcel.flags import (
     BATCH_SIZE_FLAG,
     CTX_SIZE_FLAG,
@@ -49,6 +55,7 @@ from mlxcel.flags import (
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
+from mlxcel.llama_server_flags import LLAMA_SERVER_FLAGS, apply_llama_server_flags
 from mlxcel.loading import compute_options, load_target_model
 from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
@@ -118,6 +125,9 @@ SERVER_FLAGS = (
     Flag(("--reasoning-format",), "reasoning_format", str, "auto",
          "where reasoning goes: none (left in content), deepseek (reasoning_content), "
          "deepseek-legacy (both), auto", env="LLAMA_ARG_THINK"),
+    Flag(("--log-disable",), "log_disable", bool, False,
+         "print no log lines: no access line per request, no listening and ready lines "
+         "(errors are still printed)", is_switch=True),
     Flag(("--reasoning-budget",), "reasoning_budget", int, -1,
          "most reasoning tokens per reply, then the answer; -1 = no limit, 0 = no reasoning",
          env="LLAMA_ARG_THINK_BUDGET"),
@@ -142,6 +152,7 @@ FLAGS = (
     *PARALLEL_FLAGS,
     STAGE_TIMEOUT_FLAG,
     DISAGGREGATE_FLAG,
+    *LLAMA_SERVER_FLAGS,
 )
 
 
@@ -283,6 +294,9 @@ def _loader(
         check_memory(args, err, compute)
         with thread_stream():
             loaded = load_target_model(args, adapters, surgery, compute)
+            check_cache_types_fit(args, loaded)
+            context_size = settings.context_size or loaded.config.context_length
+            warn_beyond_trained_context(context_size, loaded.config.context_length, err)
             if template is not None:
                 loaded.tokenizer.chat_template = template
             if rank is not None:
@@ -303,11 +317,13 @@ async def serve_until_stopped(
     make_remote_prefill: RemotePrefillFactory | None = None,
     *,
     err: TextIO,
+    announce: bool = True,
 ) -> None:
     """Serve `app` while `load_models` runs on a thread (the model, its draft model and the
     speech models); stop on SIGINT/SIGTERM. `make_runner` builds the engine's model runner,
     `make_remote_prefill` where its prompts are prefilled. Once the engine runs, one line on
-    `err` says so, with the load and the engine's set-up times.
+    `err` says so (unless `announce` is False), with the model's name in the API and the
+    load and the engine's set-up times.
 
     Raises:
         ModelLoadError: the model, an adapter, the draft model or a speech model cannot be
@@ -330,22 +346,22 @@ async def serve_until_stopped(
             if audio is not None:
                 state.set_audio(audio)
             setup_start = time.perf_counter()
-            state.set_ready(
-                serving_model(
-                    loaded,
-                    settings,
-                    draft,
-                    make_runner=make_runner,
-                    make_remote_prefill=make_remote_prefill,
-                )
+            serving = serving_model(
+                loaded,
+                settings,
+                draft,
+                make_runner=make_runner,
+                make_remote_prefill=make_remote_prefill,
             )
+            state.set_ready(serving)
             setup_seconds = time.perf_counter() - setup_start
-            print(
-                f"mlxcel: ready: model loaded in {loaded.load_seconds:.2f} s, engine set up "
-                f"in {setup_seconds:.2f} s",
-                file=err,
-                flush=True,
-            )
+            if announce:
+                print(
+                    f"mlxcel: ready: {serving.model_id} loaded in {loaded.load_seconds:.2f} s, "
+                    f"engine set up in {setup_seconds:.2f} s",
+                    file=err,
+                    flush=True,
+                )
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
@@ -385,6 +401,7 @@ async def serve_until_stopped(
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     resolve_defaults(args, FLAGS, environ)
+    apply_llama_server_flags(args, err)
     resolve_store_flags(args, environ)
     apply_autotune(args, environ, err)
     apply_kernel_flags(args)
@@ -466,13 +483,22 @@ def _serve(
     config.bind = [f"{args.host}:{args.port}"]
     config.read_timeout = args.timeout
     config.graceful_timeout = GRACEFUL_SHUTDOWN_SECONDS + ENGINE_STOP_SECONDS
-    config.accesslog = None
+    config.accesslog = None if args.log_disable else access_logger(err)
     _check_can_listen(args.host, args.port)
-    print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
+    if not args.log_disable:
+        print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
     try:
         asyncio.run(
             serve_until_stopped(
-                app, config, state, settings, load_models, make_runner, make_remote_prefill, err=err
+                app,
+                config,
+                state,
+                settings,
+                load_models,
+                make_runner,
+                make_remote_prefill,
+                err=err,
+                announce=not args.log_disable,
             )
         )
     except OSError as error:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mlxcel.flags import Flag, InputError, UsageError, flag_error
 from mlxcel.loading import load_for_command
+from mlxcel_core.cache.layout import model_cache_layout
 from mlxcel_core.speculative import AcceptanceRule, SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.store import parse_model_reference
@@ -99,11 +100,17 @@ def load_draft_model(args: argparse.Namespace, loaded: LoadedModel) -> LoadedMod
 
     Raises:
         ModelLoadError: it cannot be loaded.
-        UsageError: its vocabulary differs from the model's.
+        UsageError: it keeps recurrent state, or its vocabulary differs from the model's.
     """
     if args.model_draft is None:
         return None
     draft = load_for_command(args.model_draft, store=args.model_store)
+    if model_cache_layout(draft.model).has_state:
+        raise UsageError(
+            f"-md/--model-draft: {args.model_draft} ({draft.source.model_type}) keeps "
+            "recurrent state, which cannot be rolled back past rejected draft tokens; a "
+            "draft model must keep only a KV cache"
+        )
     if draft.tokenizer.vocab_size != loaded.tokenizer.vocab_size:
         raise UsageError(
             f"the draft model {args.model_draft} has {draft.tokenizer.vocab_size} tokens but "

@@ -29,6 +29,8 @@ def static_path_from(args: argparse.Namespace) -> Path | None:
     if args.no_webui:
         raise UsageError("--no-webui serves no page, but --path names a folder to serve")
     path = Path(args.static_path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--path: {args.static_path} is not a folder")
     if not path.is_dir():
         raise InputError(f"--path: no such folder: {args.static_path}")
     return path

@@ -31,6 +31,13 @@ class ModelSource:
     weight_format: WeightFormat
     model_type: str
 
+    @property
+    def config_file(self) -> Path:
+        """Where the model's config is read from: config.json, or the GGUF file's metadata."""
+        if self.weight_format is WeightFormat.GGUF:
+            return self.path
+        return self.path / CONFIG_FILE
+
 
 def is_gguf_file(path: Path) -> bool:
     """True if `path` is a file that starts with the GGUF magic bytes."""
@@ -65,8 +72,12 @@ def model_type_from_config(config: dict[str, Any], where: Path) -> str:
         ModelLoadError: no model type is declared.
     """
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
+    if model_type is None or model_type == "":
         raise ModelLoadError(f"{where / CONFIG_FILE} declares no model_type")
+    if not isinstance(model_type, str):
+        raise ModelLoadError(
+            f"{where / CONFIG_FILE}: 'model_type' must be a string, got {model_type!r}"
+        )
     return model_type
 
 

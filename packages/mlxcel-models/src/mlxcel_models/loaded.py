@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from mlxcel_core.generate import LanguageModel
@@ -30,6 +30,14 @@ class TypeConversion:
     form: str
     num_tensors: int
 
+    def held_as(self, *, quantized: bool, float_dtype: str | None) -> TypeConversion:
+        """What these tensors are once the device's compute options were applied: a
+        quantized form stays only in a `quantized` model (else it was made dense), and
+        every float tensor is in `float_dtype` when the model's floats share one."""
+        if self.form in _FLOAT_FORMS.values() or not quantized:
+            return replace(self, form=float_dtype or self.form)
+        return self
+
     def __str__(self) -> str:
         plural = "tensor" if self.num_tensors == 1 else "tensors"
         if self.form == _FLOAT_FORMS.get(self.type_name):
@@ -51,6 +59,8 @@ class ModelConfig:
         num_parameters: parameter count, counting quantized weights unpacked.
         weight_bytes: bytes the weights occupy in memory.
         quantized: some layers are kept in the file's quantized form (not made dense).
+        float_dtype: the dtype of every float weight ("float32"), quantized layers'
+            scales included; None when they differ or are not known.
     """
 
     context_length: int
@@ -59,6 +69,7 @@ class ModelConfig:
     num_parameters: int
     weight_bytes: int
     quantized: bool = False
+    float_dtype: str | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from mlxcel_core.cache.layout import (
     speculative_decoding_with,
 )
 from mlxcel_models.errors import ModelLoadError
-from mlxcel_models.loading.gguf_architectures import gguf_model_types
+from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, gguf_model_types
 from mlxcel_models.mlx_lm_families import (
     ONE_CONTEXT_PER_PASS,
     family_cache_kinds,
@@ -116,7 +116,7 @@ def _text_family(model_type: str, module: str) -> FamilyMetadata:
         model_type,
         ModelKind.TEXT,
         frozenset(formats),
-        supports_adapters=True,
+        supports_adapters=not unknown,
         supports_tensor_parallel=not unknown and family_shards_itself(module),
         supports_pipeline_parallel=not unknown
         and model_type in PIPELINE_STAGE_FAMILIES
@@ -149,9 +149,18 @@ def family_for(model_type: str, weight_format: WeightFormat) -> FamilyMetadata:
     """The family metadata for `model_type` in `weight_format`.
 
     Raises:
-        ModelLoadError: the type is unknown or not loadable from this format.
+        ModelLoadError: the type is unknown or not loadable from this format; for a GGUF
+            file the message lists the GGUF architecture names mlxcel loads.
     """
     family = find_family(model_type)
+    if weight_format is WeightFormat.GGUF and (
+        family is None or weight_format not in family.formats
+    ):
+        # A GGUF file names its architecture as llama.cpp does (`general.architecture`).
+        raise ModelLoadError(
+            f"unsupported GGUF architecture '{model_type}'; supported: "
+            f"{', '.join(sorted(GGUF_ARCHITECTURES))}"
+        )
     if family is None or weight_format not in family.formats:
         supported = sorted(name for name, f in all_families().items() if weight_format in f.formats)
         listed = ", ".join(supported) if len(supported) <= 30 else f"{len(supported)} types"

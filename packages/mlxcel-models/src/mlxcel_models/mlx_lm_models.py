@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-import importlib
+from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.utils import MODEL_REMAPPING
+
+from mlxcel_models.model_args import config_error, family_module, make_model_args
 
 
-def make_mlx_lm_model(config: dict[str, Any]) -> nn.Module:
+def make_mlx_lm_model(config: dict[str, Any], *, where: str | Path) -> nn.Module:
     """An mlx-lm `Model` of `config['model_type']` with its random initial weights; types
     mlx-lm runs with another type's module (mistral with llama's) are mapped as it maps them.
 
+    Args:
+        config: the text config.
+        where: the file `config` came from, named in errors.
+
     Raises:
         ModuleNotFoundError: mlx-lm has no module for the model type.
-        TypeError: the config lacks an argument the model's `ModelArgs` requires.
+        ModelLoadError: the config lacks a key the model's `ModelArgs` requires, a value
+            has the wrong type or is out of range (`make_model_args`), or the model's
+            constructor refuses it (an unknown RoPE type).
     """
-    model_type = MODEL_REMAPPING.get(config["model_type"], config["model_type"])
-    architecture = importlib.import_module(f"mlx_lm.models.{model_type}")
-    return architecture.Model(architecture.ModelArgs.from_dict(config))
+    args = make_model_args(config, where=where)
+    architecture = family_module(config, where=where)
+    try:
+        return architecture.Model(args)
+    except (TypeError, ValueError) as error:
+        raise config_error(error, where) from error
 
 
 def count_parameters(module: nn.Module) -> int:

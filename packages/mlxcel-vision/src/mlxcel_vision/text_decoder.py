@@ -22,7 +22,7 @@ def make_text_model(text_config: dict[str, Any]) -> nn.Module:
         ModelLoadError: mlx-lm has no such model type, or the config does not fit it.
     """
     try:
-        return make_mlx_lm_model(text_config)
+        return make_mlx_lm_model(text_config, where="the text config")
     except ModuleNotFoundError as error:
         raise ModelLoadError(
             f"unsupported text model type '{text_config['model_type']}' in a vision-language model"

@@ -96,7 +96,7 @@ def load_gguf_model(
     data = GGUFTensorData(path, header)
     if "rope_factors_long.weight" in header.tensors:
         config["rope_scaling"] = _longrope_scaling(data, config)
-    module = make_mlx_lm_model(config)
+    module = make_mlx_lm_model(config, where=path)
     parameters = dict(tree_flatten(module.parameters()))
     layers = dict(module.named_modules())
     names = gguf_name_map(arch, list(parameters), config["num_hidden_layers"])

@@ -14,16 +14,16 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_models.cache_kinds import UnsupportedCacheError
 from mlxcel_models.compute import ComputeOptions, apply_compute_options, has_quantized_layers
-from mlxcel_models.detection import CONFIG_FILE, ModelSource, detect_model, read_config
+from mlxcel_models.detection import ModelSource, detect_model, read_config
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.loaded import LoadedModel, ModelConfig, TypeConversion
-from mlxcel_models.loading.dimensions import check_config_dimensions
 from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.loading.gguf_model import load_gguf_model
 from mlxcel_models.loading.gguf_quant import GGUFDequant
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat, family_for
 from mlxcel_models.mlx_lm_models import count_parameters
+from mlxcel_models.model_args import check_model_args
 from mlxcel_models.surgery import SurgeryPlan, apply_surgery
 from mlxcel_models.tokenizer import Tokenizer
 
@@ -74,6 +74,12 @@ def load_model(
         model = MlxLmLanguageModel(module, batches_rows=read.family.batches_rows)
     except UnsupportedCacheError as error:
         raise error.of_model(source.path, source.model_type) from error
+    # A value the config checks let through that the model's first pass cannot run with.
+    except ValueError as error:
+        raise ModelLoadError(
+            f"{source.config_file}: the {source.model_type} model cannot run with this "
+            f"config: {error}"
+        ) from error
     config = _model_config(module, model, read.context_length)
     seconds = time.perf_counter() - start
     return LoadedModel(
@@ -135,20 +141,15 @@ def _load_gguf(
 
 
 def _load_safetensors(source: ModelSource) -> tuple[nn.Module, Tokenizer, int]:
-    # mlx-lm's model classes divide by the head counts; zeros are refused before they run.
-    check_config_dimensions(read_config(source.path), source.path / CONFIG_FILE)
+    # mlx-lm trusts the config's values; a missing key, a wrong type or a zero head count
+    # is refused by name before its model classes run.
+    check_model_args(read_config(source.path), where=source.config_file)
     try:
         module, config = mlx_lm_load_model(source.path, lazy=True)
     # mlx-lm reports a bad config as the ModelArgs constructor's TypeError, unreadable
     # safetensors as MLX's RuntimeError.
     except (ValueError, TypeError, KeyError, RuntimeError, OSError) as error:
         raise ModelLoadError(f"{source.path}: {error}") from error
-    # mlx-lm's olmo module exits the interpreter when its optional package is missing.
-    except SystemExit as error:
-        raise ModelLoadError(
-            f"{source.path}: mlx-lm's {source.model_type} module needs a package that is not "
-            "installed (for olmo: pip install ai2-olmo)"
-        ) from error
     tokenizer = Tokenizer.from_folder(source.path)
     return module, tokenizer, int(config.get("max_position_embeddings", 4096))
 
@@ -163,11 +164,16 @@ def _evaluate_weights(module: nn.Module, progress: LoadProgress | None) -> None:
 
 
 def _model_config(module: nn.Module, model: MlxLmLanguageModel, context_length: int) -> ModelConfig:
+    parameters = [array for _, array in tree_flatten(module.parameters())]
+    float_dtypes = {str(a.dtype) for a in parameters if mx.issubdtype(a.dtype, mx.floating)}
     return ModelConfig(
         context_length=context_length,
         vocab_size=model.vocab_size,
         num_layers=model.num_layers,
         num_parameters=count_parameters(module),
-        weight_bytes=sum(array.nbytes for _, array in tree_flatten(module.parameters())),
+        weight_bytes=sum(array.nbytes for array in parameters),
         quantized=has_quantized_layers(module),
+        float_dtype=float_dtypes.pop().removeprefix("mlx.core.")
+        if len(float_dtypes) == 1
+        else None,
     )

@@ -57,7 +57,7 @@ def model_cache_geometry(
     """
     if inventory.family.kind is not ModelKind.TEXT:
         return ModelCacheGeometry(CacheLayout.all_attention(len(plain)), plain)
-    module = make_mlx_lm_model(inventory.config)
+    module = make_mlx_lm_model(inventory.config, where=inventory.source.config_file)
     dtype = options.float_dtype or (plain[0].dtype if plain else None)
     if dtype is not None:
         module.set_dtype(dtype)
