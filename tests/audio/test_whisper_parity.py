@@ -3,9 +3,9 @@ features, and transcripts with the words spoken (speech made by the Piper voice)
 
 from __future__ import annotations
 
-import ctranslate2
 import numpy as np
 import pytest
+from ctranslate2_runs import ctranslate2_generate
 from speech_clips import HELLO, SENTENCES, speech
 from word_errors import word_error_rate
 
@@ -23,23 +23,12 @@ def clip(name: str) -> tuple[str, np.ndarray]:
     return " ".join(texts), np.concatenate([speech(text) for text in texts])
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_en_path):
-    return ctranslate2.models.Whisper(str(tiny_en_path), device="cpu", compute_type="float32")
-
-
-def ctranslate2_tokens(reference, features, prompt: list[int]) -> tuple[list[int], float]:
-    batch = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.array(features).T[None]))
-    (result,) = reference.generate(batch, [prompt], beam_size=1, return_no_speech_prob=True)
-    return result.sequences_ids[0], result.no_speech_prob
-
-
 @pytest.mark.parametrize("name", CLIPS)
-def test_greedy_tokens_equal_ctranslate2s_with_timestamps(tiny_en, reference, name):
+def test_greedy_tokens_equal_ctranslate2s_with_timestamps(tiny_en, tiny_en_path, name):
     text, audio = clip(name)
     features = pad_or_trim(log_mel_spectrogram(audio, padding=N_SAMPLES))
     sot = [tiny_en.tokenizer.sot]
-    expected, expected_no_speech = ctranslate2_tokens(reference, features, sot)
+    expected, expected_no_speech = ctranslate2_generate(tiny_en_path, np.array(features), sot)
     mine = decode_window(tiny_en, encode_window(tiny_en, features), sot_sequence=sot, prompt=[],
                          temperature=0.0)  # fmt: skip
     assert list(mine.tokens) == expected
@@ -48,10 +37,10 @@ def test_greedy_tokens_equal_ctranslate2s_with_timestamps(tiny_en, reference, na
     assert word_error_rate(text, tiny_en.tokenizer.decode(mine.tokens)) <= 0.1
 
 
-def test_greedy_tokens_equal_ctranslate2s_without_timestamps(tiny_en, reference):
+def test_greedy_tokens_equal_ctranslate2s_without_timestamps(tiny_en, tiny_en_path):
     features = pad_or_trim(log_mel_spectrogram(clip("hello")[1], padding=N_SAMPLES))
     sot = [tiny_en.tokenizer.sot, tiny_en.tokenizer.no_timestamps]
-    expected, _ = ctranslate2_tokens(reference, features, sot)
+    expected, _ = ctranslate2_generate(tiny_en_path, np.array(features), sot)
     mine = decode_window(tiny_en, encode_window(tiny_en, features), sot_sequence=sot, prompt=[],
                          temperature=0.0)  # fmt: skip
     assert list(mine.tokens) == expected

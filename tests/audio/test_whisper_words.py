@@ -8,11 +8,11 @@ import io
 import itertools
 import json
 
-import ctranslate2
 import mlx.core as mx
 import numpy as np
 import pytest
 import soundfile
+from ctranslate2_runs import ctranslate2_align
 from speech_clips import HELLO, SAMPLE_RATE, SENTENCES, speech
 from test_whisper_loading import random_weights, write_hugging_face, write_mlx_whisper
 from word_errors import words
@@ -153,10 +153,8 @@ def test_word_starts_match_ctranslate2s_alignment(tiny_en, tiny_en_path, two_sen
     mine = find_alignment(tiny_en, cross_kv, sot_sequence=sot, text_tokens=text_tokens,
                           num_frames=num_frames, language="en")  # fmt: skip
 
-    reference = ctranslate2.models.Whisper(str(tiny_en_path), device="cpu", compute_type="float32")
-    batch = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.array(window).T[None]))
-    (aligned,) = reference.align(batch, sot, [text_tokens], [num_frames], median_filter_width=7)
-    rows, frames = np.array(aligned.alignments).T
+    aligned = ctranslate2_align(tiny_en_path, np.array(window), sot, text_tokens, num_frames)
+    rows, frames = aligned.T
     token_starts = frames[np.diff(rows, prepend=-1).astype(bool)] / 50
     word_firsts = np.cumsum([0] + [len(t.tokens) for t in mine])[:-1]
     assert [t.start for t in mine] == pytest.approx(token_starts[word_firsts], abs=0.1)
