@@ -67,7 +67,7 @@ else
     tests/core/test_turbo_kernels.py tests/core/test_kernels.py \
     tests/core/test_kernel_backends.py
 fi
-step matvec 50 python3 benchmarks/quantized_matmul.py --seconds 40
+step matvec 50 python3 benchmarks/quantized_matmul.py --rows 1,2,4,8 --repeats 3
 step targets 200 python3 benchmarks/gpu_targets.py --quick --out "$OUT/targets.md"
 step full 400 python3 benchmarks/gpu_targets.py --out "$OUT/targets-full.md"
 cat "$OUT/summary.txt"

@@ -94,7 +94,6 @@ inline unsigned __umulhi(unsigned a, unsigned b) {
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 template <class T> T __ldg(const T* p) { return *p; }
-template <class T> T __ldcs(const T* p) { return *p; }
 
 struct Block {
   pthread_barrier_t barrier;

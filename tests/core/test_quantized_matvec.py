@@ -21,13 +21,11 @@ from metal_emulation import MetalEmulator
 
 from mlxcel_core.kernels import CUDA, METAL, quantized_linear
 from mlxcel_core.kernels.quantized_matvec import (
-    MAX_ROWS,
-    ROUTED_ROWS,
     quantized_matvec_backend,
     quantized_matvec_kernel,
     supports,
 )
-from mlxcel_core.kernels.quantized_matvec.kernel import MatvecTactic, default_tactic
+from mlxcel_core.kernels.quantized_matvec.kernel import threads_for
 
 quantized_matvec_cuda = functools.partial(quantized_matvec_kernel, backend=CUDA)
 quantized_matvec_metal = functools.partial(quantized_matvec_kernel, backend=METAL)
@@ -80,12 +78,10 @@ def emulated_metal(monkeypatch, tmp_path):
         yield
 
 
-# (rows, N, K, bits, group_size, dtype): N is not a multiple of a block's outputs; K of
-# 5,120 at 4 bits is 160 chunks a row, two and a half steps of a warp's 64 (the software
-# pipeline runs and its last step is partial); K of 1,280 is 40 chunks, fewer than one step.
+# (rows, N, K, bits, group_size, dtype): N is not a multiple of the block's outputs; K of
+# 1,280 at 4 bits is 40 chunks, more than one warp and fewer than two.
 CPU_CASES = [
     (1, 37, 1280, 4, 64, mx.bfloat16),
-    (2, 11, 5120, 4, 64, mx.bfloat16),
     (3, 21, 256, 4, 32, mx.float32),
     (8, 10, 512, 4, 128, mx.float16),
     (2, 9, 256, 8, 64, mx.bfloat16),
@@ -120,26 +116,16 @@ def test_the_exact_product_reads_mlx_affine_layout_as_quantized_matmul_does(bits
     assert_close(reference, exact(x, dense), mx.float32)
 
 
-# Tactics other than the defaults: three outputs a warp (13 outputs leave the last warp
-# one), one warp a block, and steps of one and of four chunks a row (4,096 features at
-# 4 bits are 128 chunks: four steps of 32, one of 128).
-OTHER_TACTICS = [
-    MatvecTactic(rows_per_warp=3, warps_per_block=2, unroll=1),
-    MatvecTactic(rows_per_warp=1, warps_per_block=1, unroll=4),
-    MatvecTactic(rows_per_warp=4, warps_per_block=3, unroll=2),
-]
-
-
 @needs_compiler
-def test_cuda_source_takes_leading_axes_and_other_tactics(emulated_cuda):
+def test_cuda_source_takes_leading_axes_and_other_block_sizes(emulated_cuda):
     x, weight, scales, biases, dense = make_product(
-        6, 13, 4096, bits=4, group_size=64, dtype=mx.float32, seed=9
+        6, 13, 256, bits=4, group_size=64, dtype=mx.float32, seed=9
     )
     with mx.stream(mx.cpu):
-        for tactic in OTHER_TACTICS:
+        for rows_per_block in (1, 3, 8):
             out = quantized_matvec_cuda(
-                x.reshape(2, 3, 4096), weight, scales, biases, group_size=64, bits=4,
-                tactic=tactic,
+                x.reshape(2, 3, 256), weight, scales, biases, group_size=64, bits=4,
+                rows_per_block=rows_per_block,
             )  # fmt: skip
             assert out.shape == (2, 3, 13)
             assert_close(out.reshape(6, 13), exact(x, dense), mx.float32)
@@ -169,15 +155,13 @@ def test_kernel_takes_decode_rows_of_float_activations_against_4_and_8_bit_group
     assert not supports(mx.int32, 4, 64, 1)
 
 
-def test_tactics_are_validated_and_the_default_keeps_per_thread_sums_bounded():
-    for field in ("rows_per_warp", "warps_per_block", "unroll"):
-        with pytest.raises(ValueError, match=f"{field} must be >= 1, got 0"):
-            MatvecTactic(**{field: 0})
-    with pytest.raises(ValueError, match="warps_per_block must be <= 32, got 33"):
-        MatvecTactic(warps_per_block=33)
-    # A thread keeps 5 sums per (output, row of x) at 4 bits: at most 40.
-    for rows in range(1, 9):
-        assert 5 * default_tactic(rows).rows_per_warp * rows <= 40
+def test_threads_cover_a_weight_rows_chunks_in_whole_warps():
+    assert threads_for(4096, 4) == 128  # 128 chunks
+    assert threads_for(2048, 4) == 64
+    assert threads_for(1280, 4) == 64  # 40 chunks
+    assert threads_for(256, 4) == 32
+    assert threads_for(14336, 4) == 128
+    assert threads_for(4096, 8) == 128
 
 
 def test_arguments_are_checked_before_launch():
@@ -189,13 +173,12 @@ def test_arguments_are_checked_before_launch():
             kernel(x[:, :64], weight, scales, biases, group_size=64, bits=4)
         with pytest.raises(ValueError, match=r"scales and biases must be \(8, 2\)"):
             kernel(x, weight, scales[:, :1], biases, group_size=64, bits=4)
-        with pytest.raises(ValueError, match="must share a dtype"):
-            kernel(x, weight, scales, biases.astype(mx.float16), group_size=64, bits=4)
+        with pytest.raises(ValueError, match="rows_per_block must be >= 1, got 0"):
+            kernel(x, weight, scales, biases, group_size=64, bits=4, rows_per_block=0)
 
 
 def test_the_cpu_keeps_quantized_matmul():
     assert quantized_matvec_backend(mx.Device(mx.cpu), mx.bfloat16, 4, 64, 1) is None
-    assert ROUTED_ROWS <= MAX_ROWS
     x, weight, scales, biases, _ = make_product(2, 8, 128, bits=4, group_size=64, dtype=mx.float32)
     with mx.stream(mx.cpu):
         out = quantized_linear(x, weight, scales, biases, group_size=64, bits=4)
@@ -216,13 +199,10 @@ def test_cuda_kernel_matches_the_exact_product(n, k):
     x, weight, scales, biases, dense = make_product(
         8, n, k, bits=4, group_size=64, dtype=mx.bfloat16, seed=n + k
     )
-    for rows in (1, 2, 5, 7):
+    for rows in (1, 2, 5, 8):
         assert quantized_matvec_backend(mx.default_device(), mx.bfloat16, 4, 64, rows) is CUDA
         out = quantized_linear(x[:rows], weight, scales, biases, group_size=64, bits=4)
         assert_close(out, exact(x[:rows], dense), mx.bfloat16)
-    assert quantized_matvec_backend(mx.default_device(), mx.bfloat16, 4, 64, 8) is None
-    out = quantized_matvec_cuda(x, weight, scales, biases, group_size=64, bits=4)
-    assert_close(out, exact(x, dense), mx.bfloat16)
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA GPU")
@@ -231,8 +211,9 @@ def test_cuda_kernel_matches_the_exact_product_in_every_layout(rows, n, k, bits,
     x, weight, scales, biases, dense = make_product(
         rows, n, k, bits=bits, group_size=group_size, dtype=dtype, seed=rows
     )
-    for tactic in (None, *OTHER_TACTICS):
+    for rows_per_block in (1, 4, 8):
         out = quantized_matvec_cuda(
-            x, weight, scales, biases, group_size=group_size, bits=bits, tactic=tactic
-        )
+            x, weight, scales, biases, group_size=group_size, bits=bits,
+            rows_per_block=rows_per_block,
+        )  # fmt: skip
         assert_close(out, exact(x, dense), dtype)

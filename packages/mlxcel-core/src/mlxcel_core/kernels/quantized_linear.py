@@ -26,7 +26,7 @@ def quantized_linear(
 
     Three tactics, by the rows of x (all leading axes together):
     - where `quantized_matvec_backend` names a backend (a CUDA GPU; an Apple GPU with
-      the Metal kernels on), up to `quantized_matvec.ROUTED_ROWS` rows (decode) of a
+      the Metal kernels on), up to `quantized_matvec.MAX_ROWS` rows (decode) of a
       supported layout: `quantized_matvec_kernel`, which reads each packed weight once;
     - at least `dequantize_min_rows` rows (a prefill chunk): W is dequantized once to x's
       dtype and multiplied as a dense matrix, a BLAS GEMM on the CPU and a cuBLAS one on

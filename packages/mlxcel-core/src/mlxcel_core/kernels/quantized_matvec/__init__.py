@@ -1,7 +1,7 @@
 """Affine-quantized weights times a few rows of activations, reading each weight once.
 
 `quantized_matvec_backend` names the backend whose `quantized_matvec_kernel` serves a
-product (1-7 rows, 4- or 8-bit weights in groups of 32, 64 or 128); `mx.quantized_matmul`
+product (1-8 rows, 4- or 8-bit weights in groups of 32, 64 or 128); `mx.quantized_matmul`
 is the reference it is tested against and the path everywhere else
 (docs/adr/0020-quantized-matvec-kernel.md). The kernel is one source for CUDA and Metal;
 the Metal one runs only when the installed `KernelOptions` turn it on.
@@ -15,17 +15,9 @@ from mlxcel_core.kernels.backend import Backend
 from mlxcel_core.kernels.options import kernel_backend
 from mlxcel_core.kernels.quantized_matvec.kernel import (
     MAX_ROWS,
-    MatvecTactic,
-    default_tactic,
     quantized_matvec_kernel,
     supports,
 )
-
-# Rows the kernel is given. At 8 rows and more MLX's CUDA `quantized_matmul` leaves its
-# one-row-at-a-time `qmv` (2 rows took 71 µs, 4 rows 133 µs for a 14336 x 4096 weight on
-# an H100) for its tensor-core product (34 µs at 8 rows, as at one), which the kernel's
-# eight sums per weight do not beat.
-ROUTED_ROWS = 7
 
 
 def quantized_matvec_backend(
@@ -33,17 +25,14 @@ def quantized_matvec_backend(
 ) -> Backend | None:
     """The backend whose kernel serves `num_rows` rows of `dtype` activations against a
     weight of `bits` and `group_size` on `device` (`kernel_backend`'s, for a product the
-    kernel supports, of at most `ROUTED_ROWS` rows), or None."""
-    if num_rows > ROUTED_ROWS or not supports(dtype, bits, group_size, num_rows):
+    kernel supports), or None."""
+    if not supports(dtype, bits, group_size, num_rows):
         return None
     return kernel_backend(device)
 
 
 __all__ = [
     "MAX_ROWS",
-    "ROUTED_ROWS",
-    "MatvecTactic",
-    "default_tactic",
     "quantized_matvec_backend",
     "quantized_matvec_kernel",
     "supports",
