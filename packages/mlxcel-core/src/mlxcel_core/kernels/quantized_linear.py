@@ -10,6 +10,12 @@ from mlxcel_core.kernels.quantized_matvec import (
     quantized_matvec_kernel,
 )
 
+# Rows up to which decode products take the matvec kernel. On an H100 (docs/benchmarks.md,
+# a 14336x4096 4-bit weight) it took 32-35 us against MLX's 39 us at 1 row, 37 against 71 at
+# 2 and 45 against 133 at 4, but 69-85 us against 34 at 8 rows, where MLX's own kernel
+# changes tactic.
+KERNEL_MAX_ROWS = 4
+
 
 def quantized_linear(
     x: mx.array,
@@ -26,8 +32,8 @@ def quantized_linear(
 
     Three tactics, by the rows of x (all leading axes together):
     - where `quantized_matvec_backend` names a backend (a CUDA GPU; an Apple GPU with
-      the Metal kernels on), up to `quantized_matvec.MAX_ROWS` rows (decode) of a
-      supported layout: `quantized_matvec_kernel`, which reads each packed weight once;
+      the Metal kernels on), up to `KERNEL_MAX_ROWS` rows (decode) of a supported
+      layout: `quantized_matvec_kernel`, which reads each packed weight once;
     - at least `dequantize_min_rows` rows (a prefill chunk): W is dequantized once to x's
       dtype and multiplied as a dense matrix, a BLAS GEMM on the CPU and a cuBLAS one on
       CUDA, where MLX's `quantized_matmul` is several times slower at many rows;
@@ -48,7 +54,9 @@ def quantized_linear(
         (..., N) in x's dtype.
     """
     rows = x.size // x.shape[-1]
-    backend = quantized_matvec_backend(mx.default_device(), x.dtype, bits, group_size, rows)
+    backend = None
+    if rows <= KERNEL_MAX_ROWS:
+        backend = quantized_matvec_backend(mx.default_device(), x.dtype, bits, group_size, rows)
     if backend is not None:
         y = quantized_matvec_kernel(
             x, weight, scales, biases, group_size=group_size, bits=bits, backend=backend
