@@ -12,9 +12,15 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
-from mlxcel_core.engine.memory import MEASUREMENT_SLACK_BYTES, measure_pass, profile_model
+from mlxcel_core.engine.memory import (
+    MEASUREMENT_SLACK_BYTES,
+    measure_pass,
+    profile_model,
+    trace_cache_geometry,
+)
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.memory import (
     ContextRequest,
@@ -26,6 +32,7 @@ from mlxcel_models.memory import (
     kv_layers,
     read_model_inventory,
 )
+from mlxcel_models.mlx_lm_models import make_mlx_lm_model
 
 from factories import TinyConfig, byte_level_vocab, write_gguf_model, write_safetensors_model
 
@@ -206,3 +213,25 @@ def test_the_step_scaled_from_small_passes_covers_a_measured_pass_of_the_chunk(
         # Above by at most the headroom and the fixed slack. At 512 tokens this model's
         # attention scores dominate, counted as three arrays where MLX keeps fewer alive.
         assert scaled <= 2.5 * measured + MEASUREMENT_SLACK_BYTES
+
+
+def test_tracing_a_models_caches_evaluates_none_of_its_weights():
+    """The memory check reads what a model's caches hold before loading it: its module,
+    built from the config with lazy random weights, is traced, never evaluated."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 32768,  # 2 layers x 3 x 256 x 32768 float32 values: 192 MiB
+        "vocab_size": 1024,
+        "rms_norm_eps": 1e-5,
+    }
+    module = make_mlx_lm_model(config, where="config.json")
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    _, geometry = trace_cache_geometry(MlxLmLanguageModel.for_tracing(module), 1)
+    assert len(geometry.layers) == 2 and geometry.layers[0].num_kv_heads == 2
+    assert mx.get_peak_memory() - before < 2**20

@@ -48,14 +48,7 @@ class MlxLmLanguageModel:
     """
 
     def __init__(self, module: nn.Module, *, batches_rows: bool = True) -> None:
-        self.module = module
-        self.batches_rows = batches_rows
-        # The family's, fixed: whether the engine's caches reach the model as they are.
-        self._caches = mlx_lm_caches(module)
-        self._plain = self._caches.fit_as_they_are
-        route_attention_through_caches(module)
-        route_additive_masks(module)
-        route_plain_kernels(module)
+        self._adopt(module, batches_rows)
         probe = mx.array([_PROBE_TOKENS], dtype=mx.int32)
         logits = module(probe, cache=make_prompt_cache(module))
         # Evaluating the probe also materializes arrays the model computed lazily when it
@@ -64,6 +57,32 @@ class MlxLmLanguageModel:
         mx.eval(logits)
         self.vocab_size = int(logits.shape[-1])
         self._split = _body_and_head(module, probe, logits) if self._plain else None
+
+    @classmethod
+    def for_tracing(cls, module: nn.Module) -> MlxLmLanguageModel:
+        """The model of `module` without the probe pass: it runs the module's own
+        `__call__` and evaluates nothing when built, so a module whose weights are MLX's
+        lazy random initialization stays unevaluated (`vocab_size` is unknown: 0). For
+        tracing what its caches hold before the real weights are loaded.
+
+        Raises:
+            UnsupportedCacheError: a layer keeps a cache the engine has no kind for.
+        """
+        model = cls.__new__(cls)
+        model._adopt(module, batches_rows=True)
+        model.vocab_size = 0
+        model._split = None
+        return model
+
+    def _adopt(self, module: nn.Module, batches_rows: bool) -> None:
+        self.module = module
+        self.batches_rows = batches_rows
+        # The family's, fixed: whether the engine's caches reach the model as they are.
+        self._caches = mlx_lm_caches(module)
+        self._plain = self._caches.fit_as_they_are
+        route_attention_through_caches(module)
+        route_additive_masks(module)
+        route_plain_kernels(module)
 
     @property
     def num_layers(self) -> int:

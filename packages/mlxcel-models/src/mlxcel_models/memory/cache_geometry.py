@@ -62,7 +62,7 @@ def model_cache_geometry(
     if dtype is not None:
         module.set_dtype(dtype)
     try:
-        model = MlxLmLanguageModel(module)
+        model = MlxLmLanguageModel.for_tracing(module)
     except UnsupportedCacheError as error:
         raise error.of_model(inventory.source.path, inventory.source.model_type) from error
     layout = model.cache_layout
