@@ -100,7 +100,7 @@ def test_verbose_logs_mlxcels_own_messages(tmp_path):
             logger.setLevel(logging.NOTSET)
             logger.propagate = True
     assert code == 0
-    assert "mlxcel: mlxcel_core.engine.engine: prefix caching is off" in err
+    assert "mlxcel: mlxcel_core.engine.parts: prefix caching is off" in err
 
 
 @pytest.mark.parametrize("command", ["serve", "run", "bench"])

@@ -55,7 +55,7 @@ def test_every_response_format(hello_wav, tiny_en_path):
         (["--task", "translate"], 1, "English-only: it cannot translate"),
         (["--response-format", "xml"], 2, "--response-format must be one of"),
         (["--temperature", "3"], 2, "temperature must be between 0 and 1"),
-        (["--temperature", "warm"], 2, "--temperature: invalid value"),
+        (["--temperature", "warm"], 2, "--temperature: expected a number, got 'warm'"),
         (["--language", "klingon"], 2, "unknown language"),
     ],
 )
