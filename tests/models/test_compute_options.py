@@ -7,11 +7,14 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxcel_core.kernels import KernelOptions, install_kernel_options, options
+from mlxcel_core.kernels import stream_split
 from mlxcel_models.compute import (
     CUDA_DEQUANTIZE_MIN_ROWS,
     ComputeOptions,
     PrefillDequantizingLinear,
+    cpu_product_streams,
 )
+from mlxcel_models.split_layers import SplitLinear, SplitQuantizedEmbedding
 from mlxcel_models.loading.loader import load_model
 
 TOKENS = mx.array([[5, 80, 81, 200, 17, 42, 9, 260] * 5])
@@ -25,7 +28,9 @@ def test_cpu_defaults_are_float32_with_dense_weights_up_to_a_quarter_of_memory()
         dequantize_min_rows=4,
         dense_weights_max_bytes=memory // 4,
         cpu_ops=True,
+        cpu_streams=cpu_product_streams(),
     )
+    assert cpu_product_streams() == min(len(os.sched_getaffinity(0)), 2)
     on_gpu = (
         ComputeOptions(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
         if mx.cuda.is_available()
@@ -97,3 +102,22 @@ def test_options_change_dtypes_and_layers_but_not_the_logits(tiny_gguf):
 def test_dequantize_min_rows_must_be_positive():
     with pytest.raises(ValueError, match="dequantize_min_rows must be >= 1, got 0"):
         ComputeOptions(dequantize_min_rows=0)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_products_split_over_cpu_streams_give_the_same_logits(tiny_gguf, monkeypatch, dense):
+    # The tiny model's layers are narrower than the columns from which products split.
+    monkeypatch.setattr(stream_split, "MIN_SPLIT_COLUMNS", 1)
+    whole = ComputeOptions(
+        mx.float32, dequantize_min_rows=8, dense_weights_max_bytes=2**30 if dense else None
+    )
+    reference = load_model(tiny_gguf, compute=whole).model
+    split = load_model(tiny_gguf, compute=ComputeOptions(**{**whole.__dict__, "cpu_streams": 2}))
+    layers = [m for _, m in split.model.module.named_modules()]
+    kind = SplitLinear if dense else PrefillDequantizingLinear
+    assert sum(isinstance(m, kind) and m.cpu_streams == 2 for m in layers) == 14
+    assert dense or sum(isinstance(m, SplitQuantizedEmbedding) for m in layers) == 1
+    for tokens in (TOKENS, TOKENS[:, :1]):  # a prefill chunk and a decode row
+        expected = reference(tokens, reference.make_cache())
+        actual = split.model(tokens, split.model.make_cache())
+        np.testing.assert_allclose(np.array(actual), np.array(expected), atol=1e-4, rtol=1e-4)

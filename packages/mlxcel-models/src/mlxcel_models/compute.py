@@ -12,6 +12,7 @@ from mlx.utils import tree_map, tree_unflatten
 
 from mlxcel_core.kernels import METAL, kernel_backend, quantized_linear
 from mlxcel_models.cpu_ops import install_cpu_ops
+from mlxcel_models.split_layers import apply_split_layers
 
 # Rows of input from which quantized layers dequantize for a dense GEMM (prefill chunks).
 CPU_DEQUANTIZE_MIN_ROWS = 4
@@ -36,6 +37,15 @@ class CpuBlas(StrEnum):
 # 4-6x less memory, and at one sequence it decodes as fast with the reference BLAS and about
 # 25% slower with OpenBLAS; from it dense decodes 2.6-5x faster (docs/adr/0004, 0029).
 CPU_DENSE_MIN_BATCH = {CpuBlas.OPENBLAS: 2, CpuBlas.REFERENCE: 4}
+# CPU streams a linear layer's product is split over, at most one per core: measured on 2
+# cores (docs/adr/0035-cpu-products-split-over-streams.md); more were not measured.
+CPU_MAX_PRODUCT_STREAMS = 2
+
+
+def cpu_product_streams() -> int:
+    """The CPU streams each linear layer's product is split over in this process: one per
+    core it may run on, at most `CPU_MAX_PRODUCT_STREAMS`."""
+    return max(1, min(len(os.sched_getaffinity(0)), CPU_MAX_PRODUCT_STREAMS))
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,9 @@ class ComputeOptions:
             serves decode rows.
         cpu_ops: RoPE and RMSNorm take their CPU forms (`mlxcel_models.cpu_ops`): fewer
             operations per step where each costs host time.
+        cpu_streams: linear layers' products (and tied output projections) are split by
+            output columns over this many CPU streams, one core each
+            (`mlxcel_core.kernels.stream_split`); 1 does not split.
     """
 
     float_dtype: mx.Dtype | None = None
@@ -63,8 +76,11 @@ class ComputeOptions:
     dense_weights_max_bytes: int | None = None
     kernel_linear: bool = False
     cpu_ops: bool = False
+    cpu_streams: int = 1
 
     def __post_init__(self) -> None:
+        if self.cpu_streams < 1:
+            raise ValueError(f"cpu_streams must be >= 1, got {self.cpu_streams}")
         if self.dequantize_min_rows is not None and self.dequantize_min_rows < 1:
             raise ValueError(f"dequantize_min_rows must be >= 1, got {self.dequantize_min_rows}")
         if self.dense_weights_max_bytes is not None and self.dense_weights_max_bytes < 0:
@@ -89,8 +105,9 @@ class ComputeOptions:
         """The measured best choice for `device` (docs/adr/0003, 0004, 0029).
 
         On the CPU, float16 arithmetic has no fast path and quantized products skip BLAS,
-        so activations run in float32, prefill chunks multiply by dequantized weights, and
-        RoPE and RMSNorm take their CPU forms (`cpu_ops`). Quantized weights are made
+        so activations run in float32, prefill chunks multiply by dequantized weights,
+        RoPE and RMSNorm take their CPU forms (`cpu_ops`), and linear layers split their
+        products over `cpu_product_streams()` streams. Quantized weights are made
         dense float32 at load when the command decodes at least `CPU_DENSE_MIN_BATCH[blas]`
         sequences together (`max_batch`; None: batches of any size) and they fit in a
         quarter of the memory; otherwise the file's quantized form is kept. On a CUDA GPU
@@ -115,6 +132,7 @@ class ComputeOptions:
                     int(memory * CPU_DENSE_WEIGHTS_MEMORY_FRACTION) if dense else None
                 ),
                 cpu_ops=True,
+                cpu_streams=cpu_product_streams(),
             )
         if mx.cuda.is_available():
             return cls(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
@@ -130,10 +148,11 @@ class PrefillDequantizingLinear(nn.QuantizedLinear):
     """
 
     dequantize_min_rows: int | None
+    cpu_streams: int
 
     @classmethod
     def replacing(
-        cls, layer: nn.QuantizedLinear, min_rows: int | None
+        cls, layer: nn.QuantizedLinear, min_rows: int | None, cpu_streams: int = 1
     ) -> PrefillDequantizingLinear:
         """A layer with `layer`'s parameters; the constructor's random init is never run."""
         input_dims = layer.weight.shape[1] * 32 // layer.bits
@@ -146,6 +165,7 @@ class PrefillDequantizingLinear(nn.QuantizedLinear):
         )
         replacement.update(layer.parameters())
         replacement.dequantize_min_rows = min_rows
+        replacement.cpu_streams = cpu_streams
         return replacement
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -158,6 +178,7 @@ class PrefillDequantizingLinear(nn.QuantizedLinear):
             bits=self.bits,
             bias=self.get("bias"),
             dequantize_min_rows=self.dequantize_min_rows,
+            cpu_streams=self.cpu_streams,
         )
 
 
@@ -165,7 +186,7 @@ def _quantized_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [
         (name, layer)
         for name, layer in module.named_modules()
-        if type(layer) in (nn.QuantizedLinear, nn.QuantizedEmbedding) and layer.mode == "affine"
+        if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and layer.mode == "affine"
     ]
 
 
@@ -217,11 +238,18 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
         )
     elif options.dequantize_min_rows is not None or options.kernel_linear:
         replacements = [
-            (name, PrefillDequantizingLinear.replacing(layer, options.dequantize_min_rows))
+            (
+                name,
+                PrefillDequantizingLinear.replacing(
+                    layer, options.dequantize_min_rows, options.cpu_streams
+                ),
+            )
             for name, layer in module.named_modules()
             if type(layer) is nn.QuantizedLinear and layer.mode == "affine"
         ]
         module.update_modules(tree_unflatten(replacements))
+    if options.cpu_streams > 1:
+        apply_split_layers(module, options.cpu_streams)
     if options.cpu_ops:
         install_cpu_ops(module)
 

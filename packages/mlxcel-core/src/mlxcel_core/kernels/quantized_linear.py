@@ -9,6 +9,7 @@ from mlxcel_core.kernels.quantized_matvec import (
     quantized_matvec_backend,
     quantized_matvec_kernel,
 )
+from mlxcel_core.kernels.stream_split import split_dequantized_product, split_quantized_product
 
 # Rows up to which decode products take the matvec kernel. On an H100 (docs/benchmarks.md,
 # a 14336x4096 4-bit weight) it took 32-35 us against MLX's 39 us at 1 row, 37 against 71 at
@@ -27,6 +28,7 @@ def quantized_linear(
     bits: int,
     bias: mx.array | None = None,
     dequantize_min_rows: int | None = None,
+    cpu_streams: int = 1,
 ) -> mx.array:
     """`x @ W.T (+ bias)` for a weight W stored with MLX affine quantization.
 
@@ -38,6 +40,8 @@ def quantized_linear(
       dtype and multiplied as a dense matrix, a BLAS GEMM on the CPU and a cuBLAS one on
       CUDA, where MLX's `quantized_matmul` is several times slower at many rows;
     - otherwise `mx.quantized_matmul`, which reads 4-8x fewer bytes than a dense product.
+    On the CPU, the last two split their output columns over `cpu_streams` streams, one
+    core each (`mlxcel_core.kernels.stream_split`).
 
     Args:
         x: (..., K) activations, float.
@@ -49,6 +53,7 @@ def quantized_linear(
         bias: optional (N,) output bias.
         dequantize_min_rows: rows of x from which the dense tactic is used; None never
             uses it.
+        cpu_streams: CPU streams the products are split over; 1 does not split.
 
     Returns:
         (..., N) in x's dtype.
@@ -62,13 +67,11 @@ def quantized_linear(
             x, weight, scales, biases, group_size=group_size, bits=bits, backend=backend
         )
     elif dequantize_min_rows is not None and rows >= dequantize_min_rows:
-        # Without the dependency on x, MLX may dequantize the weights of many layers
-        # before it needs any of them, holding all their dense copies at once.
-        (weight,) = mx.depends([weight], [x])
-        dense = mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits)
-        y = x @ dense.astype(x.dtype).T
+        y = split_dequantized_product(
+            x, weight, scales, biases, group_size=group_size, bits=bits, num_streams=cpu_streams
+        )
     else:
-        y = mx.quantized_matmul(
-            x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits
+        y = split_quantized_product(
+            x, weight, scales, biases, group_size=group_size, bits=bits, num_streams=cpu_streams
         )
     return y if bias is None else y + bias

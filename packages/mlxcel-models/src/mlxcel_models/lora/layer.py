@@ -114,5 +114,7 @@ def fuse_linear(layer: nn.Module, delta: mx.array) -> nn.Module:
         dense.bias = layer["bias"]
     fused = nn.QuantizedLinear.from_linear(dense, layer.group_size, layer.bits)
     if isinstance(layer, PrefillDequantizingLinear):
-        return PrefillDequantizingLinear.replacing(fused, layer.dequantize_min_rows)
+        return PrefillDequantizingLinear.replacing(
+            fused, layer.dequantize_min_rows, layer.cpu_streams
+        )
     return fused

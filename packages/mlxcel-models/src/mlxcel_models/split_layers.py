@@ -1,0 +1,102 @@
+"""Dense linear layers and tied output projections whose products are split over CPU
+streams (`mlxcel_core.kernels.stream_split`).
+
+Each class keeps its MLX parent's parameters and names, so anything that walks the model's
+parameters (saving, adapters) sees no difference; only the product is computed in column
+blocks, one per CPU stream.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from mlxcel_core.kernels.stream_split import split_dense_product, split_quantized_product
+
+
+class SplitLinear(nn.Linear):
+    """An `nn.Linear` whose product is split over `cpu_streams` CPU streams."""
+
+    cpu_streams: int
+
+    @classmethod
+    def replacing(cls, layer: nn.Linear, cpu_streams: int) -> SplitLinear:
+        """A layer with `layer`'s parameters; the constructor's random init is replaced."""
+        rows, columns = layer["weight"].shape
+        replacement = cls(columns, rows, bias="bias" in layer)
+        replacement.update(layer.parameters())
+        replacement.cpu_streams = cpu_streams
+        return replacement
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = split_dense_product(x, self["weight"], self.cpu_streams)
+        return y if "bias" not in self else y + self["bias"]
+
+
+class SplitEmbedding(nn.Embedding):
+    """An `nn.Embedding` whose output projection (`as_linear`, tied weights) is split over
+    `cpu_streams` CPU streams."""
+
+    cpu_streams: int
+
+    @classmethod
+    def replacing(cls, layer: nn.Embedding, cpu_streams: int) -> SplitEmbedding:
+        """A layer with `layer`'s parameters; the constructor's random init is replaced."""
+        replacement = cls(*layer["weight"].shape)
+        replacement.update(layer.parameters())
+        replacement.cpu_streams = cpu_streams
+        return replacement
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return split_dense_product(x, self["weight"], self.cpu_streams)
+
+
+class SplitQuantizedEmbedding(nn.QuantizedEmbedding):
+    """An affine `nn.QuantizedEmbedding` whose output projection (`as_linear`, tied
+    weights) is split over `cpu_streams` CPU streams."""
+
+    cpu_streams: int
+
+    @classmethod
+    def replacing(cls, layer: nn.QuantizedEmbedding, cpu_streams: int) -> SplitQuantizedEmbedding:
+        """A layer with `layer`'s parameters; the constructor's random init is replaced."""
+        rows, packed = layer["weight"].shape
+        replacement = cls(
+            rows, packed * 32 // layer.bits, group_size=layer.group_size, bits=layer.bits
+        )
+        replacement.update(layer.parameters())
+        replacement.cpu_streams = cpu_streams
+        return replacement
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return split_quantized_product(
+            x,
+            self["weight"],
+            self["scales"],
+            self["biases"],
+            group_size=self.group_size,
+            bits=self.bits,
+            num_streams=self.cpu_streams,
+        )
+
+
+def apply_split_layers(module: nn.Module, cpu_streams: int) -> int:
+    """Replace `module`'s dense linear layers and embeddings, and its affine-quantized
+    embeddings, in place by their split forms; the number replaced.
+
+    Quantized linear layers take the split through `PrefillDequantizingLinear`.
+    """
+    kinds: dict[type, type] = {
+        nn.Linear: SplitLinear,
+        nn.Embedding: SplitEmbedding,
+        nn.QuantizedEmbedding: SplitQuantizedEmbedding,
+    }
+    replacements = [
+        (name, kinds[type(layer)].replacing(layer, cpu_streams))
+        for name, layer in module.named_modules()
+        if type(layer) in kinds
+        and not (isinstance(layer, nn.QuantizedEmbedding) and layer.mode != "affine")
+    ]
+    module.update_modules(tree_unflatten(replacements))
+    return len(replacements)
