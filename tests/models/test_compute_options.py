@@ -30,7 +30,7 @@ def test_cpu_defaults_are_float32_with_dense_weights_up_to_a_quarter_of_memory()
         cpu_ops=True,
         cpu_streams=cpu_product_streams(),
     )
-    assert cpu_product_streams() == min(len(os.sched_getaffinity(0)), 2)
+    assert cpu_product_streams() == min(os.cpu_count(), 2)
     on_gpu = (
         ComputeOptions(dequantize_min_rows=CUDA_DEQUANTIZE_MIN_ROWS)
         if mx.cuda.is_available()

@@ -45,7 +45,7 @@ CPU_MAX_PRODUCT_STREAMS = 2
 def cpu_product_streams() -> int:
     """The CPU streams each linear layer's product is split over in this process: one per
     core it may run on, at most `CPU_MAX_PRODUCT_STREAMS`."""
-    return max(1, min(len(os.sched_getaffinity(0)), CPU_MAX_PRODUCT_STREAMS))
+    return max(1, min(os.cpu_count() or 1, CPU_MAX_PRODUCT_STREAMS))
 
 
 @dataclass(frozen=True)
