@@ -8,9 +8,14 @@ from mlx_lm.generate import generate_step
 
 from mlxcel_models.loading.gguf_architectures import gguf_model_types
 from mlxcel_models.loading.gguf_file import read_gguf_header
+from mlxcel_models.loading.gguf_mla import latent_attention_weights
 from mlxcel_models.loading.gguf_model import load_gguf_model
 
-from gguf_models import FAMILIES, make_reference, stored_weights, write_converted_gguf
+from gguf_families import MORE_FAMILIES, split_kv_b
+from gguf_models import FAMILIES as BASE_FAMILIES
+from gguf_models import make_reference, stored_weights, write_converted_gguf
+
+FAMILIES = BASE_FAMILIES | MORE_FAMILIES
 
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
 
@@ -24,8 +29,8 @@ def load(path):
     return load_gguf_model(path, read_gguf_header(path, arrays=True))
 
 
-def test_every_mapped_family_has_a_converted_model():
-    assert set(FAMILIES) <= gguf_model_types()
+def test_every_converted_model_is_a_mapped_family():
+    assert {family.config["model_type"] for family in FAMILIES.values()} <= gguf_model_types()
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -60,3 +65,20 @@ def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, m
         np.array(loaded.module(tokens)), np.array(reference(tokens)), atol=2e-3, rtol=2e-3
     )
     assert greedy_tokens(loaded.module) == greedy_tokens(reference)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_latent_attention_regroups_whole_and_split_kv_b_alike(model_type):
+    config = {"model_type": model_type, "num_attention_heads": 4, "qk_nope_head_dim": 16}
+    kv_b = np.random.default_rng(0).standard_normal((4 * (16 + 8), 32)).astype(np.float32)
+    split = dict(split_kv_b("kv_b_proj.weight", kv_b, config))
+    from_whole = latent_attention_weights({"attn_kv_b": mx.array(kv_b)}, config)
+    halves = {"attn_k_b": mx.array(split["k_b_proj.weight"])}
+    assert latent_attention_weights(halves, config) is None
+    halves["attn_v_b"] = mx.array(split["v_b_proj.weight"])
+    from_split = latent_attention_weights(halves, config)
+    assert from_whole.keys() == from_split.keys()
+    for key in from_whole:
+        np.testing.assert_array_equal(np.array(from_whole[key]), np.array(from_split[key]))
+    if model_type == "deepseek_v2":
+        np.testing.assert_array_equal(np.array(from_split["kv_b_proj.weight"]), kv_b)

@@ -18,6 +18,7 @@ from mlxcel_models.loading.gguf_config import (
     gemma_query_scale,
     layer_pattern,
 )
+from mlxcel_models.loading.gguf_mla import deepseek_config, deepseek_model_type
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
 
@@ -42,6 +43,10 @@ class GGUFArchitecture:
         name_aliases: (mlx-lm fragment, fragment gguf's `TensorNameMap` knows) pairs for
             parameter names mlx-lm spells differently from the Hugging Face checkpoint.
         extras: config keys beyond `common_config`, from the metadata and the common keys.
+        select_model_type: picks the `model_type` from the metadata where one GGUF
+            architecture covers several mlx-lm families (DeepSeek V2 and V3).
+        other_model_types: the families `select_model_type` picks besides `model_type`.
+        latent_attention: the file holds DeepSeek's MLA up-projections (`gguf_mla`).
     """
 
     name: str
@@ -51,9 +56,14 @@ class GGUFArchitecture:
     norm_offset: float = 0.0
     name_aliases: tuple[tuple[str, str], ...] = ()
     extras: ConfigExtras = field(default=_none)
+    select_model_type: Callable[[Mapping[str, Any]], str] | None = None
+    other_model_types: tuple[str, ...] = ()
+    latent_attention: bool = False
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""
+        if self.select_model_type is not None:
+            return self.select_model_type(metadata)
         if self.moe_model_type is not None and metadata.get(f"{self.name}.expert_count"):
             return self.moe_model_type
         return self.model_type
@@ -173,6 +183,16 @@ _ARCHITECTURES = (
     GGUFArchitecture("command-r", "cohere", extras=_cohere),
     GGUFArchitecture("cohere2", "cohere2", extras=_cohere2),
     GGUFArchitecture("smollm3", "smollm3", rope_permuted=True),
+    GGUFArchitecture(
+        "deepseek2",
+        "deepseek_v2",
+        other_model_types=("deepseek_v3",),
+        # The converter renames the router's `e_score_correction_bias` to a bias.
+        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        extras=deepseek_config,
+        select_model_type=deepseek_model_type,
+        latent_attention=True,
+    ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
 
@@ -182,7 +202,7 @@ def gguf_model_types() -> frozenset[str]:
     return frozenset(
         model_type
         for arch in _ARCHITECTURES
-        for model_type in (arch.model_type, arch.moe_model_type)
+        for model_type in (arch.model_type, arch.moe_model_type, *arch.other_model_types)
         if model_type is not None
     )
 

@@ -25,8 +25,14 @@ from mlxcel_models.loaded import TypeConversion
 from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata
 from mlxcel_models.loading.gguf_file import GGUFHeader, GGUFTensorData
+from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION_TENSORS, latent_attention_weights
 from mlxcel_models.loading.gguf_names import ROPE_FACTOR_TENSORS, gguf_name_map
-from mlxcel_models.loading.gguf_quant import GGUFDequant, convert_tensor, plan_tensor
+from mlxcel_models.loading.gguf_quant import (
+    GGUFDequant,
+    TensorForm,
+    convert_tensor,
+    plan_tensor,
+)
 from mlxcel_models.mlx_lm_models import make_mlx_lm_model
 from mlxcel_models.rope import FrequencyFactorRoPE
 
@@ -103,8 +109,18 @@ def load_gguf_model(
     weights: dict[str, mx.array] = {}
     quantized: dict[str, dict[str, Any]] = {}
     seen: Counter[tuple[str, str]] = Counter()
+    latent: dict[str, dict[str, mx.array]] = {}
     for name, info in header.tensors.items():
         if name in ROPE_FACTOR_TENSORS:
+            continue
+        block, _, base = name.removesuffix(".weight").rpartition(".")
+        if arch.latent_attention and base in LATENT_ATTENTION_TENSORS:
+            form = _plan(path, name, info.type_name, info.shape, False, dequant)
+            seen[info.type_name, form.label] += 1
+            latent.setdefault(block, {})[base] = convert_tensor(
+                data.blocks(name), info.type_name, form
+            )["weight"]
+            weights |= _latent_attention(path, block, latent, config, parameters)
             continue
         target = names.get(name)
         if target is None:
@@ -120,10 +136,7 @@ def load_gguf_model(
             )
         layer_path, suffix = target.rsplit(".", 1)
         quantizable = suffix == "weight" and isinstance(layers.get(layer_path), _QUANTIZABLE_LAYERS)
-        try:
-            form = plan_tensor(info.type_name, info.shape, quantizable=quantizable, dequant=dequant)
-        except ValueError as error:
-            raise ModelLoadError(f"{path}: tensor '{name}': {error}") from error
+        form = _plan(path, name, info.type_name, info.shape, quantizable, dequant)
         arrays = _restore_layout(
             arch, name, config, convert_tensor(data.blocks(name), info.type_name, form)
         )
@@ -133,6 +146,10 @@ def load_gguf_model(
             weights |= {f"{layer_path}.{key}": value for key, value in arrays.items()}
         else:
             weights[target] = arrays["weight"]
+    if latent:
+        raise ModelLoadError(
+            f"{path}: {', '.join(sorted(latent))} hold(s) only half of attn_k_b / attn_v_b"
+        )
     _load_weights(module, weights, quantized)
     if "rope_freqs.weight" in header.tensors:
         factors = mx.array(data.blocks("rope_freqs.weight").view(np.float32))
@@ -141,6 +158,48 @@ def load_gguf_model(
         TypeConversion(type_name, form, count) for (type_name, form), count in seen.most_common()
     )
     return GGUFModel(module, config, conversions)
+
+
+def _plan(
+    path: Path,
+    name: str,
+    type_name: str,
+    shape: tuple[int, ...],
+    quantizable: bool,
+    dequant: GGUFDequant,
+) -> TensorForm:
+    try:
+        return plan_tensor(type_name, shape, quantizable=quantizable, dequant=dequant)
+    except ValueError as error:
+        raise ModelLoadError(f"{path}: tensor '{name}': {error}") from error
+
+
+def _latent_attention(
+    path: Path,
+    block: str,
+    latent: dict[str, dict[str, mx.array]],
+    config: dict[str, Any],
+    parameters: dict[str, mx.array],
+) -> dict[str, mx.array]:
+    """A layer's MLA up-projections as mlx-lm parameters once its tensors are all read
+    (the read ones leave `latent`), else nothing yet."""
+    arrays = latent_attention_weights(latent[block], config)
+    if arrays is None:
+        return {}
+    del latent[block]
+    layer = block.removeprefix("blk.")
+    weights = {}
+    for key, value in arrays.items():
+        target = f"model.layers.{layer}.self_attn.{key}"
+        expected = parameters.get(target)
+        if expected is None or tuple(value.shape) != tuple(expected.shape):
+            needs = "nothing" if expected is None else list(expected.shape)
+            raise ModelLoadError(
+                f"{path}: {block}'s latent attention gives {target} shape "
+                f"{list(value.shape)}, mlx-lm's {config['model_type']} model needs {needs}"
+            )
+        weights[target] = value
+    return weights
 
 
 def _load_weights(
