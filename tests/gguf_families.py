@@ -113,4 +113,30 @@ MORE_FAMILIES = {
             ("e_score_correction_bias", "e_score_correction.bias"),
         ),
     ),
+    "phi": ConvertedFamily(
+        "phi2",
+        tiny_config("phi", num_key_value_heads=4, partial_rotary_factor=0.5, layer_norm_eps=1e-5),
+        {"layer_norm_eps": 1e-5, "head_count_kv": 4, "rope_dimension_count": 8},
+    ),
+    "olmoe": ConvertedFamily(
+        "olmoe",
+        tiny_config("olmoe", num_experts=4, num_experts_per_tok=2, norm_topk_prob=False),
+        _RMS | {"expert_count": 4, "expert_used_count": 2},
+        name_aliases=_SWITCH,
+    ),
+    "seed_oss": ConvertedFamily(
+        "seed_oss", tiny_config("seed_oss", attention_bias=True, attention_out_bias=True), _RMS
+    ),
+    "ernie4_5": ConvertedFamily("ernie4_5", tiny_config("ernie4_5", use_bias=True), _RMS),
+    "exaone4": ConvertedFamily(
+        "exaone4",
+        tiny_config(
+            "exaone4",
+            num_hidden_layers=4,
+            sliding_window=128,
+            sliding_window_pattern="LLLG",
+            rope_scaling=None,
+        ),
+        _RMS | {"sliding_window": 128, "sliding_window_pattern": [True, True, True, False]},
+    ),
 }

@@ -144,6 +144,28 @@ def _glm4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return {"partial_rotary_factor": config.get("partial_rotary_factor", 0.5)}
 
 
+def _olmoe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"norm_topk_prob": bool(meta.get("expert_weights_norm", False))}
+
+
+def _seed_oss(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"attention_out_bias": meta.has_tensor("blk.0.attn_output.bias")}
+
+
+def _ernie4_5(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"use_bias": config["attention_bias"]}
+
+
+def _exaone4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # The converter stores the pattern as one flag per layer, true for sliding-window
+    # layers; mlx-lm reads it as a string of L (local) and G (global) repeated.
+    pattern = meta.get("attention.sliding_window_pattern")
+    scaling = {"rope_scaling": config.get("rope_scaling")}
+    if config.get("sliding_window") is None or not isinstance(pattern, list):
+        return scaling | {"sliding_window": None, "sliding_window_pattern": None}
+    return scaling | {"sliding_window_pattern": "".join("L" if local else "G" for local in pattern)}
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -183,6 +205,11 @@ _ARCHITECTURES = (
     GGUFArchitecture("command-r", "cohere", extras=_cohere),
     GGUFArchitecture("cohere2", "cohere2", extras=_cohere2),
     GGUFArchitecture("smollm3", "smollm3", rope_permuted=True),
+    GGUFArchitecture("phi2", "phi"),
+    GGUFArchitecture("olmoe", "olmoe", name_aliases=_SWITCH, extras=_olmoe),
+    GGUFArchitecture("seed_oss", "seed_oss", extras=_seed_oss),
+    GGUFArchitecture("ernie4_5", "ernie4_5", extras=_ernie4_5),
+    GGUFArchitecture("exaone4", "exaone4", extras=_exaone4),
     GGUFArchitecture(
         "deepseek2",
         "deepseek_v2",
