@@ -76,6 +76,38 @@ def split_kv_b(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterato
     yield name.replace("kv_b_proj", "v_b_proj"), np.ascontiguousarray(per_head[:, nope:])
 
 
+_XIELU = ("alpha_p", "alpha_n", "beta", "eps")
+
+
+def drop_xielu(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """Apertus's xIELU constants leave the tensors for the metadata (`xielu_metadata`)."""
+    if ".act_fn." not in name:
+        yield name, weight
+
+
+def xielu_metadata(weights: dict[str, np.ndarray]) -> dict[str, Any]:
+    layers = sorted({int(name.split(".")[2]) for name in weights if ".act_fn." in name})
+    return {
+        f"xielu_{constant}": [
+            float(weights[f"model.layers.{layer}.mlp.act_fn.{constant}"]) for layer in layers
+        ]
+        for constant in _XIELU
+    }
+
+
+def unshuffle_plamo(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """The converter's reorder of PLaMo's query heads into llama.cpp's grouped order."""
+    kv = config["num_attention_heads"] // config["n_shared_head"]
+    shared = config["n_shared_head"]
+    if name.endswith("q_proj.weight"):
+        rows = weight.reshape(shared, kv, -1, weight.shape[-1]).transpose(1, 0, 2, 3)
+        weight = rows.reshape(weight.shape)
+    elif name.endswith("o_proj.weight"):
+        columns = weight.reshape(weight.shape[0], shared, kv, -1).transpose(0, 2, 1, 3)
+        weight = columns.reshape(weight.shape)
+    yield name, np.ascontiguousarray(weight)
+
+
 MORE_FAMILIES = {
     "deepseek_v2": ConvertedFamily(
         "deepseek2",
@@ -138,5 +170,46 @@ MORE_FAMILIES = {
             rope_scaling=None,
         ),
         _RMS | {"sliding_window": 128, "sliding_window_pattern": [True, True, True, False]},
+    ),
+    "hunyuan_v1_dense": ConvertedFamily(
+        "hunyuan-dense", tiny_config("hunyuan_v1_dense", use_qk_norm=True), _RMS
+    ),
+    "dots1": ConvertedFamily(
+        "dots1",
+        tiny_config(
+            "dots1",
+            num_hidden_layers=3,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.0,
+            norm_topk_prob=True,
+        ),
+        _RMS
+        | {
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "leading_dense_block_count": 1,
+            "expert_shared_count": 1,
+            "expert_weights_scale": 2.0,
+            "expert_weights_norm": True,
+        },
+        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+    ),
+    "apertus": ConvertedFamily(
+        "apertus",
+        tiny_config("apertus", mlp_bias=False, attention_bias=False, post_norm=False, qk_norm=True),
+        _RMS,
+        split_tensor=drop_xielu,
+        weight_metadata=xielu_metadata,
+    ),
+    "plamo": ConvertedFamily(
+        "plamo",
+        tiny_config("plamo", n_shared_head=2),
+        _RMS,
+        split_tensor=unshuffle_plamo,
     ),
 }

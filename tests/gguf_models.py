@@ -39,7 +39,9 @@ class ConvertedFamily:
         norm_offset: added to norm weights (Gemma).
         name_aliases: mlx-lm name fragment → Hugging Face fragment.
         split_tensor: the converter's rewrite of one tensor into those it writes
-            (DeepSeek's `kv_b_proj` into `k_b_proj` and `v_b_proj`).
+            (DeepSeek's `kv_b_proj` into `k_b_proj` and `v_b_proj`); none yielded drops it.
+        weight_metadata: the metadata the converter makes of some weights (Apertus's
+            xIELU constants), writer method names as keys.
     """
 
     gguf_arch: str
@@ -49,6 +51,7 @@ class ConvertedFamily:
     norm_offset: float = 0.0
     name_aliases: tuple[tuple[str, str], ...] = ()
     split_tensor: TensorSplit | None = None
+    weight_metadata: Callable[[dict[str, np.ndarray]], dict[str, Any]] | None = None
 
 
 def make_reference(config: dict[str, Any], seed: int = 0):
@@ -102,6 +105,8 @@ def write_converted_gguf(
         "value_length": config["head_dim"],
         "rope_freq_base": config.get("rope_theta", 10000.0),
     }
+    if family.weight_metadata is not None:
+        hyperparameters |= family.weight_metadata(weights)
     for method, value in (hyperparameters | family.metadata).items():
         getattr(writer, f"add_{method}")(value)
     writer.add_tokenizer_model("gpt2")

@@ -12,6 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+
+from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_config import (
     GGUFMetadata,
     common_config,
@@ -21,6 +24,8 @@ from mlxcel_models.loading.gguf_config import (
 from mlxcel_models.loading.gguf_mla import deepseek_config, deepseek_model_type
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
+RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
+MetadataWeights = Callable[[GGUFMetadata, dict[str, Any]], dict[str, mx.array]]
 
 
 def _none(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +52,10 @@ class GGUFArchitecture:
             architecture covers several mlx-lm families (DeepSeek V2 and V3).
         other_model_types: the families `select_model_type` picks besides `model_type`.
         latent_attention: the file holds DeepSeek's MLA up-projections (`gguf_mla`).
+        restore_tensor: undoes a family's own layout change on one converted tensor,
+            given its GGUF base name (`attn_q`), its arrays and the config.
+        metadata_weights: parameters the converter moved into the metadata (Apertus's
+            xIELU constants), as mlx-lm parameter path → array.
     """
 
     name: str
@@ -59,6 +68,8 @@ class GGUFArchitecture:
     select_model_type: Callable[[Mapping[str, Any]], str] | None = None
     other_model_types: tuple[str, ...] = ()
     latent_attention: bool = False
+    restore_tensor: RestoreTensor | None = None
+    metadata_weights: MetadataWeights | None = None
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""
@@ -166,6 +177,67 @@ def _exaone4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return scaling | {"sliding_window_pattern": "".join("L" if local else "G" for local in pattern)}
 
 
+def _hunyuan_dense(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # The converter folds HunYuan's NTK alpha into the stored RoPE base.
+    return {"use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"), "rope_scaling": None}
+
+
+def _dots1(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "first_k_dense_replace": meta.get("leading_dense_block_count", 0),
+        "n_shared_experts": meta.get("expert_shared_count", 0),
+        "routed_scaling_factor": float(meta.get("expert_weights_scale", 1.0)),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+    }
+
+
+def _apertus(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "post_norm": False,
+        "qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "mlp_bias": config["mlp_bias"],
+        "attention_bias": config["attention_bias"],
+    }
+
+
+def _apertus_xielu(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, mx.array]:
+    """The per-layer xIELU constants, which the converter writes as `xielu.*` arrays."""
+    weights = {}
+    for name in ("alpha_p", "alpha_n", "beta", "eps"):
+        values = meta.metadata.get(f"xielu.{name}")
+        if not isinstance(values, list) or len(values) != config["num_hidden_layers"]:
+            raise ModelLoadError(f"{meta.where} lacks one xielu.{name} value per layer")
+        for layer, value in enumerate(values):
+            weights[f"model.layers.{layer}.mlp.act_fn.{name}"] = mx.array(value, mx.float32)
+    return weights
+
+
+def _plamo(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"n_shared_head": config["num_attention_heads"] // config["num_key_value_heads"]}
+
+
+def _plamo_heads(
+    base: str, arrays: dict[str, mx.array], config: dict[str, Any]
+) -> dict[str, mx.array]:
+    """Undo the converter's reorder of PLaMo's query heads from (shared, kv) to (kv, shared)
+    order: the rows of `attn_q`, the input columns of `attn_output` (any packing)."""
+    kv = config["num_key_value_heads"]
+    shared = config["num_attention_heads"] // kv
+    if base == "attn_q":
+        return {
+            key: value.reshape(kv, shared, -1, *value.shape[1:]).swapaxes(0, 1).reshape(value.shape)
+            for key, value in arrays.items()
+        }
+    if base == "attn_output":
+        return {
+            key: value.reshape(*value.shape[:-1], kv, shared, -1)
+            .swapaxes(-3, -2)
+            .reshape(value.shape)
+            for key, value in arrays.items()
+        }
+    return arrays
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -210,6 +282,15 @@ _ARCHITECTURES = (
     GGUFArchitecture("seed_oss", "seed_oss", extras=_seed_oss),
     GGUFArchitecture("ernie4_5", "ernie4_5", extras=_ernie4_5),
     GGUFArchitecture("exaone4", "exaone4", extras=_exaone4),
+    GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=_hunyuan_dense),
+    GGUFArchitecture(
+        "dots1",
+        "dots1",
+        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        extras=_dots1,
+    ),
+    GGUFArchitecture("apertus", "apertus", extras=_apertus, metadata_weights=_apertus_xielu),
+    GGUFArchitecture("plamo", "plamo", extras=_plamo, restore_tensor=_plamo_heads),
     GGUFArchitecture(
         "deepseek2",
         "deepseek_v2",

@@ -150,6 +150,9 @@ def load_gguf_model(
         raise ModelLoadError(
             f"{path}: {', '.join(sorted(latent))} hold(s) only half of attn_k_b / attn_v_b"
         )
+    if arch.metadata_weights is not None:
+        meta = GGUFMetadata(header.metadata, set(header.tensors), arch.name, where=path)
+        weights |= arch.metadata_weights(meta, config)
     _load_weights(module, weights, quantized)
     if "rope_freqs.weight" in header.tensors:
         factors = mx.array(data.blocks("rope_freqs.weight").view(np.float32))
@@ -214,6 +217,8 @@ def _restore_layout(
 ) -> dict[str, mx.array]:
     """Undo the converter's layout changes on one converted tensor."""
     base = name.split(".")[-2]
+    if arch.restore_tensor is not None:
+        arrays = arch.restore_tensor(base, arrays, config)
     if arch.rope_permuted and base in ("attn_q", "attn_k"):
         heads = config["num_attention_heads" if base == "attn_q" else "num_key_value_heads"]
         return {key: unpermute_rope_rows(value, heads) for key, value in arrays.items()}
