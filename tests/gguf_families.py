@@ -10,6 +10,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from factories import llama_cpp_permute
 from gguf_models import ConvertedFamily, tiny_config
 
 _RMS = {"layer_norm_rms_eps": 1e-5}
@@ -106,6 +107,24 @@ def unshuffle_plamo(name: str, weight: np.ndarray, config: dict[str, Any]) -> It
         columns = weight.reshape(weight.shape[0], shared, kv, -1).transpose(0, 2, 1, 3)
         weight = columns.reshape(weight.shape)
     yield name, np.ascontiguousarray(weight)
+
+
+def split_wqkv(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """The converter's split of InternLM 2's grouped `wqkv` into Q, K (both permuted for
+    llama.cpp's RoPE) and V."""
+    if ".wqkv." not in name:
+        yield name, weight
+        return
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    rest = weight.shape[1:]
+    groups = weight.reshape(kv_heads, heads // kv_heads + 2, -1, *rest)
+    q = groups[:, :-2].reshape(-1, *rest)
+    k = groups[:, -2].reshape(-1, *rest)
+    v = groups[:, -1].reshape(-1, *rest)
+    prefix, suffix = name.split(".attention.wqkv.")
+    yield f"{prefix}.self_attn.q_proj.{suffix}", llama_cpp_permute(q, heads)
+    yield f"{prefix}.self_attn.k_proj.{suffix}", llama_cpp_permute(k, kv_heads)
+    yield f"{prefix}.self_attn.v_proj.{suffix}", np.ascontiguousarray(v)
 
 
 MORE_FAMILIES = {
@@ -211,5 +230,8 @@ MORE_FAMILIES = {
         tiny_config("plamo", n_shared_head=2),
         _RMS,
         split_tensor=unshuffle_plamo,
+    ),
+    "internlm2": ConvertedFamily(
+        "internlm2", tiny_config("internlm2", bias=True), _RMS, split_tensor=split_wqkv
     ),
 }

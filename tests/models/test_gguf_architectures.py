@@ -72,13 +72,13 @@ def test_latent_attention_regroups_whole_and_split_kv_b_alike(model_type):
     config = {"model_type": model_type, "num_attention_heads": 4, "qk_nope_head_dim": 16}
     kv_b = np.random.default_rng(0).standard_normal((4 * (16 + 8), 32)).astype(np.float32)
     split = dict(split_kv_b("kv_b_proj.weight", kv_b, config))
-    from_whole = latent_attention_weights({"attn_kv_b": mx.array(kv_b)}, config)
-    halves = {"attn_k_b": mx.array(split["k_b_proj.weight"])}
+    from_whole = latent_attention_weights({"attn_kv_b.weight": mx.array(kv_b)}, config)
+    halves = {"attn_k_b.weight": mx.array(split["k_b_proj.weight"])}
     assert latent_attention_weights(halves, config) is None
-    halves["attn_v_b"] = mx.array(split["v_b_proj.weight"])
+    halves["attn_v_b.weight"] = mx.array(split["v_b_proj.weight"])
     from_split = latent_attention_weights(halves, config)
     assert from_whole.keys() == from_split.keys()
     for key in from_whole:
         np.testing.assert_array_equal(np.array(from_whole[key]), np.array(from_split[key]))
     if model_type == "deepseek_v2":
-        np.testing.assert_array_equal(np.array(from_split["kv_b_proj.weight"]), kv_b)
+        np.testing.assert_array_equal(np.array(from_split["self_attn.kv_b_proj.weight"]), kv_b)

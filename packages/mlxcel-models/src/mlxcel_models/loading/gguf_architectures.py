@@ -21,7 +21,8 @@ from mlxcel_models.loading.gguf_config import (
     gemma_query_scale,
     layer_pattern,
 )
-from mlxcel_models.loading.gguf_mla import deepseek_config, deepseek_model_type
+from mlxcel_models.loading.gguf_layouts import INTERNLM2_WQKV, TensorJoin, unshuffle_plamo_heads
+from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
 RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
@@ -51,7 +52,7 @@ class GGUFArchitecture:
         select_model_type: picks the `model_type` from the metadata where one GGUF
             architecture covers several mlx-lm families (DeepSeek V2 and V3).
         other_model_types: the families `select_model_type` picks besides `model_type`.
-        latent_attention: the file holds DeepSeek's MLA up-projections (`gguf_mla`).
+        tensor_join: tensors of a layer the loader joins into parameters (`gguf_layouts`).
         restore_tensor: undoes a family's own layout change on one converted tensor,
             given its GGUF base name (`attn_q`), its arrays and the config.
         metadata_weights: parameters the converter moved into the metadata (Apertus's
@@ -67,7 +68,7 @@ class GGUFArchitecture:
     extras: ConfigExtras = field(default=_none)
     select_model_type: Callable[[Mapping[str, Any]], str] | None = None
     other_model_types: tuple[str, ...] = ()
-    latent_attention: bool = False
+    tensor_join: TensorJoin | None = None
     restore_tensor: RestoreTensor | None = None
     metadata_weights: MetadataWeights | None = None
 
@@ -216,26 +217,8 @@ def _plamo(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return {"n_shared_head": config["num_attention_heads"] // config["num_key_value_heads"]}
 
 
-def _plamo_heads(
-    base: str, arrays: dict[str, mx.array], config: dict[str, Any]
-) -> dict[str, mx.array]:
-    """Undo the converter's reorder of PLaMo's query heads from (shared, kv) to (kv, shared)
-    order: the rows of `attn_q`, the input columns of `attn_output` (any packing)."""
-    kv = config["num_key_value_heads"]
-    shared = config["num_attention_heads"] // kv
-    if base == "attn_q":
-        return {
-            key: value.reshape(kv, shared, -1, *value.shape[1:]).swapaxes(0, 1).reshape(value.shape)
-            for key, value in arrays.items()
-        }
-    if base == "attn_output":
-        return {
-            key: value.reshape(*value.shape[:-1], kv, shared, -1)
-            .swapaxes(-3, -2)
-            .reshape(value.shape)
-            for key, value in arrays.items()
-        }
-    return arrays
+def _internlm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"bias": config["attention_bias"]}
 
 
 _ARCHITECTURES = (
@@ -290,7 +273,14 @@ _ARCHITECTURES = (
         extras=_dots1,
     ),
     GGUFArchitecture("apertus", "apertus", extras=_apertus, metadata_weights=_apertus_xielu),
-    GGUFArchitecture("plamo", "plamo", extras=_plamo, restore_tensor=_plamo_heads),
+    GGUFArchitecture("plamo", "plamo", extras=_plamo, restore_tensor=unshuffle_plamo_heads),
+    # The converter splits InternLM 2's fused `wqkv` into attn_q / attn_k / attn_v.
+    GGUFArchitecture(
+        "internlm2",
+        "internlm2",
+        extras=_internlm2,
+        tensor_join=INTERNLM2_WQKV,
+    ),
     GGUFArchitecture(
         "deepseek2",
         "deepseek_v2",
@@ -299,7 +289,7 @@ _ARCHITECTURES = (
         name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
         extras=deepseek_config,
         select_model_type=deepseek_model_type,
-        latent_attention=True,
+        tensor_join=LATENT_ATTENTION,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

@@ -17,9 +17,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcel_models.loading.gguf_config import GGUFMetadata
-
-LATENT_ATTENTION_TENSORS = frozenset({"attn_kv_b", "attn_k_b", "attn_v_b"})
-"""The GGUF tensors (name without block and suffix) `latent_attention_weights` regroups."""
+from mlxcel_models.loading.gguf_layouts import TensorJoin
 
 _SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID: DeepSeek V3's router
 
@@ -75,26 +73,33 @@ def latent_attention_weights(
     tensors are all there.
 
     Args:
-        tensors: the layer's GGUF tensors read so far, by base name (`attn_kv_b`, or
-            `attn_k_b` (heads, rank, nope) and `attn_v_b` (heads, v, rank)), dense.
+        tensors: the layer's GGUF tensors read so far, by name within the layer
+            (`attn_kv_b.weight`, or `attn_k_b.weight` (heads, rank, nope) and
+            `attn_v_b.weight` (heads, v, rank)), dense.
         config: the model's config (`model_type`, heads and MLA sizes).
 
     Returns:
-        {"kv_b_proj.weight"} (heads * (nope + v), rank) for `deepseek_v2`,
-        {"embed_q.weight", "unembed_out.weight"} for `deepseek_v3`; None while a half
-        of the split pair is still to come.
+        {"self_attn.kv_b_proj.weight"} (heads * (nope + v), rank) for `deepseek_v2`,
+        {"self_attn.embed_q.weight", "self_attn.unembed_out.weight"} for `deepseek_v3`;
+        None while a half of the split pair is still to come.
     """
     heads = config["num_attention_heads"]
     nope = config["qk_nope_head_dim"]
-    if "attn_kv_b" in tensors:
-        kv_b = tensors["attn_kv_b"]
+    if "attn_kv_b.weight" in tensors:
+        kv_b = tensors["attn_kv_b.weight"]
         per_head = kv_b.reshape(heads, -1, kv_b.shape[-1])
         k_b, v_b = per_head[:, :nope].swapaxes(1, 2), per_head[:, nope:]
-    elif "attn_k_b" in tensors and "attn_v_b" in tensors:
-        k_b, v_b = tensors["attn_k_b"], tensors["attn_v_b"]
+    elif "attn_k_b.weight" in tensors and "attn_v_b.weight" in tensors:
+        k_b, v_b = tensors["attn_k_b.weight"], tensors["attn_v_b.weight"]
     else:
         return None
     if config["model_type"] == "deepseek_v3":
-        return {"embed_q.weight": k_b, "unembed_out.weight": v_b}
+        return {"self_attn.embed_q.weight": k_b, "self_attn.unembed_out.weight": v_b}
     kv_b = mx.concatenate([k_b.swapaxes(1, 2), v_b], axis=1)
-    return {"kv_b_proj.weight": kv_b.reshape(-1, kv_b.shape[-1])}
+    return {"self_attn.kv_b_proj.weight": kv_b.reshape(-1, kv_b.shape[-1])}
+
+
+LATENT_ATTENTION = TensorJoin(
+    frozenset({"attn_kv_b.weight", "attn_k_b.weight", "attn_v_b.weight"}),
+    latent_attention_weights,
+)

@@ -25,7 +25,7 @@ from mlxcel_models.loaded import TypeConversion
 from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata
 from mlxcel_models.loading.gguf_file import GGUFHeader, GGUFTensorData
-from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION_TENSORS, latent_attention_weights
+from mlxcel_models.loading.gguf_layouts import TensorJoin, unpermute_rope_rows
 from mlxcel_models.loading.gguf_names import ROPE_FACTOR_TENSORS, gguf_name_map
 from mlxcel_models.loading.gguf_quant import (
     GGUFDequant,
@@ -109,18 +109,17 @@ def load_gguf_model(
     weights: dict[str, mx.array] = {}
     quantized: dict[str, dict[str, Any]] = {}
     seen: Counter[tuple[str, str]] = Counter()
-    latent: dict[str, dict[str, mx.array]] = {}
+    joined: dict[int, dict[str, mx.array]] = {}
     for name, info in header.tensors.items():
         if name in ROPE_FACTOR_TENSORS:
             continue
-        block, _, base = name.removesuffix(".weight").rpartition(".")
-        if arch.latent_attention and base in LATENT_ATTENTION_TENSORS:
+        _, block, key = name.split(".", 2) if name.startswith("blk.") else ("", "", "")
+        if arch.tensor_join is not None and key in arch.tensor_join.names:
             form = _plan(path, name, info.type_name, info.shape, False, dequant)
             seen[info.type_name, form.label] += 1
-            latent.setdefault(block, {})[base] = convert_tensor(
-                data.blocks(name), info.type_name, form
-            )["weight"]
-            weights |= _latent_attention(path, block, latent, config, parameters)
+            layer = joined.setdefault(int(block), {})
+            layer[key] = convert_tensor(data.blocks(name), info.type_name, form)["weight"]
+            weights |= _join_layer(path, arch.tensor_join, int(block), joined, config, parameters)
             continue
         target = names.get(name)
         if target is None:
@@ -146,10 +145,9 @@ def load_gguf_model(
             weights |= {f"{layer_path}.{key}": value for key, value in arrays.items()}
         else:
             weights[target] = arrays["weight"]
-    if latent:
-        raise ModelLoadError(
-            f"{path}: {', '.join(sorted(latent))} hold(s) only half of attn_k_b / attn_v_b"
-        )
+    if joined:
+        parts = ", ".join(f"blk.{block}: {', '.join(sorted(joined[block]))}" for block in joined)
+        raise ModelLoadError(f"{path}: tensors lack the rest of their layer's parts ({parts})")
     if arch.metadata_weights is not None:
         meta = GGUFMetadata(header.metadata, set(header.tensors), arch.name, where=path)
         weights |= arch.metadata_weights(meta, config)
@@ -177,29 +175,29 @@ def _plan(
         raise ModelLoadError(f"{path}: tensor '{name}': {error}") from error
 
 
-def _latent_attention(
+def _join_layer(
     path: Path,
-    block: str,
-    latent: dict[str, dict[str, mx.array]],
+    join: TensorJoin,
+    block: int,
+    joined: dict[int, dict[str, mx.array]],
     config: dict[str, Any],
     parameters: dict[str, mx.array],
 ) -> dict[str, mx.array]:
-    """A layer's MLA up-projections as mlx-lm parameters once its tensors are all read
-    (the read ones leave `latent`), else nothing yet."""
-    arrays = latent_attention_weights(latent[block], config)
+    """A layer's joined parameters once its tensors are all read (they then leave
+    `joined`), else nothing yet."""
+    arrays = join.join(joined[block], config)
     if arrays is None:
         return {}
-    del latent[block]
-    layer = block.removeprefix("blk.")
+    del joined[block]
     weights = {}
     for key, value in arrays.items():
-        target = f"model.layers.{layer}.self_attn.{key}"
+        target = f"model.layers.{block}.{key}"
         expected = parameters.get(target)
         if expected is None or tuple(value.shape) != tuple(expected.shape):
-            needs = "nothing" if expected is None else list(expected.shape)
+            needs = "no such parameter" if expected is None else list(expected.shape)
             raise ModelLoadError(
-                f"{path}: {block}'s latent attention gives {target} shape "
-                f"{list(value.shape)}, mlx-lm's {config['model_type']} model needs {needs}"
+                f"{path}: blk.{block}'s tensors give {target} shape {list(value.shape)}; "
+                f"mlx-lm's {config['model_type']} model: {needs}"
             )
         weights[target] = value
     return weights
@@ -226,23 +224,6 @@ def _restore_layout(
         weight = arrays["weight"]
         return {"weight": (weight.astype(mx.float32) - arch.norm_offset).astype(weight.dtype)}
     return arrays
-
-
-def unpermute_rope_rows(weight: mx.array, num_heads: int) -> mx.array:
-    """Undo llama.cpp's Q/K row permutation (interleaved RoPE) for half-split RoPE.
-
-    llama.cpp's converter reshapes rows to (heads, 2, head_dim / 2) and swaps the last two
-    axes; this applies the inverse. Works on packed quantized rows, scales and biases alike.
-
-    Args:
-        weight: (num_heads * head_dim, ...) projection rows.
-    """
-    rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
 
 
 def _longrope_scaling(data: GGUFTensorData, config: dict[str, Any]) -> dict[str, Any]:
