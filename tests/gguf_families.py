@@ -234,4 +234,36 @@ MORE_FAMILIES = {
     "internlm2": ConvertedFamily(
         "internlm2", tiny_config("internlm2", bias=True), _RMS, split_tensor=split_wqkv
     ),
+    # Llama 4's attention temperature grows every 8 positions, within the test's prompt.
+    "ministral3": ConvertedFamily(
+        "mistral3",
+        tiny_config(
+            "ministral3",
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+        ),
+        _RMS
+        | {
+            "rope_scaling_type": gguf.RopeScalingType.YARN,
+            "rope_scaling_factor": 4.0,
+            "rope_scaling_orig_ctx_len": 8,
+            "rope_scaling_yarn_beta_fast": 32.0,
+            "rope_scaling_yarn_beta_slow": 1.0,
+            "rope_scaling_yarn_log_mul": 1.0,
+            "attn_temperature_scale": 0.1,
+        },
+        rope_permuted=True,
+    ),
+    "mistral3_as_llama": ConvertedFamily(
+        "mistral3", tiny_config("llama"), _RMS, rope_permuted=True
+    ),
 }

@@ -221,6 +221,31 @@ def _internlm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return {"bias": config["attention_bias"]}
 
 
+def _mistral3_model_type(metadata: Mapping[str, Any]) -> str:
+    """Ministral 3 (YaRN with Llama 4's attention temperature) or a Llama-shaped text model
+    (Mistral Small 3.x)."""
+    has_temperature = metadata.get("mistral3.attention.temperature_scale") is not None
+    return "ministral3" if has_temperature else "llama"
+
+
+def _mistral3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    if config["model_type"] != "ministral3":
+        return {}
+    scaling = config.get("rope_scaling") or {"rope_type": "default"}
+    # The converter stores Ministral 3's mscale_all_dim itself as the YaRN log multiplier.
+    mscale = float(meta.get("rope.scaling.yarn_log_multiplier", 1.0))
+    parameters = scaling | {
+        "rope_theta": config["rope_theta"],
+        "mscale": mscale,
+        "mscale_all_dim": mscale,
+        "llama_4_scaling_beta": float(meta.required("attention.temperature_scale")),
+        "original_max_position_embeddings": scaling.get(
+            "original_max_position_embeddings", config["max_position_embeddings"]
+        ),
+    }
+    return {"rope_parameters": parameters, "layer_types": None}
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -274,6 +299,14 @@ _ARCHITECTURES = (
     ),
     GGUFArchitecture("apertus", "apertus", extras=_apertus, metadata_weights=_apertus_xielu),
     GGUFArchitecture("plamo", "plamo", extras=_plamo, restore_tensor=unshuffle_plamo_heads),
+    GGUFArchitecture(
+        "mistral3",
+        "llama",
+        rope_permuted=True,
+        extras=_mistral3,
+        select_model_type=_mistral3_model_type,
+        other_model_types=("ministral3",),
+    ),
     # The converter splits InternLM 2's fused `wqkv` into attn_q / attn_k / attn_v.
     GGUFArchitecture(
         "internlm2",
