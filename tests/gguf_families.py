@@ -127,6 +127,13 @@ def split_wqkv(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterato
     yield f"{prefix}.self_attn.v_proj.{suffix}", np.ascontiguousarray(v)
 
 
+def add_nextn_layer(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """A multi-token-prediction layer after the decoder's, as GLM-4.5 files hold one."""
+    yield name, weight
+    if name == "model.norm.weight":
+        yield f"blk.{config['num_hidden_layers']}.nextn.shared_head_norm.weight", weight
+
+
 MORE_FAMILIES = {
     "deepseek_v2": ConvertedFamily(
         "deepseek2",
@@ -265,5 +272,41 @@ MORE_FAMILIES = {
     ),
     "mistral3_as_llama": ConvertedFamily(
         "mistral3", tiny_config("llama"), _RMS, rope_permuted=True
+    ),
+    "glm4_moe": ConvertedFamily(
+        "glm4moe",
+        tiny_config(
+            "glm4_moe",
+            num_hidden_layers=3,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.0,
+            norm_topk_prob=True,
+            n_group=1,
+            topk_group=1,
+            use_qk_norm=True,
+            attention_bias=True,
+            partial_rotary_factor=0.5,
+            rope_scaling=None,
+        ),
+        _RMS
+        | {
+            "block_count": 4,
+            "nextn_predict_layers": 1,
+            "rope_dimension_count": 8,
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "leading_dense_block_count": 1,
+            "expert_shared_count": 1,
+            "expert_weights_scale": 2.0,
+            "expert_weights_norm": True,
+            "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+        },
+        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        split_tensor=add_nextn_layer,
     ),
 }

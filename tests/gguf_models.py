@@ -39,7 +39,8 @@ class ConvertedFamily:
         norm_offset: added to norm weights (Gemma).
         name_aliases: mlx-lm name fragment → Hugging Face fragment.
         split_tensor: the converter's rewrite of one tensor into those it writes
-            (DeepSeek's `kv_b_proj` into `k_b_proj` and `v_b_proj`); none yielded drops it.
+            (DeepSeek's `kv_b_proj` into `k_b_proj` and `v_b_proj`); none yielded drops it,
+            a name starting with `blk.` is written as it is.
         weight_metadata: the metadata the converter makes of some weights (Apertus's
             xIELU constants), writer method names as keys.
     """
@@ -119,7 +120,9 @@ def write_converted_gguf(
     writer.add_chat_template(CHATML_TEMPLATE)
     tensor_map = gguf.get_tensor_name_map(ARCH_NAMES[family.gguf_arch], config["num_hidden_layers"])
     for key, weight in _converted_tensors(family, weights):
-        gguf_name = tensor_map.get_name(key, try_suffixes=(".weight", ".bias"))
+        gguf_name = (
+            key if key.startswith("blk.") else tensor_map.get_name(key, (".weight", ".bias"))
+        )
         assert gguf_name is not None, f"gguf-py names no tensor for {key}"
         if family.rope_permuted and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
             heads = config[

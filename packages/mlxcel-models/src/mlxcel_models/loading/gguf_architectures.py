@@ -183,12 +183,16 @@ def _hunyuan_dense(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]
     return {"use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"), "rope_scaling": None}
 
 
-def _dots1(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+def _routed_experts(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSeek-style router keys (dots1, GLM-4.5): dense leading layers, shared
+    experts, the routed weights' scale and normalization, expert groups."""
     return {
         "first_k_dense_replace": meta.get("leading_dense_block_count", 0),
         "n_shared_experts": meta.get("expert_shared_count", 0),
         "routed_scaling_factor": float(meta.get("expert_weights_scale", 1.0)),
         "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+        "n_group": meta.get("expert_group_count", 1),
+        "topk_group": meta.get("expert_group_used_count", 1),
     }
 
 
@@ -246,6 +250,14 @@ def _mistral3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return {"rope_parameters": parameters, "layer_types": None}
 
 
+def _glm4_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return _routed_experts(meta, config) | {
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "partial_rotary_factor": config.get("partial_rotary_factor", 0.5),
+        "rope_scaling": config.get("rope_scaling"),
+    }
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -295,10 +307,16 @@ _ARCHITECTURES = (
         "dots1",
         "dots1",
         name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
-        extras=_dots1,
+        extras=_routed_experts,
     ),
     GGUFArchitecture("apertus", "apertus", extras=_apertus, metadata_weights=_apertus_xielu),
     GGUFArchitecture("plamo", "plamo", extras=_plamo, restore_tensor=unshuffle_plamo_heads),
+    GGUFArchitecture(
+        "glm4moe",
+        "glm4_moe",
+        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        extras=_glm4_moe,
+    ),
     GGUFArchitecture(
         "mistral3",
         "llama",
