@@ -1,12 +1,16 @@
 """Each mapped GGUF architecture, written as llama.cpp's converter writes a tiny random
 mlx-lm model, loads into the same mlx-lm family and generates the same greedy tokens."""
 
+import re
+from pathlib import Path
+
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
-from mlxcel_models.loading.gguf_architectures import gguf_model_types
+from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, gguf_model_types
 from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.loading.gguf_mla import latent_attention_weights
 from mlxcel_models.loading.gguf_model import load_gguf_model
@@ -17,6 +21,7 @@ from gguf_models import make_reference, stored_weights, write_converted_gguf
 
 FAMILIES = BASE_FAMILIES | MORE_FAMILIES
 
+MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
 
 
@@ -82,3 +87,25 @@ def test_latent_attention_regroups_whole_and_split_kv_b_alike(model_type):
         np.testing.assert_array_equal(np.array(from_whole[key]), np.array(from_split[key]))
     if model_type == "deepseek_v2":
         np.testing.assert_array_equal(np.array(from_split["self_attn.kv_b_proj.weight"]), kv_b)
+
+
+def documented_architectures() -> list[tuple[str, str]]:
+    """(architecture, what it loads as or why not) rows of the models doc's table."""
+    section = MODELS_DOC.read_text().split("### GGUF architectures\n", 1)[1]
+    section = re.split(r"^#", section, maxsplit=1, flags=re.MULTILINE)[0]
+    return re.findall(r"^\| `([^`]+)` \| (.+) \|$", section, flags=re.MULTILINE)
+
+
+def test_models_doc_lists_every_gguf_architecture_as_the_loader_maps_it():
+    rows = documented_architectures()
+    names = [name for name, _ in rows]
+    assert names == sorted(set(names))
+    assert set(names) == set(gguf.MODEL_ARCH_NAMES.values())
+    for name, cell in rows:
+        arch = GGUF_ARCHITECTURES.get(name)
+        if arch is None:
+            assert not cell.startswith("`"), f"{name} is documented as loading"
+            continue
+        assert cell.startswith(f"`{arch.model_type}`"), name
+        for model_type in (arch.moe_model_type, *arch.other_model_types):
+            assert model_type is None or f"`{model_type}`" in cell, name
