@@ -309,4 +309,39 @@ MORE_FAMILIES = {
         name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
         split_tensor=add_nextn_layer,
     ),
+    "deepseek": ConvertedFamily(
+        "deepseek",
+        tiny_config(
+            "deepseek",
+            num_hidden_layers=3,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        ),
+        _RMS
+        | {
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "expert_shared_count": 1,
+            "leading_dense_block_count": 1,
+            "rope_dimension_count": 16,
+        },
+        rope_permuted=True,
+        name_aliases=_SWITCH,
+    ),
+    "nemotron": ConvertedFamily(
+        "nemotron",
+        tiny_config("nemotron", hidden_act="relu2", partial_rotary_factor=0.5, norm_eps=1e-5),
+        {"layer_norm_eps": 1e-5, "rope_dimension_count": 8},
+        norm_offset=1.0,
+    ),
+    "minicpm": ConvertedFamily(
+        "minicpm",
+        tiny_config("minicpm", dim_model_base=32, scale_depth=1.4, scale_emb=12.0),
+        _RMS | {"embedding_scale": 12.0, "residual_scale": 1.4 / 2**0.5, "logit_scale": 2.0},
+        rope_permuted=True,
+    ),
 }

@@ -258,6 +258,29 @@ def _glm4_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _deepseek(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "first_k_dense_replace": meta.get("leading_dense_block_count", 0),
+        "n_shared_experts": meta.get("expert_shared_count") or None,
+    }
+
+
+def _nemotron(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp runs Nemotron's MLP with squared ReLU, which GGUF does not name.
+    return {"hidden_act": "relu2"}
+
+
+def _minicpm(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM's scales, which the converter stores already combined: the residual scale
+    divided by the layer count's square root, the logits' as hidden / dim_model_base."""
+    layers = config["num_hidden_layers"]
+    return {
+        "scale_emb": float(meta.get("embedding_scale", 1.0)),
+        "scale_depth": float(meta.get("residual_scale", 1.0)) * layers**0.5,
+        "dim_model_base": round(config["hidden_size"] / float(meta.get("logit_scale", 1.0))),
+    }
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -311,6 +334,11 @@ _ARCHITECTURES = (
     ),
     GGUFArchitecture("apertus", "apertus", extras=_apertus, metadata_weights=_apertus_xielu),
     GGUFArchitecture("plamo", "plamo", extras=_plamo, restore_tensor=unshuffle_plamo_heads),
+    GGUFArchitecture(
+        "deepseek", "deepseek", rope_permuted=True, name_aliases=_SWITCH, extras=_deepseek
+    ),
+    GGUFArchitecture("nemotron", "nemotron", norm_offset=1.0, extras=_nemotron),
+    GGUFArchitecture("minicpm", "minicpm", rope_permuted=True, extras=_minicpm),
     GGUFArchitecture(
         "glm4moe",
         "glm4_moe",
