@@ -344,4 +344,29 @@ MORE_FAMILIES = {
         _RMS | {"embedding_scale": 12.0, "residual_scale": 1.4 / 2**0.5, "logit_scale": 2.0},
         rope_permuted=True,
     ),
+    "hunyuan": ConvertedFamily(
+        "hunyuan-moe",
+        tiny_config(
+            "hunyuan",
+            num_experts=4,
+            moe_topk=2,
+            moe_intermediate_size=32,
+            num_shared_expert=1,
+            use_mixed_mlp_moe=True,
+            use_qk_norm=True,
+            use_cla=False,
+            cla_share_factor=1,
+            attention_bias=False,
+            rope_scaling={"type": "dynamic", "alpha": 1.0, "factor": 1.0},
+        ),
+        _RMS
+        | {
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "expert_shared_count": 1,
+            "expert_shared_feed_forward_length": 96,
+        },
+        name_aliases=_SWITCH,
+    ),
 }

@@ -281,6 +281,20 @@ def _minicpm(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _hunyuan_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    shared = meta.get("expert_shared_count", 0)
+    return {
+        "moe_topk": config["num_experts_per_tok"],
+        "num_shared_expert": shared,
+        "use_mixed_mlp_moe": shared > 0,
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "use_cla": False,
+        "cla_share_factor": 1,
+        # The converter folds the NTK alpha into the stored RoPE base.
+        "rope_scaling": {"type": "dynamic", "alpha": 1.0, "factor": 1.0},
+    }
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -326,6 +340,7 @@ _ARCHITECTURES = (
     GGUFArchitecture("ernie4_5", "ernie4_5", extras=_ernie4_5),
     GGUFArchitecture("exaone4", "exaone4", extras=_exaone4),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=_hunyuan_dense),
+    GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=_hunyuan_moe),
     GGUFArchitecture(
         "dots1",
         "dots1",
