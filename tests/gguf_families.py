@@ -134,6 +134,14 @@ def add_nextn_layer(name: str, weight: np.ndarray, config: dict[str, Any]) -> It
         yield f"blk.{config['num_hidden_layers']}.nextn.shared_head_norm.weight", weight
 
 
+def add_expert_bias(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """ERNIE 4.5's aux-loss-free expert bias, which mlx-lm's family does not use."""
+    yield name, weight
+    if name.endswith("mlp.gate.weight"):
+        layer = name.split(".")[2]
+        yield f"blk.{layer}.exp_probs_b.bias", np.zeros(weight.shape[0], np.float32)
+
+
 MORE_FAMILIES = {
     "deepseek_v2": ConvertedFamily(
         "deepseek2",
@@ -368,5 +376,29 @@ MORE_FAMILIES = {
             "expert_shared_feed_forward_length": 96,
         },
         name_aliases=_SWITCH,
+    ),
+    "ernie4_5_moe": ConvertedFamily(
+        "ernie4_5-moe",
+        tiny_config(
+            "ernie4_5_moe",
+            num_hidden_layers=3,
+            use_bias=False,
+            moe_num_experts=4,
+            moe_k=2,
+            moe_intermediate_size=32,
+            moe_layer_start_index=1,
+            moe_num_shared_experts=1,
+        ),
+        _RMS
+        | {
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "leading_dense_block_count": 1,
+            "interleave_moe_layer_step": 1,
+            "expert_shared_count": 1,
+        },
+        name_aliases=_SWITCH,
+        split_tensor=add_expert_bias,
     ),
 }

@@ -57,6 +57,8 @@ class GGUFArchitecture:
             given its GGUF base name (`attn_q`), its arrays and the config.
         metadata_weights: parameters the converter moved into the metadata (Apertus's
             xIELU constants), as mlx-lm parameter path → array.
+        dropped_tensors: tensors (name within a layer) the mlx-lm family discards when it
+            loads the checkpoint, left out as it leaves them out.
     """
 
     name: str
@@ -71,6 +73,7 @@ class GGUFArchitecture:
     tensor_join: TensorJoin | None = None
     restore_tensor: RestoreTensor | None = None
     metadata_weights: MetadataWeights | None = None
+    dropped_tensors: frozenset[str] = frozenset()
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""
@@ -295,6 +298,17 @@ def _hunyuan_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _ernie4_5_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return _ernie4_5(meta, config) | {
+        "moe_num_experts": config["num_experts"],
+        "moe_k": config["num_experts_per_tok"],
+        "moe_intermediate_size": config["moe_intermediate_size"],
+        "moe_layer_start_index": meta.get("leading_dense_block_count", 0),
+        "moe_layer_interval": meta.get("interleave_moe_layer_step", 1),
+        "moe_num_shared_experts": meta.get("expert_shared_count", 0),
+    }
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -339,6 +353,14 @@ _ARCHITECTURES = (
     GGUFArchitecture("seed_oss", "seed_oss", extras=_seed_oss),
     GGUFArchitecture("ernie4_5", "ernie4_5", extras=_ernie4_5),
     GGUFArchitecture("exaone4", "exaone4", extras=_exaone4),
+    # mlx-lm's ERNIE 4.5 MoE routes without the aux-loss-free expert bias.
+    GGUFArchitecture(
+        "ernie4_5-moe",
+        "ernie4_5_moe",
+        name_aliases=_SWITCH,
+        extras=_ernie4_5_moe,
+        dropped_tensors=frozenset({"exp_probs_b.bias"}),
+    ),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=_hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=_hunyuan_moe),
     GGUFArchitecture(

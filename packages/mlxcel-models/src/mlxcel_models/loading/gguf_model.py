@@ -114,8 +114,8 @@ def load_gguf_model(
         if name in ROPE_FACTOR_TENSORS:
             continue
         _, block, key = name.split(".", 2) if name.startswith("blk.") else ("", "-1", "")
-        if int(block) >= config["num_hidden_layers"]:
-            continue  # a multi-token-prediction layer (`nextn_predict_layers`)
+        if int(block) >= config["num_hidden_layers"] or key in arch.dropped_tensors:
+            continue  # a multi-token-prediction layer (`nextn_predict_layers`) or unused
         if arch.tensor_join is not None and key in arch.tensor_join.names:
             form = _plan(path, name, info.type_name, info.shape, False, dequant)
             seen[info.type_name, form.label] += 1
