@@ -309,6 +309,26 @@ def _ernie4_5_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gpt2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """GPT-2's own names for the common sizes."""
+    return {
+        "n_embd": config["hidden_size"],
+        "n_head": config["num_attention_heads"],
+        "n_layer": config["num_hidden_layers"],
+        "n_ctx": config["max_position_embeddings"],
+        "n_positions": config["max_position_embeddings"],
+    }
+
+
+def _gpt_bigcode(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return _gpt2(meta, config) | {
+        "n_inner": config["intermediate_size"],
+        "multi_query": config["num_key_value_heads"] == 1,
+        "attention_bias": meta.has_tensor("blk.0.attn_qkv.bias"),
+        "mlp_bias": config["mlp_bias"],
+    }
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -361,6 +381,8 @@ _ARCHITECTURES = (
         extras=_ernie4_5_moe,
         dropped_tensors=frozenset({"exp_probs_b.bias"}),
     ),
+    GGUFArchitecture("gpt2", "gpt2", name_aliases=(("model.", "transformer."),), extras=_gpt2),
+    GGUFArchitecture("starcoder", "gpt_bigcode", extras=_gpt_bigcode),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=_hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=_hunyuan_moe),
     GGUFArchitecture(
