@@ -142,6 +142,16 @@ def add_expert_bias(name: str, weight: np.ndarray, config: dict[str, Any]) -> It
         yield f"blk.{layer}.exp_probs_b.bias", np.zeros(weight.shape[0], np.float32)
 
 
+def split_neox_qkv(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """The converter's reorder of GPT-NeoX's per-head (q, k, v) rows into all queries, then
+    all keys, then all values."""
+    if ".query_key_value." in name:
+        heads = config["num_attention_heads"]
+        rows = weight.reshape(heads, 3, -1, *weight.shape[1:]).swapaxes(0, 1)
+        weight = np.ascontiguousarray(rows.reshape(weight.shape))
+    yield name, weight
+
+
 MORE_FAMILIES = {
     "deepseek_v2": ConvertedFamily(
         "deepseek2",
@@ -433,5 +443,24 @@ MORE_FAMILIES = {
             multi_query=True,
         ),
         {"layer_norm_eps": 1e-5, "head_count_kv": 1},
+    ),
+    "gpt_neox": ConvertedFamily(
+        "gptneox",
+        tiny_config(
+            "gpt_neox",
+            num_key_value_heads=4,
+            intermediate_size=256,
+            rotary_emb_base=10000.0,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            layer_norm_eps=1e-5,
+        ),
+        {"layer_norm_eps": 1e-5, "rope_dimension_count": 4, "parallel_residual": True},
+        name_aliases=(
+            ("model.embed_out", "embed_out"),
+            ("model.h.", "gpt_neox.layers."),
+            ("model.", "gpt_neox."),
+        ),
+        split_tensor=split_neox_qkv,
     ),
 }

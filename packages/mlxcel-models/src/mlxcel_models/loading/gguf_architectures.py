@@ -21,7 +21,12 @@ from mlxcel_models.loading.gguf_config import (
     gemma_query_scale,
     layer_pattern,
 )
-from mlxcel_models.loading.gguf_layouts import INTERNLM2_WQKV, TensorJoin, unshuffle_plamo_heads
+from mlxcel_models.loading.gguf_layouts import (
+    INTERNLM2_WQKV,
+    TensorJoin,
+    interleave_neox_qkv,
+    unshuffle_plamo_heads,
+)
 from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
@@ -93,6 +98,12 @@ class GGUFArchitecture:
 # Mixture-of-experts layers: mlx-lm stacks the experts as `switch_mlp`, the converter as one
 # merged tensor per projection, which TensorNameMap knows under `experts`.
 _SWITCH = (("switch_mlp", "experts"),)
+# mlx-lm's GPT-NeoX keeps its layers under `model.h`, Hugging Face's under `gpt_neox.layers`.
+_GPT_NEOX_NAMES = (
+    ("model.embed_out", "embed_out"),
+    ("model.h.", "gpt_neox.layers."),
+    ("model.", "gpt_neox."),
+)
 
 
 def _gemma2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -329,6 +340,14 @@ def _gpt_bigcode(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gpt_neox(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rotary_pct": config.get("partial_rotary_factor", 1.0),
+        "rotary_emb_base": config["rope_theta"],
+        "use_parallel_residual": bool(meta.get("use_parallel_residual", True)),
+    }
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -383,6 +402,13 @@ _ARCHITECTURES = (
     ),
     GGUFArchitecture("gpt2", "gpt2", name_aliases=(("model.", "transformer."),), extras=_gpt2),
     GGUFArchitecture("starcoder", "gpt_bigcode", extras=_gpt_bigcode),
+    GGUFArchitecture(
+        "gptneox",
+        "gpt_neox",
+        name_aliases=_GPT_NEOX_NAMES,
+        extras=_gpt_neox,
+        restore_tensor=interleave_neox_qkv,
+    ),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=_hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=_hunyuan_moe),
     GGUFArchitecture(

@@ -1,6 +1,7 @@
 """Tensor layouts llama.cpp's converter changes, and how the loader puts them back.
 
-Most changes touch one tensor (`unpermute_rope_rows`, `unshuffle_plamo_heads`); some split
+Most changes touch one tensor (`unpermute_rope_rows`, `unshuffle_plamo_heads`,
+`interleave_neox_qkv`); some split
 one Hugging Face parameter into several GGUF tensors (InternLM 2's fused `wqkv`, DeepSeek's
 `kv_b_proj`), which a `TensorJoin` puts back together once a layer's parts are all read.
 """
@@ -69,6 +70,20 @@ def unshuffle_plamo_heads(
             for key, value in arrays.items()
         }
     return arrays
+
+
+def interleave_neox_qkv(
+    base: str, arrays: dict[str, mx.array], config: dict[str, Any]
+) -> dict[str, mx.array]:
+    """Put GPT-NeoX's fused `attn_qkv` rows back in its per-head (query, key, value) order;
+    the converter stores all queries, then all keys, then all values. Any packing."""
+    if base != "attn_qkv":
+        return arrays
+    heads = config["num_attention_heads"]
+    return {
+        key: value.reshape(3, heads, -1, *value.shape[1:]).swapaxes(0, 1).reshape(value.shape)
+        for key, value in arrays.items()
+    }
 
 
 def _internlm2_wqkv(
