@@ -348,6 +348,23 @@ def _gpt_neox(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _exaone_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    layers = config["num_hidden_layers"]
+    dense = meta.get("leading_dense_block_count", 0)
+    pattern = meta.get("attention.sliding_window_pattern")
+    sliding = config.get("sliding_window") is not None and isinstance(pattern, list)
+    return _routed_experts(meta, config) | {
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "is_moe_layer": [layer >= dense for layer in range(layers)],
+        "layer_types": [
+            "sliding_attention" if sliding and pattern[layer] else "full_attention"
+            for layer in range(layers)
+        ],
+        "sliding_window": config.get("sliding_window", 0),
+        "rope_scaling": config.get("rope_scaling"),
+    }
+
+
 _ARCHITECTURES = (
     GGUFArchitecture(
         "llama",
@@ -392,6 +409,12 @@ _ARCHITECTURES = (
     GGUFArchitecture("seed_oss", "seed_oss", extras=_seed_oss),
     GGUFArchitecture("ernie4_5", "ernie4_5", extras=_ernie4_5),
     GGUFArchitecture("exaone4", "exaone4", extras=_exaone4),
+    GGUFArchitecture(
+        "exaone-moe",
+        "exaone_moe",
+        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        extras=_exaone_moe,
+    ),
     # mlx-lm's ERNIE 4.5 MoE routes without the aux-loss-free expert bias.
     GGUFArchitecture(
         "ernie4_5-moe",
