@@ -15,7 +15,8 @@ from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.loading.gguf_mla import latent_attention_weights
 from mlxcel_models.loading.gguf_model import load_gguf_model
 
-from gguf_families import MORE_FAMILIES, split_kv_b
+from gguf_conversions import split_kv_b
+from gguf_families import MORE_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
 
