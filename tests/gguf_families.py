@@ -410,4 +410,17 @@ MORE_FAMILIES = {
         name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
         split_tensor=add_nextn_layer,
     ),
+    "qwen": ConvertedFamily(
+        "qwen",
+        tiny_config(
+            "qwen",
+            num_key_value_heads=4,
+            kv_channels=16,
+            layer_norm_epsilon=1e-5,
+            intermediate_size=192,
+            no_bias=True,
+        ),
+        _RMS | {"head_count_kv": 4},
+        name_aliases=(("model.", "transformer."),),
+    ),
 }

@@ -162,6 +162,9 @@ _ARCHITECTURES = (
     GGUFArchitecture(
         "gpt2", "gpt2", name_aliases=(("model.", "transformer."),), extras=configs.gpt2
     ),
+    GGUFArchitecture(
+        "qwen", "qwen", name_aliases=(("model.", "transformer."),), extras=configs.qwen
+    ),
     GGUFArchitecture("starcoder", "gpt_bigcode", extras=configs.gpt_bigcode),
     GGUFArchitecture(
         "gptneox",

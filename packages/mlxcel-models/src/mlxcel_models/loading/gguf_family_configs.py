@@ -274,3 +274,11 @@ def exaone_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "sliding_window": config.get("sliding_window", 0),
         "rope_scaling": config.get("rope_scaling"),
     }
+
+
+def qwen(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen (1)'s names; its feed-forward length counts both halves of the gated MLP."""
+    return {
+        "kv_channels": config["head_dim"],
+        "no_bias": not meta.has_tensor("blk.0.attn_output.bias"),
+    }
