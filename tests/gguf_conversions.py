@@ -101,3 +101,18 @@ def split_neox_qkv(name: str, weight: np.ndarray, config: dict[str, Any]) -> Ite
         rows = weight.reshape(heads, 3, -1, *weight.shape[1:]).swapaxes(0, 1)
         weight = np.ascontiguousarray(rows.reshape(weight.shape))
     yield name, weight
+
+
+def split_query_key_value(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """The converter's split of Ling's `query_key_value` into Q, K (both permuted for
+    llama.cpp's RoPE) and V."""
+    if ".query_key_value." not in name:
+        yield name, weight
+        return
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    q_rows, kv_rows = heads * config["head_dim"], kv_heads * config["head_dim"]
+    q, k, v = np.split(weight, [q_rows, q_rows + kv_rows])
+    prefix, suffix = name.split(".attention.query_key_value.")
+    yield f"{prefix}.self_attn.q_proj.{suffix}", llama_cpp_permute(q, heads)
+    yield f"{prefix}.self_attn.k_proj.{suffix}", llama_cpp_permute(k, kv_heads)
+    yield f"{prefix}.self_attn.v_proj.{suffix}", np.ascontiguousarray(v)

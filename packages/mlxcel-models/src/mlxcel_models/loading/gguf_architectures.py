@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
 from mlxcel_models.loading.gguf_layouts import (
+    BAILING_QUERY_KEY_VALUE,
     INTERNLM2_WQKV,
     TensorJoin,
     interleave_neox_qkv,
@@ -172,6 +173,14 @@ _ARCHITECTURES = (
         name_aliases=_GPT_NEOX_NAMES,
         extras=configs.gpt_neox,
         restore_tensor=interleave_neox_qkv,
+    ),
+    # The converter splits Ling's fused `query_key_value` into attn_q / attn_k / attn_v.
+    GGUFArchitecture(
+        "bailingmoe",
+        "bailing_moe",
+        name_aliases=(*_SWITCH, ("gate.gate_proj", "gate")),
+        extras=configs.bailing_moe,
+        tensor_join=BAILING_QUERY_KEY_VALUE,
     ),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=configs.hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=configs.hunyuan_moe),

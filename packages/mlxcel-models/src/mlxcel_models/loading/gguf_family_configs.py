@@ -282,3 +282,13 @@ def qwen(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "kv_channels": config["head_dim"],
         "no_bias": not meta.has_tensor("blk.0.attn_output.bias"),
     }
+
+
+def bailing_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # The converter stores the output head already normalized (`norm_head`).
+    return routed_experts(meta, config) | {
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "use_qkv_bias": meta.has_tensor("blk.0.attn_q.bias"),
+        "use_bias": meta.has_tensor("blk.0.attn_output.bias"),
+        "norm_head": False,
+    }

@@ -1,9 +1,9 @@
 """Tensor layouts llama.cpp's converter changes, and how the loader puts them back.
 
 Most changes touch one tensor (`unpermute_rope_rows`, `unshuffle_plamo_heads`,
-`interleave_neox_qkv`); some split
-one Hugging Face parameter into several GGUF tensors (InternLM 2's fused `wqkv`, DeepSeek's
-`kv_b_proj`), which a `TensorJoin` puts back together once a layer's parts are all read.
+`interleave_neox_qkv`); some split one Hugging Face parameter into several GGUF tensors
+(InternLM 2's fused `wqkv`, Ling's `query_key_value`, DeepSeek's `kv_b_proj`), which a
+`TensorJoin` puts back together once a layer's parts are all read.
 """
 
 from __future__ import annotations
@@ -114,3 +114,27 @@ INTERNLM2_WQKV = TensorJoin(
     frozenset(f"attn_{part}.{suffix}" for part in "qkv" for suffix in ("weight", "bias")),
     _internlm2_wqkv,
 )
+
+
+def _bailing_query_key_value(
+    tensors: Mapping[str, mx.array], config: Mapping[str, Any]
+) -> dict[str, mx.array] | None:
+    """Ling's fused `query_key_value`, queries then keys then values, from the converter's
+    separate `attn_q` / `attn_k` (RoPE-permuted) and `attn_v`."""
+    suffixes = ("weight", "bias") if config["use_qkv_bias"] else ("weight",)
+    if any(f"attn_{part}.{suffix}" not in tensors for part in "qkv" for suffix in suffixes):
+        return None
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    return {
+        f"attention.query_key_value.{suffix}": mx.concatenate(
+            [
+                unpermute_rope_rows(tensors[f"attn_q.{suffix}"], heads),
+                unpermute_rope_rows(tensors[f"attn_k.{suffix}"], kv_heads),
+                tensors[f"attn_v.{suffix}"],
+            ]
+        )
+        for suffix in suffixes
+    }
+
+
+BAILING_QUERY_KEY_VALUE = TensorJoin(INTERNLM2_WQKV.names, _bailing_query_key_value)
