@@ -24,9 +24,9 @@ _SWITCH = (("switch_mlp", "experts"),)
 _MLA = {
     "num_key_value_heads": 4,
     "kv_lora_rank": 32,
-    "q_lora_rank": 48,
+    "q_lora_rank": 64,
     "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
+    "qk_nope_head_dim": 32,
     "v_head_dim": 16,
     "n_routed_experts": 4,
     "n_shared_experts": 1,
@@ -48,11 +48,11 @@ _MLA_KEYS = _RMS | {
     "head_count_kv": 1,
     "key_length": 32 + 8,
     "value_length": 32,
-    "key_length_mla": 16 + 8,
+    "key_length_mla": 32 + 8,
     "value_length_mla": 16,
     "rope_dimension_count": 8,
     "kv_lora_rank": 32,
-    "q_lora_rank": 48,
+    "q_lora_rank": 64,
     "leading_dense_block_count": 1,
     "expert_count": 4,
     "expert_used_count": 2,
@@ -85,7 +85,7 @@ MORE_FAMILIES = {
             for key, value in _MLA_KEYS.items()
             if key not in ("key_length_mla", "value_length_mla", "q_lora_rank")
         }
-        | {"head_count_kv": 4, "key_length": 24, "value_length": 16},
+        | {"head_count_kv": 4, "key_length": 40, "value_length": 16},
         name_aliases=_SWITCH,
     ),
     "deepseek_v3": ConvertedFamily(

@@ -83,8 +83,13 @@ def stored_weights(weights: dict[str, np.ndarray], matrix_type: str) -> dict[str
     }
 
 
+# The token embedding under the names the families give it; it stays in float.
+_TOKEN_EMBEDDINGS = ("embed_tokens.", "embed_in.", "wte.", "word_embeddings.", "tok_embeddings.")
+
+
 def _is_quantized_matrix(name: str, weight: np.ndarray, qtype: gguf.GGMLQuantizationType) -> bool:
-    return weight.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and "embed" not in name
+    is_embedding = any(embedding in name for embedding in _TOKEN_EMBEDDINGS)
+    return weight.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not is_embedding
 
 
 def write_converted_gguf(

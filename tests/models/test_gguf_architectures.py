@@ -55,7 +55,15 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
 
 @pytest.mark.parametrize(
     ("name", "matrix_type"),
-    [("llama", "Q8_0"), ("mixtral", "Q4_0"), ("qwen2_moe", "Q5_1"), ("gpt_oss", "MXFP4")],
+    [
+        ("llama", "Q8_0"),
+        ("mixtral", "Q4_0"),
+        ("qwen2_moe", "Q5_1"),
+        ("gpt_oss", "MXFP4"),
+        ("deepseek_v3", "Q8_0"),
+        ("internlm2", "Q8_0"),
+        ("gpt_neox", "Q4_0"),
+    ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):
     family = FAMILIES[name]
