@@ -116,3 +116,12 @@ def split_query_key_value(name: str, weight: np.ndarray, config: dict[str, Any])
     yield f"{prefix}.self_attn.q_proj.{suffix}", llama_cpp_permute(q, heads)
     yield f"{prefix}.self_attn.k_proj.{suffix}", llama_cpp_permute(k, kv_heads)
     yield f"{prefix}.self_attn.v_proj.{suffix}", np.ascontiguousarray(v)
+
+
+def add_longrope_factors(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """The converter's move of LongRoPE factors from the config into two tensors."""
+    yield name, weight
+    if name == "model.norm.weight":
+        for kind in ("long", "short"):
+            factors = np.array(config["rope_scaling"][f"{kind}_factor"], np.float32)
+            yield f"rope_factors_{kind}.weight", factors

@@ -7,6 +7,7 @@ import gguf
 
 from gguf_conversions import (
     add_expert_bias,
+    add_longrope_factors,
     add_nextn_layer,
     drop_xielu,
     split_kv_b,
@@ -451,5 +452,33 @@ MORE_FAMILIES = {
         },
         name_aliases=(*_SWITCH, ("gate.gate_proj", "gate")),
         split_tensor=split_query_key_value,
+    ),
+    "minicpm3": ConvertedFamily(
+        "minicpm3",
+        tiny_config(
+            "minicpm3",
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            scale_emb=12.0,
+            scale_depth=1.4,
+            dim_model_base=256,
+            rope_scaling={
+                "original_max_position_embeddings": 256,
+                "long_factor": [1.0, 1.5, 2.0, 4.0],
+                "short_factor": [1.0, 1.0, 1.2, 1.3],
+            },
+        ),
+        _RMS
+        | {
+            "head_count_kv": 4,
+            "key_length": 16,
+            "rope_dimension_count": 8,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+        },
+        split_tensor=add_longrope_factors,
     ),
 }

@@ -40,7 +40,7 @@ class ConvertedFamily:
         name_aliases: mlx-lm name fragment → Hugging Face fragment.
         split_tensor: the converter's rewrite of one tensor into those it writes
             (DeepSeek's `kv_b_proj` into `k_b_proj` and `v_b_proj`); none yielded drops it,
-            a name starting with `blk.` is written as it is.
+            a GGUF name (`blk.…`, `rope_factors_…`) is written as it is.
         weight_metadata: the metadata the converter makes of some weights (Apertus's
             xIELU constants), writer method names as keys.
     """
@@ -83,6 +83,7 @@ def stored_weights(weights: dict[str, np.ndarray], matrix_type: str) -> dict[str
     }
 
 
+_GGUF_NAMES = ("blk.", "rope_factors_")
 # The token embedding under the names the families give it; it stays in float.
 _TOKEN_EMBEDDINGS = ("embed_tokens.", "embed_in.", "wte.", "word_embeddings.", "tok_embeddings.")
 
@@ -125,9 +126,8 @@ def write_converted_gguf(
     writer.add_chat_template(CHATML_TEMPLATE)
     tensor_map = gguf.get_tensor_name_map(ARCH_NAMES[family.gguf_arch], config["num_hidden_layers"])
     for key, weight in _converted_tensors(family, weights):
-        gguf_name = (
-            key if key.startswith("blk.") else tensor_map.get_name(key, (".weight", ".bias"))
-        )
+        written_as_is = key.startswith(_GGUF_NAMES)
+        gguf_name = key if written_as_is else tensor_map.get_name(key, (".weight", ".bias"))
         assert gguf_name is not None, f"gguf-py names no tensor for {key}"
         if family.rope_permuted and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
             heads = config[

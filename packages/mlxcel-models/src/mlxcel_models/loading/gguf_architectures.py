@@ -197,6 +197,7 @@ _ARCHITECTURES = (
     GGUFArchitecture(
         "deepseek", "deepseek", rope_permuted=True, name_aliases=_SWITCH, extras=configs.deepseek
     ),
+    GGUFArchitecture("minicpm3", "minicpm3", extras=configs.minicpm3),
     GGUFArchitecture("nemotron", "nemotron", norm_offset=1.0, extras=configs.nemotron),
     GGUFArchitecture("minicpm", "minicpm", rope_permuted=True, extras=configs.minicpm),
     GGUFArchitecture(

@@ -292,3 +292,20 @@ def bailing_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "use_bias": meta.has_tensor("blk.0.attn_output.bias"),
         "norm_head": False,
     }
+
+
+def minicpm3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM 3's latent attention sizes, and the scales llama.cpp fixes for it (GGUF
+    stores none): embeddings times 12, residuals times 1.4 / sqrt(layers), logits divided by
+    hidden / 256. Its LongRoPE factors come as tensors."""
+    rope_dims = meta.size("rope.dimension_count")
+    return {
+        "q_lora_rank": meta.get("attention.q_lora_rank"),
+        "kv_lora_rank": meta.size("attention.kv_lora_rank"),
+        "qk_rope_head_dim": rope_dims,
+        "qk_nope_head_dim": config["head_dim"] - rope_dims,
+        "scale_emb": 12.0,
+        "scale_depth": 1.4,
+        "dim_model_base": 256,
+        "rope_scaling": {"original_max_position_embeddings": config["max_position_embeddings"]},
+    }

@@ -101,7 +101,7 @@ def load_gguf_model(
     config = gguf_model_config(header, path)
     data = GGUFTensorData(path, header)
     if "rope_factors_long.weight" in header.tensors:
-        config["rope_scaling"] = _longrope_scaling(data, config)
+        config["rope_scaling"] = (config.get("rope_scaling") or {}) | _longrope_scaling(data)
     module = make_mlx_lm_model(config, where=path)
     parameters = dict(tree_flatten(module.parameters()))
     layers = dict(module.named_modules())
@@ -228,8 +228,9 @@ def _restore_layout(
     return arrays
 
 
-def _longrope_scaling(data: GGUFTensorData, config: dict[str, Any]) -> dict[str, Any]:
-    """Phi-3's LongRoPE factors, which the converter moved from the config into tensors."""
+def _longrope_scaling(data: GGUFTensorData) -> dict[str, Any]:
+    """LongRoPE factors (Phi-3, MiniCPM 3), which the converter moved from the config into
+    tensors."""
     factors = {
         key: data.blocks(f"rope_factors_{key}.weight").view(np.float32).tolist()
         for key in ("long", "short")
