@@ -481,4 +481,29 @@ MORE_FAMILIES = {
         },
         split_tensor=add_longrope_factors,
     ),
+    "minimax": ConvertedFamily(
+        "minimax-m2",
+        tiny_config(
+            "minimax",
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=0,
+            rotary_dim=8,
+            use_qk_norm=True,
+            scoring_func="sigmoid",
+        ),
+        _RMS
+        | {
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 96,
+            "rope_dimension_count": 8,
+        },
+        name_aliases=(
+            ("switch_mlp.gate_proj", "experts.w1"),
+            ("switch_mlp.down_proj", "experts.w2"),
+            ("switch_mlp.up_proj", "experts.w3"),
+            ("e_score_correction_bias", "e_score_correction.bias"),
+        ),
+    ),
 }

@@ -94,6 +94,14 @@ class GGUFArchitecture:
 # Mixture-of-experts layers: mlx-lm stacks the experts as `switch_mlp`, the converter as one
 # merged tensor per projection, which TensorNameMap knows under `experts`.
 _SWITCH = (("switch_mlp", "experts"),)
+# The converter renames DeepSeek-style routers' `e_score_correction_bias` to a bias.
+_EXPERT_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
+# Mixtral's experts name their projections w1 (gate), w2 (down) and w3 (up).
+_MIXTRAL_EXPERTS = (
+    ("switch_mlp.gate_proj", "experts.w1"),
+    ("switch_mlp.down_proj", "experts.w2"),
+    ("switch_mlp.up_proj", "experts.w3"),
+)
 # mlx-lm's GPT-NeoX keeps its layers under `model.h`, Hugging Face's under `gpt_neox.layers`.
 _GPT_NEOX_NAMES = (
     ("model.embed_out", "embed_out"),
@@ -108,11 +116,7 @@ _ARCHITECTURES = (
         "llama",
         moe_model_type="mixtral",
         rope_permuted=True,
-        name_aliases=(
-            ("switch_mlp.gate_proj", "experts.w1"),
-            ("switch_mlp.down_proj", "experts.w2"),
-            ("switch_mlp.up_proj", "experts.w3"),
-        ),
+        name_aliases=_MIXTRAL_EXPERTS,
     ),
     GGUFArchitecture("qwen2", "qwen2"),
     GGUFArchitecture("qwen3", "qwen3"),
@@ -149,7 +153,7 @@ _ARCHITECTURES = (
     GGUFArchitecture(
         "exaone-moe",
         "exaone_moe",
-        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
         extras=configs.exaone_moe,
     ),
     # mlx-lm's ERNIE 4.5 MoE routes without the aux-loss-free expert bias.
@@ -187,7 +191,7 @@ _ARCHITECTURES = (
     GGUFArchitecture(
         "dots1",
         "dots1",
-        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
         extras=configs.routed_experts,
     ),
     GGUFArchitecture(
@@ -198,12 +202,18 @@ _ARCHITECTURES = (
         "deepseek", "deepseek", rope_permuted=True, name_aliases=_SWITCH, extras=configs.deepseek
     ),
     GGUFArchitecture("minicpm3", "minicpm3", extras=configs.minicpm3),
+    GGUFArchitecture(
+        "minimax-m2",
+        "minimax",
+        name_aliases=(*_MIXTRAL_EXPERTS, _EXPERT_BIAS),
+        extras=configs.minimax,
+    ),
     GGUFArchitecture("nemotron", "nemotron", norm_offset=1.0, extras=configs.nemotron),
     GGUFArchitecture("minicpm", "minicpm", rope_permuted=True, extras=configs.minicpm),
     GGUFArchitecture(
         "glm4moe",
         "glm4_moe",
-        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
         extras=configs.glm4_moe,
     ),
     GGUFArchitecture(
@@ -225,8 +235,7 @@ _ARCHITECTURES = (
         "deepseek2",
         "deepseek_v2",
         other_model_types=("deepseek_v3",),
-        # The converter renames the router's `e_score_correction_bias` to a bias.
-        name_aliases=(*_SWITCH, ("e_score_correction_bias", "e_score_correction.bias")),
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
         extras=deepseek_config,
         select_model_type=deepseek_model_type,
         tensor_join=LATENT_ATTENTION,

@@ -309,3 +309,12 @@ def minicpm3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "dim_model_base": 256,
         "rope_scaling": {"original_max_position_embeddings": config["max_position_embeddings"]},
     }
+
+
+def minimax(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rotary_dim": meta.size("rope.dimension_count", config["head_dim"]),
+        "shared_intermediate_size": 0,
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "scoring_func": "sigmoid",
+    }
