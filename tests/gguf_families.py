@@ -506,4 +506,20 @@ MORE_FAMILIES = {
             ("e_score_correction_bias", "e_score_correction.bias"),
         ),
     ),
+    "gptj": ConvertedFamily(
+        "gptj",
+        tiny_config(
+            "gptj",
+            num_key_value_heads=4,
+            intermediate_size=256,
+            n_embd=64,
+            n_head=4,
+            n_layer=2,
+            n_positions=256,
+            rotary_dim=8,
+            layer_norm_epsilon=1e-5,
+        ),
+        {"layer_norm_eps": 1e-5, "head_count_kv": 4, "rope_dimension_count": 8},
+        name_aliases=(("model.", "transformer."),),
+    ),
 }

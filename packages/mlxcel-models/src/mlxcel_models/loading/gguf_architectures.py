@@ -170,6 +170,9 @@ _ARCHITECTURES = (
     GGUFArchitecture(
         "qwen", "qwen", name_aliases=(("model.", "transformer."),), extras=configs.qwen
     ),
+    GGUFArchitecture(
+        "gptj", "gptj", name_aliases=(("model.", "transformer."),), extras=configs.gptj
+    ),
     GGUFArchitecture("starcoder", "gpt_bigcode", extras=configs.gpt_bigcode),
     GGUFArchitecture(
         "gptneox",

@@ -318,3 +318,9 @@ def minimax(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
         "scoring_func": "sigmoid",
     }
+
+
+def gptj(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return gpt2(meta, config) | {
+        "rotary_dim": meta.size("rope.dimension_count", config["head_dim"]),
+    }
