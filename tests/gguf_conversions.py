@@ -125,3 +125,13 @@ def add_longrope_factors(name: str, weight: np.ndarray, config: dict[str, Any]) 
         for kind in ("long", "short"):
             factors = np.array(config["rope_scaling"][f"{kind}_factor"], np.float32)
             yield f"rope_factors_{kind}.weight", factors
+
+
+def permute_xverse(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """XVERSE's Q/K permutation, whose keys split into heads / kv_heads groups."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    if name.endswith("q_proj.weight"):
+        weight = llama_cpp_permute(weight, heads)
+    elif name.endswith("k_proj.weight"):
+        weight = llama_cpp_permute(weight, heads if kv_heads == heads else heads // kv_heads)
+    yield name, weight

@@ -10,6 +10,7 @@ from gguf_conversions import (
     add_longrope_factors,
     add_nextn_layer,
     drop_xielu,
+    permute_xverse,
     split_kv_b,
     split_neox_qkv,
     split_query_key_value,
@@ -521,5 +522,12 @@ MORE_FAMILIES = {
         ),
         {"layer_norm_eps": 1e-5, "head_count_kv": 4, "rope_dimension_count": 8},
         name_aliases=(("model.", "transformer."),),
+    ),
+    # Eight query heads over two KV heads: XVERSE permutes the keys in four groups.
+    "xverse": ConvertedFamily(
+        "xverse",
+        tiny_config("llama", num_attention_heads=8, num_key_value_heads=2, head_dim=8),
+        _RMS,
+        split_tensor=permute_xverse,
     ),
 }

@@ -21,6 +21,7 @@ from mlxcel_models.loading.gguf_layouts import (
     INTERNLM2_WQKV,
     TensorJoin,
     interleave_neox_qkv,
+    unpermute_xverse_rows,
     unshuffle_plamo_heads,
 )
 from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
@@ -189,6 +190,7 @@ _ARCHITECTURES = (
         extras=configs.bailing_moe,
         tensor_join=BAILING_QUERY_KEY_VALUE,
     ),
+    GGUFArchitecture("xverse", "llama", restore_tensor=unpermute_xverse_rows),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=configs.hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=configs.hunyuan_moe),
     GGUFArchitecture(

@@ -1,9 +1,9 @@
 """Tensor layouts llama.cpp's converter changes, and how the loader puts them back.
 
-Most changes touch one tensor (`unpermute_rope_rows`, `unshuffle_plamo_heads`,
-`interleave_neox_qkv`); some split one Hugging Face parameter into several GGUF tensors
-(InternLM 2's fused `wqkv`, Ling's `query_key_value`, DeepSeek's `kv_b_proj`), which a
-`TensorJoin` puts back together once a layer's parts are all read.
+Most changes touch one tensor (`unpermute_rope_rows`, `unpermute_xverse_rows`,
+`unshuffle_plamo_heads`, `interleave_neox_qkv`); some split one Hugging Face parameter into
+several GGUF tensors (InternLM 2's fused `wqkv`, Ling's `query_key_value`, DeepSeek's
+`kv_b_proj`), which a `TensorJoin` puts back together once a layer's parts are all read.
 """
 
 from __future__ import annotations
@@ -47,6 +47,21 @@ def unpermute_rope_rows(weight: mx.array, num_heads: int) -> mx.array:
         .swapaxes(1, 2)
         .reshape(weight.shape)
     )
+
+
+def unpermute_xverse_rows(
+    base: str, arrays: dict[str, mx.array], config: dict[str, Any]
+) -> dict[str, mx.array]:
+    """Undo XVERSE's Q/K row permutation, which for grouped keys splits the rows into
+    heads / kv_heads groups rather than one per KV head."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    if base == "attn_q":
+        groups = heads
+    elif base == "attn_k":
+        groups = heads if kv_heads == heads else heads // kv_heads
+    else:
+        return arrays
+    return {key: unpermute_rope_rows(value, groups) for key, value in arrays.items()}
 
 
 def unshuffle_plamo_heads(
