@@ -110,18 +110,20 @@ def load_gguf_model(
     quantized: dict[str, dict[str, Any]] = {}
     seen: Counter[tuple[str, str]] = Counter()
     joined: dict[int, dict[str, mx.array]] = {}
+    # Multi-token-prediction layers (`nextn_predict_layers`) follow the decoder's.
+    mtp_layers = range(config["num_hidden_layers"], header.metadata[f"{arch.name}.block_count"])
     for name, info in header.tensors.items():
         if name in ROPE_FACTOR_TENSORS:
             continue
-        _, block, key = name.split(".", 2) if name.startswith("blk.") else ("", "-1", "")
-        if int(block) >= config["num_hidden_layers"] or key in arch.dropped_tensors:
-            continue  # a multi-token-prediction layer (`nextn_predict_layers`) or unused
-        if arch.tensor_join is not None and key in arch.tensor_join.names:
+        block, within = _layer_tensor(name)
+        if block in mtp_layers or within in arch.dropped_tensors:
+            continue
+        if arch.tensor_join is not None and within in arch.tensor_join.names:
             form = _plan(path, name, info.type_name, info.shape, False, dequant)
             seen[info.type_name, form.label] += 1
-            layer = joined.setdefault(int(block), {})
-            layer[key] = convert_tensor(data.blocks(name), info.type_name, form)["weight"]
-            weights |= _join_layer(path, arch.tensor_join, int(block), joined, config, parameters)
+            layer = joined.setdefault(block, {})
+            layer[within] = convert_tensor(data.blocks(name), info.type_name, form)["weight"]
+            weights |= _join_layer(path, arch.tensor_join, block, joined, config, parameters)
             continue
         target = names.get(name)
         if target is None:
@@ -161,6 +163,15 @@ def load_gguf_model(
         TypeConversion(type_name, form, count) for (type_name, form), count in seen.most_common()
     )
     return GGUFModel(module, config, conversions)
+
+
+def _layer_tensor(name: str) -> tuple[int | None, str]:
+    """(layer index, name within the layer) of a `blk.N.…` tensor; (None, name) for the
+    tensors outside the layers."""
+    if not name.startswith("blk."):
+        return None, name
+    _, block, within = name.split(".", 2)
+    return int(block), within
 
 
 def _plan(
