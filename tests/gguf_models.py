@@ -9,6 +9,7 @@ families, Gemma's norms stored as `1 + w`, and the hyperparameters under `{arch}
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from mlx.utils import tree_flatten
 
 from factories import CHATML_TEMPLATE, byte_level_vocab, llama_cpp_permute
 
+TensorSplit = Callable[[str, np.ndarray, dict[str, Any]], Iterable[tuple[str, np.ndarray]]]
 ARCH_NAMES = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 VOCAB_SIZE = len(byte_level_vocab()[0])
 
@@ -36,6 +38,11 @@ class ConvertedFamily:
         rope_permuted: the converter permutes Q/K rows (llama-style families).
         norm_offset: added to norm weights (Gemma).
         name_aliases: mlx-lm name fragment → Hugging Face fragment.
+        split_tensor: the converter's rewrite of one tensor into those it writes
+            (DeepSeek's `kv_b_proj` into `k_b_proj` and `v_b_proj`); none yielded drops it,
+            a GGUF name (`blk.…`, `rope_factors_…`) is written as it is.
+        weight_metadata: the metadata the converter makes of some weights (Apertus's
+            xIELU constants), writer method names as keys.
     """
 
     gguf_arch: str
@@ -44,6 +51,8 @@ class ConvertedFamily:
     rope_permuted: bool = False
     norm_offset: float = 0.0
     name_aliases: tuple[tuple[str, str], ...] = ()
+    split_tensor: TensorSplit | None = None
+    weight_metadata: Callable[[dict[str, np.ndarray]], dict[str, Any]] | None = None
 
 
 def make_reference(config: dict[str, Any], seed: int = 0):
@@ -74,8 +83,14 @@ def stored_weights(weights: dict[str, np.ndarray], matrix_type: str) -> dict[str
     }
 
 
+_GGUF_NAMES = ("blk.", "rope_factors_")
+# The token embedding under the names the families give it; it stays in float.
+_TOKEN_EMBEDDINGS = ("embed_tokens.", "embed_in.", "wte.", "word_embeddings.", "tok_embeddings.")
+
+
 def _is_quantized_matrix(name: str, weight: np.ndarray, qtype: gguf.GGMLQuantizationType) -> bool:
-    return weight.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and "embed" not in name
+    is_embedding = any(embedding in name for embedding in _TOKEN_EMBEDDINGS)
+    return weight.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not is_embedding
 
 
 def write_converted_gguf(
@@ -86,16 +101,20 @@ def write_converted_gguf(
     config = family.config
     tokens, merges, token_types = byte_level_vocab()
     writer = gguf.GGUFWriter(str(path), family.gguf_arch)
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config.get("max_position_embeddings", 256))
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_key_length(config["head_dim"])
-    writer.add_value_length(config["head_dim"])
-    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
-    for method, value in family.metadata.items():
+    hyperparameters = {
+        "block_count": config["num_hidden_layers"],
+        "context_length": config.get("max_position_embeddings", 256),
+        "embedding_length": config["hidden_size"],
+        "feed_forward_length": config["intermediate_size"],
+        "head_count": config["num_attention_heads"],
+        "head_count_kv": config["num_key_value_heads"],
+        "key_length": config["head_dim"],
+        "value_length": config["head_dim"],
+        "rope_freq_base": config.get("rope_theta", 10000.0),
+    }
+    if family.weight_metadata is not None:
+        hyperparameters |= family.weight_metadata(weights)
+    for method, value in (hyperparameters | family.metadata).items():
         getattr(writer, f"add_{method}")(value)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -106,12 +125,10 @@ def write_converted_gguf(
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
     tensor_map = gguf.get_tensor_name_map(ARCH_NAMES[family.gguf_arch], config["num_hidden_layers"])
-    for name, weight in weights.items():
-        key = name
-        for mlx_fragment, hf_fragment in family.name_aliases:
-            key = key.replace(mlx_fragment, hf_fragment)
-        gguf_name = tensor_map.get_name(key, try_suffixes=(".weight", ".bias"))
-        assert gguf_name is not None, f"gguf-py names no tensor for {name}"
+    for key, weight in _converted_tensors(family, weights):
+        written_as_is = key.startswith(_GGUF_NAMES)
+        gguf_name = key if written_as_is else tensor_map.get_name(key, (".weight", ".bias"))
+        assert gguf_name is not None, f"gguf-py names no tensor for {key}"
         if family.rope_permuted and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
             heads = config[
                 "num_attention_heads" if ".attn_q." in gguf_name else "num_key_value_heads"
@@ -120,7 +137,7 @@ def write_converted_gguf(
         if family.norm_offset and gguf_name.endswith("norm.weight"):
             weight = weight + family.norm_offset
         qtype = gguf.GGMLQuantizationType[matrix_type]
-        if _is_quantized_matrix(name, weight, qtype):
+        if _is_quantized_matrix(key, weight, qtype):
             data = gguf.quants.quantize(weight, qtype)
             writer.add_tensor(gguf_name, data, raw_shape=data.shape, raw_dtype=qtype)
         else:
@@ -132,7 +149,21 @@ def write_converted_gguf(
     return path
 
 
-def _base(model_type: str, **overrides: Any) -> dict[str, Any]:
+def _converted_tensors(
+    family: ConvertedFamily, weights: dict[str, np.ndarray]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(Hugging Face name, tensor) pairs as the converter sees them after its own changes."""
+    for name, weight in weights.items():
+        key = name
+        for mlx_fragment, hf_fragment in family.name_aliases:
+            key = key.replace(mlx_fragment, hf_fragment)
+        if family.split_tensor is None:
+            yield key, weight
+        else:
+            yield from family.split_tensor(key, weight, family.config)
+
+
+def tiny_config(model_type: str, **overrides: Any) -> dict[str, Any]:
     config = {
         "model_type": model_type,
         "hidden_size": 64,
@@ -156,10 +187,10 @@ _RMS = {"layer_norm_rms_eps": 1e-5}
 _SWITCH = (("switch_mlp", "experts"),)
 
 FAMILIES = {
-    "llama": ConvertedFamily("llama", _base("llama"), _RMS, rope_permuted=True),
+    "llama": ConvertedFamily("llama", tiny_config("llama"), _RMS, rope_permuted=True),
     "mixtral": ConvertedFamily(
         "llama",
-        _base("mixtral", **_MOE),
+        tiny_config("mixtral", **_MOE),
         _RMS | {"expert_count": 4, "expert_used_count": 2},
         rope_permuted=True,
         name_aliases=(
@@ -168,17 +199,19 @@ FAMILIES = {
             ("switch_mlp.up_proj", "experts.w3"),
         ),
     ),
-    "qwen2": ConvertedFamily("qwen2", _base("qwen2", tie_word_embeddings=True), _RMS),
-    "qwen3": ConvertedFamily("qwen3", _base("qwen3"), _RMS),
+    "qwen2": ConvertedFamily("qwen2", tiny_config("qwen2", tie_word_embeddings=True), _RMS),
+    "qwen3": ConvertedFamily("qwen3", tiny_config("qwen3"), _RMS),
     "qwen2_moe": ConvertedFamily(
         "qwen2moe",
-        _base("qwen2_moe", **_MOE, moe_intermediate_size=32, shared_expert_intermediate_size=64),
+        tiny_config(
+            "qwen2_moe", **_MOE, moe_intermediate_size=32, shared_expert_intermediate_size=64
+        ),
         _RMS | _MOE_KEYS | {"expert_shared_feed_forward_length": 64},
         name_aliases=_SWITCH,
     ),
     "qwen3_moe": ConvertedFamily(
         "qwen3moe",
-        _base(
+        tiny_config(
             "qwen3_moe",
             **_MOE,
             moe_intermediate_size=32,
@@ -190,17 +223,17 @@ FAMILIES = {
         name_aliases=_SWITCH,
     ),
     "gemma": ConvertedFamily(
-        "gemma", _base("gemma", tie_word_embeddings=True), _RMS, norm_offset=1.0
+        "gemma", tiny_config("gemma", tie_word_embeddings=True), _RMS, norm_offset=1.0
     ),
     "gemma2": ConvertedFamily(
         "gemma2",
-        _base("gemma2", query_pre_attn_scalar=16.0, tie_word_embeddings=True),
+        tiny_config("gemma2", query_pre_attn_scalar=16.0, tie_word_embeddings=True),
         _RMS | {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
         norm_offset=1.0,
     ),
     "gemma3_text": ConvertedFamily(
         "gemma3",
-        _base(
+        tiny_config(
             "gemma3_text",
             # mlx-lm's Gemma 3 looks up the first global layer's cache: six layers hold one.
             num_hidden_layers=6,
@@ -213,11 +246,11 @@ FAMILIES = {
         _RMS | {"sliding_window": 512},
         norm_offset=1.0,
     ),
-    "phi3": ConvertedFamily("phi3", _base("phi3"), _RMS | {"rope_dimension_count": 16}),
-    "olmo2": ConvertedFamily("olmo2", _base("olmo2"), _RMS),
+    "phi3": ConvertedFamily("phi3", tiny_config("phi3"), _RMS | {"rope_dimension_count": 16}),
+    "olmo2": ConvertedFamily("olmo2", tiny_config("olmo2"), _RMS),
     "granite": ConvertedFamily(
         "granite",
-        _base(
+        tiny_config(
             "granite",
             logits_scaling=2.0,
             attention_multiplier=0.2,
@@ -237,15 +270,15 @@ FAMILIES = {
     ),
     "glm4": ConvertedFamily(
         "glm4",
-        _base("glm4", attention_bias=True, partial_rotary_factor=0.5),
+        tiny_config("glm4", attention_bias=True, partial_rotary_factor=0.5),
         _RMS | {"rope_dimension_count": 8},
     ),
     "starcoder2": ConvertedFamily(
-        "starcoder2", _base("starcoder2", norm_epsilon=1e-5), {"layer_norm_eps": 1e-5}
+        "starcoder2", tiny_config("starcoder2", norm_epsilon=1e-5), {"layer_norm_eps": 1e-5}
     ),
     "stablelm": ConvertedFamily(
         "stablelm",
-        _base(
+        tiny_config(
             "stablelm",
             use_qkv_bias=True,
             partial_rotary_factor=0.25,
@@ -255,16 +288,16 @@ FAMILIES = {
     ),
     "cohere": ConvertedFamily(
         "command-r",
-        _base("cohere", logit_scale=0.5, layer_norm_eps=1e-5),
+        tiny_config("cohere", logit_scale=0.5, layer_norm_eps=1e-5),
         {"layer_norm_eps": 1e-5, "logit_scale": 0.5},
     ),
-    "smollm3": ConvertedFamily("smollm3", _base("smollm3"), _RMS, rope_permuted=True),
+    "smollm3": ConvertedFamily("smollm3", tiny_config("smollm3"), _RMS, rope_permuted=True),
 }
 
 FAMILIES |= {
     "granitemoe": ConvertedFamily(
         "granitemoe",
-        _base(
+        tiny_config(
             "granitemoe",
             **_MOE,
             logits_scaling=2.0,
@@ -288,7 +321,7 @@ FAMILIES |= {
     ),
     "gpt_oss": ConvertedFamily(
         "gpt-oss",
-        _base("gpt_oss", **_MOE, intermediate_size=64, sliding_window=128),
+        tiny_config("gpt_oss", **_MOE, intermediate_size=64, sliding_window=128),
         _RMS
         | {
             "expert_count": 4,
@@ -299,12 +332,12 @@ FAMILIES |= {
     ),
     "exaone": ConvertedFamily(
         "exaone",
-        _base("exaone", num_layers=2, layer_norm_epsilon=1e-5),
+        tiny_config("exaone", num_layers=2, layer_norm_epsilon=1e-5),
         _RMS,
     ),
     "cohere2": ConvertedFamily(
         "cohere2",
-        _base(
+        tiny_config(
             "cohere2",
             num_hidden_layers=4,
             logit_scale=0.5,

@@ -1,17 +1,28 @@
 """Each mapped GGUF architecture, written as llama.cpp's converter writes a tiny random
 mlx-lm model, loads into the same mlx-lm family and generates the same greedy tokens."""
 
+import re
+from pathlib import Path
+
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
-from mlxcel_models.loading.gguf_architectures import gguf_model_types
+from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, gguf_model_types
 from mlxcel_models.loading.gguf_file import read_gguf_header
+from mlxcel_models.loading.gguf_mla import latent_attention_weights
 from mlxcel_models.loading.gguf_model import load_gguf_model
 
-from gguf_models import FAMILIES, make_reference, stored_weights, write_converted_gguf
+from gguf_conversions import split_kv_b
+from gguf_families import MORE_FAMILIES
+from gguf_models import FAMILIES as BASE_FAMILIES
+from gguf_models import make_reference, stored_weights, write_converted_gguf
 
+FAMILIES = BASE_FAMILIES | MORE_FAMILIES
+
+MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
 
 
@@ -24,8 +35,8 @@ def load(path):
     return load_gguf_model(path, read_gguf_header(path, arrays=True))
 
 
-def test_every_mapped_family_has_a_converted_model():
-    assert set(FAMILIES) <= gguf_model_types()
+def test_every_converted_model_is_a_mapped_family():
+    assert {family.config["model_type"] for family in FAMILIES.values()} <= gguf_model_types()
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -44,7 +55,15 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
 
 @pytest.mark.parametrize(
     ("name", "matrix_type"),
-    [("llama", "Q8_0"), ("mixtral", "Q4_0"), ("qwen2_moe", "Q5_1"), ("gpt_oss", "MXFP4")],
+    [
+        ("llama", "Q8_0"),
+        ("mixtral", "Q4_0"),
+        ("qwen2_moe", "Q5_1"),
+        ("gpt_oss", "MXFP4"),
+        ("deepseek_v3", "Q8_0"),
+        ("internlm2", "Q8_0"),
+        ("gpt_neox", "Q4_0"),
+    ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):
     family = FAMILIES[name]
@@ -60,3 +79,42 @@ def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, m
         np.array(loaded.module(tokens)), np.array(reference(tokens)), atol=2e-3, rtol=2e-3
     )
     assert greedy_tokens(loaded.module) == greedy_tokens(reference)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_latent_attention_regroups_whole_and_split_kv_b_alike(model_type):
+    config = {"model_type": model_type, "num_attention_heads": 4, "qk_nope_head_dim": 16}
+    kv_b = np.random.default_rng(0).standard_normal((4 * (16 + 8), 32)).astype(np.float32)
+    split = dict(split_kv_b("kv_b_proj.weight", kv_b, config))
+    from_whole = latent_attention_weights({"attn_kv_b.weight": mx.array(kv_b)}, config)
+    halves = {"attn_k_b.weight": mx.array(split["k_b_proj.weight"])}
+    assert latent_attention_weights(halves, config) is None
+    halves["attn_v_b.weight"] = mx.array(split["v_b_proj.weight"])
+    from_split = latent_attention_weights(halves, config)
+    assert from_whole.keys() == from_split.keys()
+    for key in from_whole:
+        np.testing.assert_array_equal(np.array(from_whole[key]), np.array(from_split[key]))
+    if model_type == "deepseek_v2":
+        np.testing.assert_array_equal(np.array(from_split["self_attn.kv_b_proj.weight"]), kv_b)
+
+
+def documented_architectures() -> list[tuple[str, str]]:
+    """(architecture, what it loads as or why not) rows of the models doc's table."""
+    section = MODELS_DOC.read_text().split("### GGUF architectures\n", 1)[1]
+    section = re.split(r"^#", section, maxsplit=1, flags=re.MULTILINE)[0]
+    return re.findall(r"^\| `([^`]+)` \| (.+) \|$", section, flags=re.MULTILINE)
+
+
+def test_models_doc_lists_every_gguf_architecture_as_the_loader_maps_it():
+    rows = documented_architectures()
+    names = [name for name, _ in rows]
+    assert names == sorted(set(names))
+    assert set(names) == set(gguf.MODEL_ARCH_NAMES.values())
+    for name, cell in rows:
+        arch = GGUF_ARCHITECTURES.get(name)
+        if arch is None:
+            assert not cell.startswith("`"), f"{name} is documented as loading"
+            continue
+        assert cell.startswith(f"`{arch.model_type}`"), name
+        for model_type in (arch.moe_model_type, *arch.other_model_types):
+            assert model_type is None or f"`{model_type}`" in cell, name

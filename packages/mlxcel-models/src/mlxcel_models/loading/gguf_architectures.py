@@ -12,14 +12,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel_models.loading.gguf_config import (
-    GGUFMetadata,
-    common_config,
-    gemma_query_scale,
-    layer_pattern,
+import mlx.core as mx
+
+from mlxcel_models.loading import gguf_family_configs as configs
+from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
+from mlxcel_models.loading.gguf_layouts import (
+    BAILING_QUERY_KEY_VALUE,
+    INTERNLM2_WQKV,
+    TensorJoin,
+    interleave_neox_qkv,
+    unpermute_xverse_rows,
+    unshuffle_plamo_heads,
 )
+from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
+RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
+MetadataWeights = Callable[[GGUFMetadata, dict[str, Any]], dict[str, mx.array]]
 
 
 def _none(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -42,6 +51,16 @@ class GGUFArchitecture:
         name_aliases: (mlx-lm fragment, fragment gguf's `TensorNameMap` knows) pairs for
             parameter names mlx-lm spells differently from the Hugging Face checkpoint.
         extras: config keys beyond `common_config`, from the metadata and the common keys.
+        select_model_type: picks the `model_type` from the metadata where one GGUF
+            architecture covers several mlx-lm families (DeepSeek V2 and V3).
+        other_model_types: the families `select_model_type` picks besides `model_type`.
+        tensor_join: tensors of a layer the loader joins into parameters (`gguf_layouts`).
+        restore_tensor: undoes a family's own layout change on one converted tensor,
+            given its GGUF base name (`attn_q`), its arrays and the config.
+        metadata_weights: parameters the converter moved into the metadata (Apertus's
+            xIELU constants), as mlx-lm parameter path → array.
+        dropped_tensors: tensors (name within a layer) the mlx-lm family discards when it
+            loads the checkpoint, left out as it leaves them out.
     """
 
     name: str
@@ -51,9 +70,17 @@ class GGUFArchitecture:
     norm_offset: float = 0.0
     name_aliases: tuple[tuple[str, str], ...] = ()
     extras: ConfigExtras = field(default=_none)
+    select_model_type: Callable[[Mapping[str, Any]], str] | None = None
+    other_model_types: tuple[str, ...] = ()
+    tensor_join: TensorJoin | None = None
+    restore_tensor: RestoreTensor | None = None
+    metadata_weights: MetadataWeights | None = None
+    dropped_tensors: frozenset[str] = frozenset()
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""
+        if self.select_model_type is not None:
+            return self.select_model_type(metadata)
         if self.moe_model_type is not None and metadata.get(f"{self.name}.expert_count"):
             return self.moe_model_type
         return self.model_type
@@ -68,70 +95,20 @@ class GGUFArchitecture:
 # Mixture-of-experts layers: mlx-lm stacks the experts as `switch_mlp`, the converter as one
 # merged tensor per projection, which TensorNameMap knows under `experts`.
 _SWITCH = (("switch_mlp", "experts"),)
-
-
-def _gemma2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "attn_logit_softcapping": float(meta.get("attn_logit_softcapping", 50.0)),
-        "final_logit_softcapping": float(meta.get("final_logit_softcapping", 30.0)),
-        "query_pre_attn_scalar": gemma_query_scale(meta, config, large_layers=46),
-    }
-
-
-def _gemma3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    # llama.cpp fixes Gemma 3's local RoPE base and its 5 local : 1 global layer pattern.
-    return {
-        "rope_local_base_freq": 10000.0,
-        "sliding_window_pattern": 6,
-        "query_pre_attn_scalar": gemma_query_scale(meta, config, large_layers=62),
-    }
-
-
-def _granite(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "logits_scaling": float(meta.get("logit_scale", 1.0)),
-        "attention_multiplier": float(meta.get("attention.scale", 1.0)),
-        "embedding_multiplier": float(meta.get("embedding_scale", 1.0)),
-        "residual_multiplier": float(meta.get("residual_scale", 1.0)),
-    }
-
-
-def _qwen3_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    return {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
-
-
-def _stablelm(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "use_qkv_bias": config["attention_bias"],
-        "partial_rotary_factor": config.get("partial_rotary_factor", 1.0),
-        "qk_layernorm": meta.has_tensor("blk.0.attn_q_norm.weight"),
-        "use_parallel_residual": not meta.has_tensor("blk.0.ffn_norm.weight"),
-    }
-
-
-def _cohere(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "logit_scale": float(meta.get("logit_scale", 1.0)),
-        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
-        "layer_norm_bias": meta.has_tensor("output_norm.bias"),
-    }
-
-
-def _cohere2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    # llama.cpp fixes Cohere 2's pattern of 3 local layers, then one global.
-    return _cohere(meta, config) | {"sliding_window_pattern": 4}
-
-
-def _gpt_oss(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    # llama.cpp alternates sliding-window and full attention layers, the first sliding.
-    layers = layer_pattern(
-        config["num_hidden_layers"], 2, local="sliding_attention", full="full_attention"
-    )
-    return {"layer_types": layers}
-
-
-def _glm4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
-    return {"partial_rotary_factor": config.get("partial_rotary_factor", 0.5)}
+# The converter renames DeepSeek-style routers' `e_score_correction_bias` to a bias.
+_EXPERT_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
+# Mixtral's experts name their projections w1 (gate), w2 (down) and w3 (up).
+_MIXTRAL_EXPERTS = (
+    ("switch_mlp.gate_proj", "experts.w1"),
+    ("switch_mlp.down_proj", "experts.w2"),
+    ("switch_mlp.up_proj", "experts.w3"),
+)
+# mlx-lm's GPT-NeoX keeps its layers under `model.h`, Hugging Face's under `gpt_neox.layers`.
+_GPT_NEOX_NAMES = (
+    ("model.embed_out", "embed_out"),
+    ("model.h.", "gpt_neox.layers."),
+    ("model.", "gpt_neox."),
+)
 
 
 _ARCHITECTURES = (
@@ -140,22 +117,18 @@ _ARCHITECTURES = (
         "llama",
         moe_model_type="mixtral",
         rope_permuted=True,
-        name_aliases=(
-            ("switch_mlp.gate_proj", "experts.w1"),
-            ("switch_mlp.down_proj", "experts.w2"),
-            ("switch_mlp.up_proj", "experts.w3"),
-        ),
+        name_aliases=_MIXTRAL_EXPERTS,
     ),
     GGUFArchitecture("qwen2", "qwen2"),
     GGUFArchitecture("qwen3", "qwen3"),
     GGUFArchitecture("qwen2moe", "qwen2_moe", name_aliases=_SWITCH),
-    GGUFArchitecture("qwen3moe", "qwen3_moe", name_aliases=_SWITCH, extras=_qwen3_moe),
+    GGUFArchitecture("qwen3moe", "qwen3_moe", name_aliases=_SWITCH, extras=configs.qwen3_moe),
     GGUFArchitecture("gemma", "gemma", norm_offset=1.0),
-    GGUFArchitecture("gemma2", "gemma2", norm_offset=1.0, extras=_gemma2),
-    GGUFArchitecture("gemma3", "gemma3_text", norm_offset=1.0, extras=_gemma3),
+    GGUFArchitecture("gemma2", "gemma2", norm_offset=1.0, extras=configs.gemma2),
+    GGUFArchitecture("gemma3", "gemma3_text", norm_offset=1.0, extras=configs.gemma3),
     GGUFArchitecture("phi3", "phi3"),
     GGUFArchitecture("olmo2", "olmo2"),
-    GGUFArchitecture("granite", "granite", rope_permuted=True, extras=_granite),
+    GGUFArchitecture("granite", "granite", rope_permuted=True, extras=configs.granite),
     # The converter splits Granite's fused expert `input_linear` into ffn_gate_exps and
     # ffn_up_exps, the GGUF names of stacked `mlp.experts` projections.
     GGUFArchitecture(
@@ -163,16 +136,115 @@ _ARCHITECTURES = (
         "granitemoe",
         rope_permuted=True,
         name_aliases=(("block_sparse_moe.switch_mlp", "mlp.experts"),),
-        extras=_granite,
+        extras=configs.granite,
     ),
-    GGUFArchitecture("glm4", "glm4", extras=_glm4),
-    GGUFArchitecture("gpt-oss", "gpt_oss", extras=_gpt_oss),
+    GGUFArchitecture("glm4", "glm4", extras=configs.glm4),
+    GGUFArchitecture("gpt-oss", "gpt_oss", extras=configs.gpt_oss),
     GGUFArchitecture("starcoder2", "starcoder2"),
-    GGUFArchitecture("stablelm", "stablelm", extras=_stablelm),
+    GGUFArchitecture("stablelm", "stablelm", extras=configs.stablelm),
     GGUFArchitecture("exaone", "exaone"),
-    GGUFArchitecture("command-r", "cohere", extras=_cohere),
-    GGUFArchitecture("cohere2", "cohere2", extras=_cohere2),
+    GGUFArchitecture("command-r", "cohere", extras=configs.cohere),
+    GGUFArchitecture("cohere2", "cohere2", extras=configs.cohere2),
     GGUFArchitecture("smollm3", "smollm3", rope_permuted=True),
+    GGUFArchitecture("phi2", "phi"),
+    GGUFArchitecture("olmoe", "olmoe", name_aliases=_SWITCH, extras=configs.olmoe),
+    GGUFArchitecture("seed_oss", "seed_oss", extras=configs.seed_oss),
+    GGUFArchitecture("ernie4_5", "ernie4_5", extras=configs.ernie4_5),
+    GGUFArchitecture("exaone4", "exaone4", extras=configs.exaone4),
+    GGUFArchitecture(
+        "exaone-moe",
+        "exaone_moe",
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
+        extras=configs.exaone_moe,
+    ),
+    # mlx-lm's ERNIE 4.5 MoE routes without the aux-loss-free expert bias.
+    GGUFArchitecture(
+        "ernie4_5-moe",
+        "ernie4_5_moe",
+        name_aliases=_SWITCH,
+        extras=configs.ernie4_5_moe,
+        dropped_tensors=frozenset({"exp_probs_b.bias"}),
+    ),
+    GGUFArchitecture(
+        "gpt2", "gpt2", name_aliases=(("model.", "transformer."),), extras=configs.gpt2
+    ),
+    GGUFArchitecture(
+        "qwen", "qwen", name_aliases=(("model.", "transformer."),), extras=configs.qwen
+    ),
+    GGUFArchitecture(
+        "gptj", "gptj", name_aliases=(("model.", "transformer."),), extras=configs.gptj
+    ),
+    GGUFArchitecture("starcoder", "gpt_bigcode", extras=configs.gpt_bigcode),
+    GGUFArchitecture(
+        "gptneox",
+        "gpt_neox",
+        name_aliases=_GPT_NEOX_NAMES,
+        extras=configs.gpt_neox,
+        restore_tensor=interleave_neox_qkv,
+    ),
+    # The converter splits Ling's fused `query_key_value` into attn_q / attn_k / attn_v.
+    GGUFArchitecture(
+        "bailingmoe",
+        "bailing_moe",
+        name_aliases=(*_SWITCH, ("gate.gate_proj", "gate")),
+        extras=configs.bailing_moe,
+        tensor_join=BAILING_QUERY_KEY_VALUE,
+    ),
+    GGUFArchitecture("xverse", "llama", restore_tensor=unpermute_xverse_rows),
+    GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=configs.hunyuan_dense),
+    GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=configs.hunyuan_moe),
+    GGUFArchitecture(
+        "dots1",
+        "dots1",
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
+        extras=configs.routed_experts,
+    ),
+    GGUFArchitecture(
+        "apertus", "apertus", extras=configs.apertus, metadata_weights=configs.apertus_xielu
+    ),
+    GGUFArchitecture("plamo", "plamo", extras=configs.plamo, restore_tensor=unshuffle_plamo_heads),
+    GGUFArchitecture(
+        "deepseek", "deepseek", rope_permuted=True, name_aliases=_SWITCH, extras=configs.deepseek
+    ),
+    GGUFArchitecture("minicpm3", "minicpm3", extras=configs.minicpm3),
+    GGUFArchitecture(
+        "minimax-m2",
+        "minimax",
+        name_aliases=(*_MIXTRAL_EXPERTS, _EXPERT_BIAS),
+        extras=configs.minimax,
+    ),
+    GGUFArchitecture("nemotron", "nemotron", norm_offset=1.0, extras=configs.nemotron),
+    GGUFArchitecture("minicpm", "minicpm", rope_permuted=True, extras=configs.minicpm),
+    GGUFArchitecture(
+        "glm4moe",
+        "glm4_moe",
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
+        extras=configs.glm4_moe,
+    ),
+    GGUFArchitecture(
+        "mistral3",
+        "llama",
+        rope_permuted=True,
+        extras=configs.mistral3,
+        select_model_type=configs.mistral3_model_type,
+        other_model_types=("ministral3",),
+    ),
+    # The converter splits InternLM 2's fused `wqkv` into attn_q / attn_k / attn_v.
+    GGUFArchitecture(
+        "internlm2",
+        "internlm2",
+        extras=configs.internlm2,
+        tensor_join=INTERNLM2_WQKV,
+    ),
+    GGUFArchitecture(
+        "deepseek2",
+        "deepseek_v2",
+        other_model_types=("deepseek_v3",),
+        name_aliases=(*_SWITCH, _EXPERT_BIAS),
+        extras=deepseek_config,
+        select_model_type=deepseek_model_type,
+        tensor_join=LATENT_ATTENTION,
+    ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
 
@@ -182,7 +254,7 @@ def gguf_model_types() -> frozenset[str]:
     return frozenset(
         model_type
         for arch in _ARCHITECTURES
-        for model_type in (arch.model_type, arch.moe_model_type)
+        for model_type in (arch.model_type, arch.moe_model_type, *arch.other_model_types)
         if model_type is not None
     )
 

@@ -93,7 +93,8 @@ def common_config(meta: GGUFMetadata) -> dict[str, Any]:
         )
     head_dim = meta.size("attention.key_length", hidden_size // num_heads)
     vocab = meta.metadata.get("tokenizer.ggml.tokens")
-    num_layers = meta.size("block_count")
+    # Multi-token-prediction layers come after the decoder's; mlx-lm does not run them.
+    num_layers = meta.size("block_count") - int(meta.get("nextn_predict_layers", 0))
     expert_ffn = meta.get("expert_feed_forward_length")
     norm_eps = meta.get(
         "attention.layer_norm_rms_epsilon", meta.get("attention.layer_norm_epsilon")

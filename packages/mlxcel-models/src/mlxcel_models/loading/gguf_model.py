@@ -25,8 +25,14 @@ from mlxcel_models.loaded import TypeConversion
 from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata
 from mlxcel_models.loading.gguf_file import GGUFHeader, GGUFTensorData
+from mlxcel_models.loading.gguf_layouts import TensorJoin, unpermute_rope_rows
 from mlxcel_models.loading.gguf_names import ROPE_FACTOR_TENSORS, gguf_name_map
-from mlxcel_models.loading.gguf_quant import GGUFDequant, convert_tensor, plan_tensor
+from mlxcel_models.loading.gguf_quant import (
+    GGUFDequant,
+    TensorForm,
+    convert_tensor,
+    plan_tensor,
+)
 from mlxcel_models.mlx_lm_models import make_mlx_lm_model
 from mlxcel_models.rope import FrequencyFactorRoPE
 
@@ -95,7 +101,7 @@ def load_gguf_model(
     config = gguf_model_config(header, path)
     data = GGUFTensorData(path, header)
     if "rope_factors_long.weight" in header.tensors:
-        config["rope_scaling"] = _longrope_scaling(data, config)
+        config["rope_scaling"] = (config.get("rope_scaling") or {}) | _longrope_scaling(data)
     module = make_mlx_lm_model(config, where=path)
     parameters = dict(tree_flatten(module.parameters()))
     layers = dict(module.named_modules())
@@ -103,8 +109,21 @@ def load_gguf_model(
     weights: dict[str, mx.array] = {}
     quantized: dict[str, dict[str, Any]] = {}
     seen: Counter[tuple[str, str]] = Counter()
+    joined: dict[int, dict[str, mx.array]] = {}
+    # Multi-token-prediction layers (`nextn_predict_layers`) follow the decoder's.
+    mtp_layers = range(config["num_hidden_layers"], header.metadata[f"{arch.name}.block_count"])
     for name, info in header.tensors.items():
         if name in ROPE_FACTOR_TENSORS:
+            continue
+        block, within = _layer_tensor(name)
+        if block in mtp_layers or within in arch.dropped_tensors:
+            continue
+        if arch.tensor_join is not None and within in arch.tensor_join.names:
+            form = _plan(path, name, info.type_name, info.shape, False, dequant)
+            seen[info.type_name, form.label] += 1
+            layer = joined.setdefault(block, {})
+            layer[within] = convert_tensor(data.blocks(name), info.type_name, form)["weight"]
+            weights |= _join_layer(path, arch.tensor_join, block, joined, config, parameters)
             continue
         target = names.get(name)
         if target is None:
@@ -120,10 +139,7 @@ def load_gguf_model(
             )
         layer_path, suffix = target.rsplit(".", 1)
         quantizable = suffix == "weight" and isinstance(layers.get(layer_path), _QUANTIZABLE_LAYERS)
-        try:
-            form = plan_tensor(info.type_name, info.shape, quantizable=quantizable, dequant=dequant)
-        except ValueError as error:
-            raise ModelLoadError(f"{path}: tensor '{name}': {error}") from error
+        form = _plan(path, name, info.type_name, info.shape, quantizable, dequant)
         arrays = _restore_layout(
             arch, name, config, convert_tensor(data.blocks(name), info.type_name, form)
         )
@@ -133,6 +149,12 @@ def load_gguf_model(
             weights |= {f"{layer_path}.{key}": value for key, value in arrays.items()}
         else:
             weights[target] = arrays["weight"]
+    if joined:
+        parts = ", ".join(f"blk.{block}: {', '.join(sorted(joined[block]))}" for block in joined)
+        raise ModelLoadError(f"{path}: tensors lack the rest of their layer's parts ({parts})")
+    if arch.metadata_weights is not None:
+        meta = GGUFMetadata(header.metadata, set(header.tensors), arch.name, where=path)
+        weights |= arch.metadata_weights(meta, config)
     _load_weights(module, weights, quantized)
     if "rope_freqs.weight" in header.tensors:
         factors = mx.array(data.blocks("rope_freqs.weight").view(np.float32))
@@ -141,6 +163,57 @@ def load_gguf_model(
         TypeConversion(type_name, form, count) for (type_name, form), count in seen.most_common()
     )
     return GGUFModel(module, config, conversions)
+
+
+def _layer_tensor(name: str) -> tuple[int | None, str]:
+    """(layer index, name within the layer) of a `blk.N.…` tensor; (None, name) for the
+    tensors outside the layers."""
+    if not name.startswith("blk."):
+        return None, name
+    _, block, within = name.split(".", 2)
+    return int(block), within
+
+
+def _plan(
+    path: Path,
+    name: str,
+    type_name: str,
+    shape: tuple[int, ...],
+    quantizable: bool,
+    dequant: GGUFDequant,
+) -> TensorForm:
+    try:
+        return plan_tensor(type_name, shape, quantizable=quantizable, dequant=dequant)
+    except ValueError as error:
+        raise ModelLoadError(f"{path}: tensor '{name}': {error}") from error
+
+
+def _join_layer(
+    path: Path,
+    join: TensorJoin,
+    block: int,
+    joined: dict[int, dict[str, mx.array]],
+    config: dict[str, Any],
+    parameters: dict[str, mx.array],
+) -> dict[str, mx.array]:
+    """A layer's joined parameters once its tensors are all read (they then leave
+    `joined`), else nothing yet."""
+    arrays = join.join(joined[block], config)
+    if arrays is None:
+        return {}
+    del joined[block]
+    weights = {}
+    for key, value in arrays.items():
+        target = f"model.layers.{block}.{key}"
+        expected = parameters.get(target)
+        if expected is None or tuple(value.shape) != tuple(expected.shape):
+            needs = "no such parameter" if expected is None else list(expected.shape)
+            raise ModelLoadError(
+                f"{path}: blk.{block}'s tensors give {target} shape {list(value.shape)}; "
+                f"mlx-lm's {config['model_type']} model: {needs}"
+            )
+        weights[target] = value
+    return weights
 
 
 def _load_weights(
@@ -155,6 +228,8 @@ def _restore_layout(
 ) -> dict[str, mx.array]:
     """Undo the converter's layout changes on one converted tensor."""
     base = name.split(".")[-2]
+    if arch.restore_tensor is not None:
+        arrays = arch.restore_tensor(base, arrays, config)
     if arch.rope_permuted and base in ("attn_q", "attn_k"):
         heads = config["num_attention_heads" if base == "attn_q" else "num_key_value_heads"]
         return {key: unpermute_rope_rows(value, heads) for key, value in arrays.items()}
@@ -164,25 +239,9 @@ def _restore_layout(
     return arrays
 
 
-def unpermute_rope_rows(weight: mx.array, num_heads: int) -> mx.array:
-    """Undo llama.cpp's Q/K row permutation (interleaved RoPE) for half-split RoPE.
-
-    llama.cpp's converter reshapes rows to (heads, 2, head_dim / 2) and swaps the last two
-    axes; this applies the inverse. Works on packed quantized rows, scales and biases alike.
-
-    Args:
-        weight: (num_heads * head_dim, ...) projection rows.
-    """
-    rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
-
-
-def _longrope_scaling(data: GGUFTensorData, config: dict[str, Any]) -> dict[str, Any]:
-    """Phi-3's LongRoPE factors, which the converter moved from the config into tensors."""
+def _longrope_scaling(data: GGUFTensorData) -> dict[str, Any]:
+    """LongRoPE factors (Phi-3, MiniCPM 3), which the converter moved from the config into
+    tensors."""
     factors = {
         key: data.blocks(f"rope_factors_{key}.weight").view(np.float32).tolist()
         for key in ("long", "short")

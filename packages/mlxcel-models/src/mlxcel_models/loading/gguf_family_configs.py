@@ -1,0 +1,326 @@
+"""Family config keys beyond `gguf_config.common_config`, from a GGUF file's metadata.
+
+Each function takes the file's metadata and the common config and returns the keys its
+mlx-lm family reads under the family's own names, or the values llama.cpp's converter
+stored in another form (MiniCPM's combined scales, Ministral 3's YaRN and attention
+temperature) or does not store at all (Gemma 3's local RoPE base, the layer patterns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.gguf_config import GGUFMetadata, gemma_query_scale, layer_pattern
+
+
+def gemma2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "attn_logit_softcapping": float(meta.get("attn_logit_softcapping", 50.0)),
+        "final_logit_softcapping": float(meta.get("final_logit_softcapping", 30.0)),
+        "query_pre_attn_scalar": gemma_query_scale(meta, config, large_layers=46),
+    }
+
+
+def gemma3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp fixes Gemma 3's local RoPE base and its 5 local : 1 global layer pattern.
+    return {
+        "rope_local_base_freq": 10000.0,
+        "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": gemma_query_scale(meta, config, large_layers=62),
+    }
+
+
+def granite(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "logits_scaling": float(meta.get("logit_scale", 1.0)),
+        "attention_multiplier": float(meta.get("attention.scale", 1.0)),
+        "embedding_multiplier": float(meta.get("embedding_scale", 1.0)),
+        "residual_multiplier": float(meta.get("residual_scale", 1.0)),
+    }
+
+
+def qwen3_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
+
+
+def stablelm(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "use_qkv_bias": config["attention_bias"],
+        "partial_rotary_factor": config.get("partial_rotary_factor", 1.0),
+        "qk_layernorm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "use_parallel_residual": not meta.has_tensor("blk.0.ffn_norm.weight"),
+    }
+
+
+def cohere(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "logit_scale": float(meta.get("logit_scale", 1.0)),
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "layer_norm_bias": meta.has_tensor("output_norm.bias"),
+    }
+
+
+def cohere2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp fixes Cohere 2's pattern of 3 local layers, then one global.
+    return cohere(meta, config) | {"sliding_window_pattern": 4}
+
+
+def gpt_oss(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp alternates sliding-window and full attention layers, the first sliding.
+    layers = layer_pattern(
+        config["num_hidden_layers"], 2, local="sliding_attention", full="full_attention"
+    )
+    return {"layer_types": layers}
+
+
+def glm4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"partial_rotary_factor": config.get("partial_rotary_factor", 0.5)}
+
+
+def olmoe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"norm_topk_prob": bool(meta.get("expert_weights_norm", False))}
+
+
+def seed_oss(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"attention_out_bias": meta.has_tensor("blk.0.attn_output.bias")}
+
+
+def ernie4_5(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"use_bias": config["attention_bias"]}
+
+
+def exaone4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # The converter stores the pattern as one flag per layer, true for sliding-window
+    # layers; mlx-lm reads it as a string of L (local) and G (global) repeated.
+    pattern = meta.get("attention.sliding_window_pattern")
+    scaling = {"rope_scaling": config.get("rope_scaling")}
+    if config.get("sliding_window") is None or not isinstance(pattern, list):
+        return scaling | {"sliding_window": None, "sliding_window_pattern": None}
+    return scaling | {"sliding_window_pattern": "".join("L" if local else "G" for local in pattern)}
+
+
+def hunyuan_dense(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # The converter folds HunYuan's NTK alpha into the stored RoPE base.
+    return {"use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"), "rope_scaling": None}
+
+
+def routed_experts(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSeek-style router keys (dots1, GLM-4.5): dense leading layers, shared
+    experts, the routed weights' scale and normalization, expert groups."""
+    return {
+        "first_k_dense_replace": meta.get("leading_dense_block_count", 0),
+        "n_shared_experts": meta.get("expert_shared_count", 0),
+        "routed_scaling_factor": float(meta.get("expert_weights_scale", 1.0)),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+        "n_group": meta.get("expert_group_count", 1),
+        "topk_group": meta.get("expert_group_used_count", 1),
+    }
+
+
+def apertus(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "post_norm": False,
+        "qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "mlp_bias": config["mlp_bias"],
+        "attention_bias": config["attention_bias"],
+    }
+
+
+def apertus_xielu(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, mx.array]:
+    """The per-layer xIELU constants, which the converter writes as `xielu.*` arrays."""
+    weights = {}
+    for name in ("alpha_p", "alpha_n", "beta", "eps"):
+        values = meta.metadata.get(f"xielu.{name}")
+        if not isinstance(values, list) or len(values) != config["num_hidden_layers"]:
+            raise ModelLoadError(f"{meta.where} lacks one xielu.{name} value per layer")
+        for layer, value in enumerate(values):
+            weights[f"model.layers.{layer}.mlp.act_fn.{name}"] = mx.array(value, mx.float32)
+    return weights
+
+
+def plamo(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"n_shared_head": config["num_attention_heads"] // config["num_key_value_heads"]}
+
+
+def internlm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"bias": config["attention_bias"]}
+
+
+def mistral3_model_type(metadata: Mapping[str, Any]) -> str:
+    """Ministral 3 (YaRN with Llama 4's attention temperature) or a Llama-shaped text model
+    (Mistral Small 3.x)."""
+    has_temperature = metadata.get("mistral3.attention.temperature_scale") is not None
+    return "ministral3" if has_temperature else "llama"
+
+
+def mistral3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    if config["model_type"] != "ministral3":
+        return {}
+    scaling = config.get("rope_scaling") or {"rope_type": "default"}
+    # The converter stores Ministral 3's mscale_all_dim itself as the YaRN log multiplier.
+    mscale = float(meta.get("rope.scaling.yarn_log_multiplier", 1.0))
+    parameters = scaling | {
+        "rope_theta": config["rope_theta"],
+        "mscale": mscale,
+        "mscale_all_dim": mscale,
+        "llama_4_scaling_beta": float(meta.required("attention.temperature_scale")),
+        "original_max_position_embeddings": scaling.get(
+            "original_max_position_embeddings", config["max_position_embeddings"]
+        ),
+    }
+    return {"rope_parameters": parameters, "layer_types": None}
+
+
+def glm4_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return routed_experts(meta, config) | {
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "partial_rotary_factor": config.get("partial_rotary_factor", 0.5),
+        "rope_scaling": config.get("rope_scaling"),
+    }
+
+
+def deepseek(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "first_k_dense_replace": meta.get("leading_dense_block_count", 0),
+        "n_shared_experts": meta.get("expert_shared_count") or None,
+    }
+
+
+def nemotron(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp runs Nemotron's MLP with squared ReLU, which GGUF does not name.
+    return {"hidden_act": "relu2"}
+
+
+def minicpm(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM's scales, which the converter stores already combined: the residual scale
+    divided by the layer count's square root, the logits' as hidden / dim_model_base."""
+    layers = config["num_hidden_layers"]
+    return {
+        "scale_emb": float(meta.get("embedding_scale", 1.0)),
+        "scale_depth": float(meta.get("residual_scale", 1.0)) * layers**0.5,
+        "dim_model_base": round(config["hidden_size"] / float(meta.get("logit_scale", 1.0))),
+    }
+
+
+def hunyuan_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    shared = meta.get("expert_shared_count", 0)
+    return {
+        "moe_topk": config["num_experts_per_tok"],
+        "num_shared_expert": shared,
+        "use_mixed_mlp_moe": shared > 0,
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "use_cla": False,
+        "cla_share_factor": 1,
+        # The converter folds the NTK alpha into the stored RoPE base.
+        "rope_scaling": {"type": "dynamic", "alpha": 1.0, "factor": 1.0},
+    }
+
+
+def ernie4_5_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return ernie4_5(meta, config) | {
+        "moe_num_experts": config["num_experts"],
+        "moe_k": config["num_experts_per_tok"],
+        "moe_intermediate_size": config["moe_intermediate_size"],
+        "moe_layer_start_index": meta.get("leading_dense_block_count", 0),
+        "moe_layer_interval": meta.get("interleave_moe_layer_step", 1),
+        "moe_num_shared_experts": meta.get("expert_shared_count", 0),
+    }
+
+
+def gpt2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """GPT-2's own names for the common sizes."""
+    return {
+        "n_embd": config["hidden_size"],
+        "n_head": config["num_attention_heads"],
+        "n_layer": config["num_hidden_layers"],
+        "n_ctx": config["max_position_embeddings"],
+        "n_positions": config["max_position_embeddings"],
+    }
+
+
+def gpt_bigcode(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return gpt2(meta, config) | {
+        "n_inner": config["intermediate_size"],
+        "multi_query": config["num_key_value_heads"] == 1,
+        "attention_bias": meta.has_tensor("blk.0.attn_qkv.bias"),
+        "mlp_bias": config["mlp_bias"],
+    }
+
+
+def gpt_neox(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rotary_pct": config.get("partial_rotary_factor", 1.0),
+        "rotary_emb_base": config["rope_theta"],
+        "use_parallel_residual": bool(meta.get("use_parallel_residual", True)),
+    }
+
+
+def exaone_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    layers = config["num_hidden_layers"]
+    dense = meta.get("leading_dense_block_count", 0)
+    pattern = meta.get("attention.sliding_window_pattern")
+    sliding = config.get("sliding_window") is not None and isinstance(pattern, list)
+    return routed_experts(meta, config) | {
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "is_moe_layer": [layer >= dense for layer in range(layers)],
+        "layer_types": [
+            "sliding_attention" if sliding and pattern[layer] else "full_attention"
+            for layer in range(layers)
+        ],
+        "sliding_window": config.get("sliding_window", 0),
+        "rope_scaling": config.get("rope_scaling"),
+    }
+
+
+def qwen(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen (1)'s names; its feed-forward length counts both halves of the gated MLP."""
+    return {
+        "kv_channels": config["head_dim"],
+        "no_bias": not meta.has_tensor("blk.0.attn_output.bias"),
+    }
+
+
+def bailing_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    # The converter stores the output head already normalized (`norm_head`).
+    return routed_experts(meta, config) | {
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "use_qkv_bias": meta.has_tensor("blk.0.attn_q.bias"),
+        "use_bias": meta.has_tensor("blk.0.attn_output.bias"),
+        "norm_head": False,
+    }
+
+
+def minicpm3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM 3's latent attention sizes, and the scales llama.cpp fixes for it (GGUF
+    stores none): embeddings times 12, residuals times 1.4 / sqrt(layers), logits divided by
+    hidden / 256. Its LongRoPE factors come as tensors."""
+    rope_dims = meta.size("rope.dimension_count")
+    return {
+        "q_lora_rank": meta.get("attention.q_lora_rank"),
+        "kv_lora_rank": meta.size("attention.kv_lora_rank"),
+        "qk_rope_head_dim": rope_dims,
+        "qk_nope_head_dim": config["head_dim"] - rope_dims,
+        "scale_emb": 12.0,
+        "scale_depth": 1.4,
+        "dim_model_base": 256,
+        "rope_scaling": {"original_max_position_embeddings": config["max_position_embeddings"]},
+    }
+
+
+def minimax(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rotary_dim": meta.size("rope.dimension_count", config["head_dim"]),
+        "shared_intermediate_size": 0,
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "scoring_func": "sigmoid",
+    }
+
+
+def gptj(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    return gpt2(meta, config) | {
+        "rotary_dim": meta.size("rope.dimension_count", config["head_dim"]),
+    }
