@@ -26,7 +26,7 @@ from mlxcel_core.engine import (
     PrefillJob,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_distributed import (
     PrefillDeadline,

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue, SchedulerConfig
-from mlxcel_core.generate import GenerationConfig, stream_generate
+from mlxcel_core.generate import stream_generate
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loaded import LoadedModel

@@ -27,7 +27,7 @@ from mlxcel_core.engine import (
     OutputQueue,
     RunnerFactory,
 )
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel
 

@@ -15,8 +15,8 @@ from mlxcel.chat_prompt import encode_conversation
 from mlxcel.reply_reasoning import reply_reasoning, thinking_template_kwargs
 from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel_core.engine import Engine
-from mlxcel_core.generate import GenerationStats
 from mlxcel_core.reasoning import ReasoningDelta
+from mlxcel_core.request import GenerationStats
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.tokenizer import Tokenizer
 

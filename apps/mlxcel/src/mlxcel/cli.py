@@ -14,7 +14,7 @@ from typing import NoReturn, TextIO
 from mlxcel.blas import describe_blas
 from mlxcel.flags import InputError, RunError, UsageError
 from mlxcel_core.engine import ImagesNotSupportedError
-from mlxcel_core.generate import ContextOverflowError
+from mlxcel_core.request import ContextOverflowError
 from mlxcel_models.errors import ModelLoadError
 
 # Subcommand -> (module, one-line help). A command's module, and the libraries it needs

@@ -64,8 +64,8 @@ from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.engine import EngineConfig, RunnerFactory
-from mlxcel_core.generate import FinishReason, GenerationStats
 from mlxcel_core.images import PromptImage
+from mlxcel_core.request import FinishReason, GenerationStats
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.image_prompt import ImagePrompt
 from mlxcel_models.loaded import LoadedModel

@@ -31,7 +31,7 @@ from mlxcel.parallel_modes import (
 from mlxcel.rank_group import form_group
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RowAdapterScales, RunnerFactory
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.memory import read_model_inventory

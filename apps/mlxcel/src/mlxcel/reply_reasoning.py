@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlxcel.flags import Flag, UsageError
-from mlxcel_core.generate import Detokenizer
 from mlxcel_core.reasoning import (
     ReasoningMarkers,
     ReasoningPhase,
     ReasoningSplitter,
     ReasoningTracker,
 )
+from mlxcel_core.request import Detokenizer
 from mlxcel_core.sampling import TokenConstraint
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_models.tokenizer.reasoning import (

@@ -17,8 +17,8 @@ from mlxcel.engine_outputs import next_output
 from mlxcel.flags import RunError
 from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import Engine, EngineOutput, EngineRequest, OutputQueue
-from mlxcel_core.generate import GenerationConfig, GenerationStats
 from mlxcel_core.images import PromptImage
+from mlxcel_core.request import GenerationConfig, GenerationStats
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.tokenizer import Tokenizer
 

@@ -7,7 +7,7 @@ import math
 import re
 
 from mlxcel_core.adapters import AdapterScales
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.sampling.params import parse_sampler_chars, parse_sampler_names
 from mlxcel_models.lora import AdapterScaleError, LoraAdapters

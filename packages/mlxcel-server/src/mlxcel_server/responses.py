@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, RootModel, SerializerFunctionWrapHandler, model_serializer
 
-from mlxcel_core.generate import GenerationStats
+from mlxcel_core.request import GenerationStats
 from mlxcel_server.logprobs import ChatLogprobs, CompletionLogprobs
 
 

@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine.runner import ModelRunner, RowInput
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.speculative import DraftProposal, DraftRequest
 
 

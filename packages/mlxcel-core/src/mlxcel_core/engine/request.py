@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mlxcel_core.adapters import AdapterScales
-from mlxcel_core.generate import Detokenizer, FinishReason, GenerationConfig, GenerationStats
 from mlxcel_core.images import PromptImage, check_prompt_images
 from mlxcel_core.logprobs import TokenLogprobs
+from mlxcel_core.request import Detokenizer, FinishReason, GenerationConfig, GenerationStats
 from mlxcel_core.sampling import SamplingParams, TokenConstraint
 
 

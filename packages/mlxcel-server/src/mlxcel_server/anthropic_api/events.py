@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mlxcel_core.engine import EngineOutput
-from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_core.request import FinishReason, GenerationStats
 from mlxcel_server.anthropic_api.errors import anthropic_error_body
 from mlxcel_server.anthropic_api.objects import (
     MessageObject,
