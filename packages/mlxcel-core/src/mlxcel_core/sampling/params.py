@@ -141,6 +141,11 @@ def parse_sampler_order(text: str) -> tuple[SamplerStage, ...]:
     return parse_sampler_chars(stripped)
 
 
+def is_greedy(temperature: float) -> bool:
+    """Whether `temperature` means greedy decoding (argmax): at or below 0, as in llama.cpp."""
+    return temperature <= 0.0
+
+
 def _fail(name: str, allowed: str, value: object) -> NoReturn:
     raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
@@ -245,6 +250,11 @@ class SamplingParams:
     )
     samplers: tuple[SamplerStage, ...] = DEFAULT_SAMPLERS
     seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the request decodes greedily (`is_greedy` of its temperature)."""
+        return is_greedy(self.temperature)
 
     def __post_init__(self) -> None:
         _check_finite("temperature", self.temperature)
