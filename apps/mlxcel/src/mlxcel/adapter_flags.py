@@ -10,7 +10,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlxcel.flags import Flag, InputError, UsageError
+from mlxcel.flags import Flag, UsageError
+from mlxcel_core.errors import InputError
 from mlxcel_models.lora import AdapterSpec
 
 

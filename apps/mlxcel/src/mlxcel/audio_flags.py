@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from mlxcel.flags import Flag, InputError, UsageError, import_extra
+from mlxcel.flags import Flag, UsageError, import_extra
+from mlxcel_core.errors import InputError
 from mlxcel_server import ServerSettings
 from mlxcel_server.audio_models import ServingAudio
 from mlxcel_server.audio_worker import AudioWorker

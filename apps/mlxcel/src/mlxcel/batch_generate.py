@@ -17,7 +17,7 @@ from typing import TextIO
 
 from mlxcel.engine_flags import open_engine
 from mlxcel.engine_outputs import next_output
-from mlxcel.flags import InputError, RunError
+from mlxcel.flags import RunError
 from mlxcel.loading import describe_weights
 from mlxcel.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import (
@@ -27,6 +27,7 @@ from mlxcel_core.engine import (
     OutputQueue,
     RunnerFactory,
 )
+from mlxcel_core.errors import InputError
 from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loaded import LoadedModel

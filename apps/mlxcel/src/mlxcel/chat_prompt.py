@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlxcel.flags import Flag, InputError, UsageError, pick_one
+from mlxcel.flags import Flag, UsageError, pick_one
+from mlxcel_core.errors import InputError
 from mlxcel_models.tokenizer import Tokenizer, resolve_chat_template
 
 TEMPLATE_FLAGS = (

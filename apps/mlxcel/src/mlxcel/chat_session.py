@@ -15,13 +15,14 @@ from mlxcel.chat_prompt import encode_conversation
 from mlxcel.reply_reasoning import reply_reasoning, thinking_template_kwargs
 from mlxcel.reply_stream import make_reply_request, stream_reply
 from mlxcel_core.engine import Engine
+from mlxcel_core.errors import InputError
 from mlxcel_core.reasoning import ReasoningDelta
 from mlxcel_core.request import GenerationStats
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.tokenizer import Tokenizer
 
 
-class ConversationTooLongError(Exception):
+class ConversationTooLongError(InputError):
     """The conversation with the new message does not fit the context; nothing was sent.
 
     Attributes:

@@ -12,10 +12,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, TextIO
 
 from mlxcel.blas import describe_blas
-from mlxcel.flags import InputError, RunError, UsageError
-from mlxcel_core.engine import ImagesNotSupportedError
-from mlxcel_core.request import ContextOverflowError
-from mlxcel_models.errors import ModelLoadError
+from mlxcel.flags import RunError, UsageError
+from mlxcel_core.errors import InputError
 
 # Subcommand -> (module, one-line help). A command's module, and the libraries it needs
 # (the server stack for `serve`, mlx-lm's generator for `bench`), load only when it runs.
@@ -141,13 +139,8 @@ def main(
     except UsageError as error:
         _report(err, error)
         return EXIT_USAGE
-    except (
-        InputError,
-        RunError,
-        ModelLoadError,
-        ContextOverflowError,
-        ImagesNotSupportedError,
-    ) as error:
+    # Every mlxcel input error: the prompt, a model file, an image, a value out of range.
+    except (InputError, RunError) as error:
         _report(err, error)
         return EXIT_FAILURE
     except BrokenPipeError:

@@ -16,18 +16,16 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from mlxcel_core.errors import InputError, MlxcelError, ParamError
 from mlxcel_core.sampling import SamplingParams, parse_sampler_order
 
 
-class UsageError(Exception):
-    """A flag or environment variable has a value the command cannot use (exit code 2)."""
+class UsageError(InputError):
+    """A flag or environment variable has a value the command cannot use (exit code 2).
+    Other input errors (the prompt or a file it names cannot be used) exit with code 1."""
 
 
-class InputError(Exception):
-    """The prompt or a file it names cannot be used (exit code 1)."""
-
-
-class RunError(Exception):
+class RunError(MlxcelError):
     """The command cannot do its work for a reason outside its input, such as a port
     already in use (exit code 1)."""
 
@@ -280,10 +278,9 @@ def sampling_params_from(namespace: argparse.Namespace) -> SamplingParams:
     options["seed"] = None if namespace.seed < 0 else namespace.seed
     try:
         return SamplingParams(**options)
-    except ValueError as error:
-        message = str(error)
-        flag = next((f for f in SAMPLING_FLAGS if message.startswith(f.dest + " ")), None)
-        raise UsageError(f"{flag.names[-1]}: {message}" if flag else message) from error
+    except ParamError as error:
+        flag = next((f for f in SAMPLING_FLAGS if f.dest == error.param), None)
+        raise UsageError(f"{flag.names[-1]}: {error}" if flag else str(error)) from error
 
 
 def pick_one(namespace: argparse.Namespace, dests: tuple[str, ...], what: str) -> str | None:

@@ -32,7 +32,6 @@ from mlxcel.flags import (
     N_PREDICT_FLAG,
     SAMPLING_FLAGS,
     Flag,
-    InputError,
     UsageError,
     add_command,
     pick_one,
@@ -64,6 +63,7 @@ from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
 from mlxcel_core.engine import EngineConfig, RunnerFactory
+from mlxcel_core.errors import InputError
 from mlxcel_core.images import PromptImage
 from mlxcel_core.request import FinishReason, GenerationStats
 from mlxcel_core.sampling import SamplingParams

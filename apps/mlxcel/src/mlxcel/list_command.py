@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from mlxcel.flags import Flag, InputError, UsageError, add_command, resolve_defaults
+from mlxcel.flags import Flag, UsageError, add_command, resolve_defaults
 from mlxcel.store_flags import MODELS_DIR_FLAG, store_config_from
 from mlxcel.tables import format_size, format_table
+from mlxcel_core.errors import InputError
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.store import StoredModel, list_stored_models

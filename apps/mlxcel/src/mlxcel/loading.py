@@ -12,12 +12,13 @@ import mlx.core as mx
 from tqdm import tqdm
 
 from mlxcel.blas import loaded_openblas
+from mlxcel_models.attach_lora import apply_adapters
 from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions, CpuBlas
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
-from mlxcel_models.lora import AdapterSpec, apply_adapters
+from mlxcel_models.lora import AdapterSpec
 from mlxcel_models.metadata import ModelKind
 from mlxcel_models.store import StoreConfig, resolve_model
 from mlxcel_models.surgery import SurgeryPlan

@@ -16,7 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from mlxcel.flags import Flag, InputError, UsageError, flag_error, import_extra
+from mlxcel.flags import Flag, UsageError, flag_error, import_extra
+from mlxcel_core.errors import InputError
 from mlxcel_server.image_prompts import ImageDecoder
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from typing import TextIO
 
 from mlxcel.chat_prompt import check_text
 from mlxcel.chat_session import ChatSession, ConversationTooLongError
-from mlxcel.flags import InputError
 from mlxcel.reasoning_display import ReplyPrinter, stream_is_terminal
 from mlxcel.repl_input import LineReader, read_entry
+from mlxcel_core.errors import InputError
 
 HELP = '''\
 /clear       forget the conversation (the system prompt stays)
@@ -82,11 +82,11 @@ def _answer(
     try:
         check_text(message, "message")
         result = session.send(message, printer.write_answer, printer.write_reasoning)
-    except InputError as error:
-        print(f"{error}; it was not sent", file=err)
-        return False
     except ConversationTooLongError as error:
         print(f"{error}; {CONTEXT_ADVICE}", file=err)
+        return False
+    except InputError as error:
+        print(f"{error}; it was not sent", file=err)
         return False
     except KeyboardInterrupt:
         # A Ctrl-C while the conversation renders, before the reply streams: nothing sent.

@@ -12,9 +12,10 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from mlxcel.flags import Flag, InputError, add_flags, resolve_defaults
+from mlxcel.flags import Flag, add_flags, resolve_defaults
 from mlxcel.store_flags import MODELS_DIR_FLAG, store_config_from
 from mlxcel.tables import format_size
+from mlxcel_core.errors import InputError
 from mlxcel_models.store import (
     StoredModel,
     StoreError,

@@ -32,7 +32,6 @@ from mlxcel.flags import (
     N_PREDICT_FLAG,
     SAMPLING_FLAGS,
     Flag,
-    InputError,
     UsageError,
     add_flags,
     resolve_defaults,
@@ -55,6 +54,7 @@ from mlxcel.reply_reasoning import (
 from mlxcel.speculative_flags import check_draft_model_path
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
+from mlxcel_core.errors import InputError
 
 CACHE_DIR_VARIABLE = "MLXCEL_CACHE_DIR"
 HISTORY_FILE_NAME = "run_history"

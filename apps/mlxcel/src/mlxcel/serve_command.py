@@ -46,7 +46,6 @@ from mlxcel.flags import (
     MODEL_FLAG,
     SAMPLING_FLAGS,
     Flag,
-    InputError,
     RunError,
     UsageError,
     add_command,
@@ -83,6 +82,7 @@ from mlxcel_core.engine import (
     RemotePrefillFactory,
     RunnerFactory,
 )
+from mlxcel_core.errors import InputError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError

@@ -18,7 +18,8 @@ from typing import TextIO
 
 import numpy as np
 
-from mlxcel.flags import Flag, InputError, UsageError, add_flags, resolve_defaults
+from mlxcel.flags import Flag, UsageError, add_flags, resolve_defaults
+from mlxcel_core.errors import InputError
 
 try:
     from mlxcel_audio.default_models import default_tts_voice

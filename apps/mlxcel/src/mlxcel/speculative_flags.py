@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mlxcel.flags import Flag, InputError, UsageError, flag_error
+from mlxcel.flags import Flag, UsageError, flag_error
 from mlxcel.loading import load_for_command
 from mlxcel_core.cache.layout import model_cache_layout
+from mlxcel_core.errors import InputError
 from mlxcel_core.speculative import AcceptanceRule, SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.store import parse_model_reference

@@ -8,7 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from mlxcel.flags import Flag, InputError, UsageError, add_flags, resolve_defaults
+from mlxcel.flags import Flag, UsageError, add_flags, resolve_defaults
+from mlxcel_core.errors import InputError
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_server.audio_transcript_formats import TRANSCRIPT_FORMATS, format_transcript
 

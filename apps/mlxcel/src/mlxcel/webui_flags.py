@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mlxcel.flags import Flag, InputError, UsageError
+from mlxcel.flags import Flag, UsageError
+from mlxcel_core.errors import InputError
 
 WEBUI_FLAGS = (
     Flag(("--no-webui",), "no_webui", bool, False,

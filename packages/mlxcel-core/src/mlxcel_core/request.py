@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from mlxcel_core.errors import InputError, ParamError
 from mlxcel_core.stopping import StopTokenBan
 
 
@@ -30,7 +31,7 @@ class FinishReason(StrEnum):
     LENGTH = "length"
 
 
-class ContextOverflowError(ValueError):
+class ContextOverflowError(InputError, ValueError):
     """The prompt does not fit in the context window."""
 
 
@@ -53,6 +54,9 @@ class GenerationConfig:
         max_predict_seconds: once this long has passed since the first token and the text
             holds a newline, generation ends with `LENGTH` (llama-server's
             `t_max_predict_ms`); None for no limit.
+
+    Raises:
+        ParamError: on construction, a field is out of range; `param` names it.
     """
 
     context_size: int
@@ -67,18 +71,27 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if self.context_size < 1:
-            raise ValueError(f"context_size must be >= 1, got {self.context_size}")
+            raise ParamError("context_size", f"context_size must be >= 1, got {self.context_size}")
         if self.max_tokens < -1:
-            raise ValueError(f"max_tokens must be -1 (no limit) or >= 0, got {self.max_tokens}")
+            raise ParamError(
+                "max_tokens", f"max_tokens must be -1 (no limit) or >= 0, got {self.max_tokens}"
+            )
         if self.prefill_step_size < 1:
-            raise ValueError(f"prefill_step_size must be >= 1, got {self.prefill_step_size}")
+            raise ParamError(
+                "prefill_step_size",
+                f"prefill_step_size must be >= 1, got {self.prefill_step_size}",
+            )
         if self.num_top_logprobs is not None and self.num_top_logprobs < 0:
-            raise ValueError(f"num_top_logprobs must be None or >= 0, got {self.num_top_logprobs}")
+            raise ParamError(
+                "num_top_logprobs",
+                f"num_top_logprobs must be None or >= 0, got {self.num_top_logprobs}",
+            )
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+            raise ParamError("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_predict_seconds is not None and not self.max_predict_seconds > 0:
-            raise ValueError(
-                f"max_predict_seconds must be None or > 0, got {self.max_predict_seconds}"
+            raise ParamError(
+                "max_predict_seconds",
+                f"max_predict_seconds must be None or > 0, got {self.max_predict_seconds}",
             )
 
     def token_budget(self, num_prompt_tokens: int) -> int:
