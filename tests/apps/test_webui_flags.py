@@ -5,7 +5,8 @@ import pytest
 
 from mlxcel.cli import make_parser
 from mlxcel.flags import UsageError, resolve_defaults
-from mlxcel.serve_command import FLAGS, settings_from
+from mlxcel.serve_command import FLAGS
+from mlxcel.server_flags import settings_from
 from mlxcel_core.errors import InputError
 
 

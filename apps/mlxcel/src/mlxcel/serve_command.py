@@ -37,7 +37,6 @@ from mlxcel.disaggregate_flags import (
 from mlxcel.engine_flags import (
     ENGINE_FLAGS,
     check_cache_types_fit,
-    engine_config_from,
     warn_beyond_trained_context,
 )
 from mlxcel.flags import (
@@ -45,18 +44,16 @@ from mlxcel.flags import (
     CTX_SIZE_FLAG,
     MODEL_FLAG,
     SAMPLING_FLAGS,
-    Flag,
     RunError,
     UsageError,
     add_command,
     resolve_defaults,
-    sampling_params_from,
 )
 from mlxcel.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel.llama_server_flags import LLAMA_SERVER_FLAGS, apply_llama_server_flags
 from mlxcel.loading import compute_options, load_target_model
-from mlxcel.media_flags import MEDIA_FLAGS, image_decoder_from
+from mlxcel.media_flags import MEDIA_FLAGS
 from mlxcel.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.parallel_flags import (
     PARALLEL_FLAGS,
@@ -65,6 +62,7 @@ from mlxcel.parallel_flags import (
     parallel_mode_from,
     parallel_rank,
 )
+from mlxcel.server_flags import SERVER_FLAGS, settings_from
 from mlxcel.speculative_flags import check_draft_model_path, load_draft_model
 from mlxcel.stage_faults import (
     STAGE_TIMEOUT_FLAG,
@@ -75,21 +73,19 @@ from mlxcel.stage_faults import (
 )
 from mlxcel.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel.surgery_flags import SURGERY_FLAG, surgery_plan_from
-from mlxcel.webui_flags import WEBUI_FLAGS, static_path_from
+from mlxcel.webui_flags import WEBUI_FLAGS
 from mlxcel_core.engine import (
     Engine,
     InsufficientMemoryError,
     RemotePrefillFactory,
     RunnerFactory,
 )
-from mlxcel_core.errors import InputError
 from mlxcel_core.threads import thread_stream
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
 from mlxcel_server.audio_models import ServingAudio
-from mlxcel_server.reasoning import ReasoningFormat
 
 logger = logging.getLogger(__name__)
 
@@ -97,41 +93,6 @@ GRACEFUL_SHUTDOWN_SECONDS = 10.0
 # Time for requests ended by the engine to send their error event and close.
 ENGINE_STOP_SECONDS = 5.0
 
-SERVER_FLAGS = (
-    Flag(("--host",), "host", str, "127.0.0.1", "address to listen on", env="LLAMA_ARG_HOST"),
-    Flag(("--port",), "port", int, 8080, "port to listen on", env="LLAMA_ARG_PORT"),
-    Flag(("-a", "--alias"), "alias", str, None, "the model's name in the API",
-         env="LLAMA_ARG_ALIAS"),
-    Flag(("--max-queue",), "max_queue", int, 64,
-         "most requests waiting to run; more are answered 503 with Retry-After"),
-    Flag(("-n", "--n-predict"), "n_predict", int, -1,
-         "default tokens to generate per request; -1 = until the context is full",
-         env="LLAMA_ARG_N_PREDICT"),
-    Flag(("--api-key",), "api_key", str, None, "API key(s), comma-separated",
-         env="LLAMA_API_KEY"),
-    Flag(("--api-key-file",), "api_key_file", str, None, "a file with one API key per line",
-         env="LLAMA_ARG_API_KEY_FILE"),
-    Flag(("--timeout",), "timeout", int, 600, "seconds to wait for a client's request data",
-         env="LLAMA_ARG_TIMEOUT"),
-    Flag(("--cors",), "cors", str, None,
-         "origins allowed cross-origin access, comma-separated, or '*'", env="LLAMA_ARG_CORS"),
-    Flag(("--metrics",), "metrics", bool, False, "serve Prometheus metrics at GET /metrics",
-         env="LLAMA_ARG_ENDPOINT_METRICS", is_switch=True),
-    Flag(("--slots",), "slots", bool, False, "serve slot monitoring at GET /slots",
-         env="LLAMA_ARG_ENDPOINT_SLOTS", is_switch=True),
-    Flag(("--props",), "props", bool, False,
-         "llama-server's switch for POST /props; mlxcel refuses property changes either way",
-         env="LLAMA_ARG_ENDPOINT_PROPS", is_switch=True),
-    Flag(("--reasoning-format",), "reasoning_format", str, "auto",
-         "where reasoning goes: none (left in content), deepseek (reasoning_content), "
-         "deepseek-legacy (both), auto", env="LLAMA_ARG_THINK"),
-    Flag(("--log-disable",), "log_disable", bool, False,
-         "print no log lines: no access line per request, no listening and ready lines "
-         "(errors are still printed)", is_switch=True),
-    Flag(("--reasoning-budget",), "reasoning_budget", int, -1,
-         "most reasoning tokens per reply, then the answer; -1 = no limit, 0 = no reasoning",
-         env="LLAMA_ARG_THINK_BUDGET"),
-)  # fmt: skip
 FLAGS = (
     MODEL_FLAG,
     *STORE_FLAGS,
@@ -158,68 +119,6 @@ FLAGS = (
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_command(subparsers, "serve", __doc__, FLAGS, run)
-
-
-def _split(text: str | None) -> tuple[str, ...]:
-    return tuple(item.strip() for item in (text or "").split(",") if item.strip())
-
-
-def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
-    keys = _split(args.api_key)
-    if args.api_key_file is not None:
-        try:
-            lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"cannot read --api-key-file {args.api_key_file}: {error}") from error
-        keys += tuple(line.strip() for line in lines if line.strip())
-    if not keys and (args.api_key is not None or args.api_key_file is not None):
-        # An empty key list would silently turn authentication off.
-        raise UsageError("--api-key/--api-key-file gave no keys; give at least one")
-    return keys
-
-
-def settings_from(args: argparse.Namespace) -> ServerSettings:
-    """Server settings from resolved flags.
-
-    Raises:
-        UsageError: a value is out of range or unsupported.
-        InputError: the API key file cannot be read, or `--allowed-local-media-path` or
-            `--path` is not a directory.
-    """
-    if not 0 < args.port < 65536:
-        raise UsageError(f"--port must be in [1, 65535], got {args.port}")
-    if args.timeout < 1:
-        raise UsageError(f"--timeout must be >= 1 second, got {args.timeout}")
-    if args.reasoning_format not in set(ReasoningFormat):
-        raise UsageError(
-            f"--reasoning-format must be one of {', '.join(ReasoningFormat)}, "
-            f"got {args.reasoning_format!r}"
-        )
-    if args.reasoning_budget < -1:
-        raise UsageError(f"--reasoning-budget must be -1 or >= 0, got {args.reasoning_budget}")
-    if args.audio_max_bytes < 1:
-        raise UsageError(f"--audio-max-bytes must be >= 1, got {args.audio_max_bytes}")
-    try:
-        return ServerSettings(
-            model_alias=args.alias,
-            context_size=args.ctx_size,
-            n_predict=args.n_predict,
-            engine=engine_config_from(args, max_waiting=args.max_queue),
-            sampling=sampling_params_from(args),
-            api_keys=_api_keys(args),
-            cors_origins=_split(args.cors),
-            audio_max_bytes=args.audio_max_bytes,
-            endpoint_metrics=args.metrics,
-            endpoint_slots=args.slots,
-            endpoint_props=args.props,
-            reasoning_format=ReasoningFormat(args.reasoning_format),
-            reasoning_budget=args.reasoning_budget,
-            image_decoder=image_decoder_from(args),
-            webui=not args.no_webui,
-            static_path=static_path_from(args),
-        )
-    except ValueError as error:
-        raise UsageError(str(error)) from error
 
 
 def serving_model(
