@@ -4,9 +4,9 @@ mirrors."""
 import pytest
 
 from mlxcel.cli import make_parser
-from mlxcel.flags import UsageError, resolve_defaults
-from mlxcel.serve_command import FLAGS
-from mlxcel.server_flags import settings_from
+from mlxcel.common.flags import UsageError, resolve_defaults
+from mlxcel.serving.serve_command import FLAGS
+from mlxcel.serving.server_flags import settings_from
 from mlxcel_core.errors import InputError
 
 

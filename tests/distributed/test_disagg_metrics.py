@@ -18,8 +18,8 @@ import mlx.core as mx
 import pytest
 from metric_samples import metric_samples
 
-from mlxcel.disaggregate_flags import DisaggregatedRank
-from mlxcel.stage_faults import guard_prefill
+from mlxcel.distributed.disaggregate_flags import DisaggregatedRank
+from mlxcel.distributed.stage_faults import guard_prefill
 from mlxcel_core.engine import (
     Engine,
     EngineConfig,
