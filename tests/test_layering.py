@@ -111,17 +111,11 @@ def module_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets.update(f"{node.module}.{alias.name}" for alias in node.names)
-                targets.add(node.module)
-        # `from package import name`: the module `name` when it is one, else the package.
-        graph[module] = {
-            target
-            for target in targets
-            if target in sources and (target + ".").startswith(tuple(sources)) and target != module
-        }
-        for target in list(graph[module]):
-            if any(child.startswith(target + ".") for child in graph[module]):
-                graph[module].discard(target)
+                # `from package import name`: the module `name` when it is one, else the package.
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    targets.add(submodule if submodule in sources else node.module)
+        graph[module] = {target for target in targets if target in sources} - {module}
     return graph
 
 
