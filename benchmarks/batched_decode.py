@@ -40,7 +40,7 @@ from mlxcel_core.engine import (
     OutputQueue,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig
 from mlxcel_models.loaded import LoadedModel

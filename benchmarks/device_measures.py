@@ -13,7 +13,7 @@ import numpy as np
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.runner import ModelRunner, RowInput
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 
 BLOCK_SIZE = 16
 WARMUP_PASSES = 3

@@ -47,7 +47,7 @@ from mlx_lm.generate import generate_step
 from target_models import ModelShelf, TargetModel
 from target_report import Report, TargetRow
 
-from mlxcel.bench_command import time_run
+from mlxcel.tuning.bench_command import time_run
 from mlxcel_core.kernels.paged_attention.grid import MIN_PARTITION_TOKENS
 
 DRAFT_TOKENS = 4

@@ -43,7 +43,7 @@ from mlxcel_core.cache.paged import (
 )
 from mlxcel_core.cache.quant import CACHE_TYPES
 from mlxcel_core.engine.memory import profile_model
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loading.loader import load_model
 

@@ -39,7 +39,7 @@ from kv_quality import (
     stored,
 )
 
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 
 EXACT = "exact"
 

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue, SchedulerConfig
-from mlxcel_core.generate import GenerationConfig, LanguageModel
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.default_model import default_model_path

@@ -35,7 +35,7 @@ from mlxcel_core.engine import (
     SchedulerConfig,
     Submission,
 )
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model

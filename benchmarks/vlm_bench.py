@@ -39,7 +39,7 @@ from PIL import Image
 from random_vlm import VISION_TOWERS, write_random_llava
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_vision.loading import load_vision_model
 

@@ -20,7 +20,8 @@ from mlxcel_core.engine import (
     SchedulerConfig,
     Submission,
 )
-from mlxcel_core.generate import GenerationConfig, LanguageModel
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams, TokenConstraint
 
 BLOCK_SIZE = 4

@@ -4,11 +4,12 @@ import io
 
 import pytest
 
-from mlxcel.audio_flags import AUDIO_FLAGS, SpeechModelPaths, speech_model_paths
 from mlxcel.cli import main, make_parser
-from mlxcel.flags import InputError, UsageError, resolve_defaults
-from mlxcel.serve_command import FLAGS, settings_from
+from mlxcel.common.flags import UsageError, resolve_defaults
+from mlxcel.serving.serve_command import FLAGS, settings_from
+from mlxcel.speech.audio_flags import AUDIO_FLAGS, SpeechModelPaths, speech_model_paths
 from mlxcel_audio.default_models import default_stt_model, default_tts_voice
+from mlxcel_core.errors import InputError
 
 
 def parsed(argv, environ=None):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.blas import (
+from mlxcel.common.blas import (
     FORTRAN_RUNTIME,
     NO_OPENBLAS_VARIABLE,
     BlasPreload,
@@ -18,7 +18,7 @@ from mlxcel.blas import (
     pypi_openblas_library,
     select_blas,
 )
-from mlxcel.blas_threads import process_threads
+from mlxcel.common.blas_threads import process_threads
 
 LINUX_X86_64 = sys.platform.startswith("linux") and platform.machine() == "x86_64"
 
@@ -121,7 +121,8 @@ def test_the_pypi_openblas_loads_with_mlx_cpus_fortran_runtime_and_serves_mlx(tm
     environ = BlasPreload(BlasSource.PYPI, library, fortran).environment(clean)
     # LD_LIBRARY_PATH comes before the system's libraries, so the link is what loads.
     out = run_python(
-        "import mlx.core as mx; from pathlib import Path; from mlxcel.blas import loaded_openblas;"
+        "import mlx.core as mx; from pathlib import Path;"
+        "from mlxcel.common.blas import loaded_openblas;"
         "maps = Path('/proc/self/maps').read_text();"
         "print(loaded_openblas()[0]);"
         "print(next(l.split()[-1] for l in maps.splitlines() if 'gfortran' in l));"

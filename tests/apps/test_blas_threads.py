@@ -8,7 +8,8 @@ from typing import ClassVar
 
 import pytest
 
-from mlxcel import blas_threads, rank_group
+from mlxcel.common import blas_threads
+from mlxcel.distributed import rank_group
 
 
 @pytest.mark.parametrize(

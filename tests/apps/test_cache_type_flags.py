@@ -7,8 +7,8 @@ import json
 import pytest
 
 from mlxcel.cli import main, make_parser
-from mlxcel.flags import UsageError, resolve_defaults
-from mlxcel.serve_command import FLAGS, settings_from
+from mlxcel.common.flags import UsageError, resolve_defaults
+from mlxcel.serving.serve_command import FLAGS, settings_from
 
 ACCEPTED = "auto, f32, f16, bf16, q8_0, q4_0, turbo2, turbo3, turbo4"
 

@@ -8,10 +8,10 @@ import sys
 import mlx.core as mx
 import pytest
 
-from mlxcel import loading
 from mlxcel.cli import main, make_parser
-from mlxcel.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
-from mlxcel.generate_command import FLAGS
+from mlxcel.common import loading
+from mlxcel.common.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
+from mlxcel.generation.generate_command import FLAGS
 from mlxcel_models.store import StoreConfig
 
 from factories import TinyConfig, write_gguf_model, write_safetensors_model
@@ -252,7 +252,7 @@ def test_a_missing_extra_is_one_usage_line_naming_what_needed_it():
         "--warp needs the fast extra: pip install 'mlxcel[fast]' "
         "(No module named 'mlxcel_no_such_extra')"
     )
-    flags = import_extra("mlxcel.flags", extra="fast", needed_by="--warp")
+    flags = import_extra("mlxcel.common.flags", extra="fast", needed_by="--warp")
     assert flags.import_extra is import_extra
 
 

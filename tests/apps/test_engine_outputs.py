@@ -1,7 +1,7 @@
 import pytest
 
-from mlxcel.engine_outputs import next_output
-from mlxcel.flags import RunError
+from mlxcel.common.flags import RunError
+from mlxcel.generation.engine_outputs import next_output
 from mlxcel_core.engine import EngineOutput, OutputQueue
 
 

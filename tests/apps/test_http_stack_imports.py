@@ -23,8 +23,9 @@ def import_without_http_stack(statement: str) -> subprocess.CompletedProcess[str
 
 def test_the_generate_command_and_the_rank_set_up_import_without_it():
     done = import_without_http_stack(
-        "import mlxcel.generate_command, mlxcel.parallel_flags, mlxcel.stage_faults, "
-        "mlxcel.disaggregate_flags; from mlxcel_server import ServerState, ServerSettings"
+        "import mlxcel.generation.generate_command, mlxcel.distributed.parallel_flags, "
+        "mlxcel.distributed.stage_faults, mlxcel.distributed.disaggregate_flags; "
+        "from mlxcel_server import ServerState, ServerSettings"
     )
     assert done.returncode == 0, done.stderr
 

@@ -9,11 +9,11 @@ import mlx.core as mx
 import pytest
 
 from mlxcel.cli import main, make_parser
-from mlxcel.flags import RunError, resolve_defaults
-from mlxcel.generate_command import FLAGS as GENERATE_FLAGS
-from mlxcel.loading import compute_options
-from mlxcel.memory_preflight import check_memory
-from mlxcel.store_flags import resolve_store_flags
+from mlxcel.common.flags import RunError, resolve_defaults
+from mlxcel.common.loading import compute_options
+from mlxcel.common.memory_preflight import check_memory
+from mlxcel.generation.generate_command import FLAGS as GENERATE_FLAGS
+from mlxcel.models.store_flags import resolve_store_flags
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.memory import MemoryBudget

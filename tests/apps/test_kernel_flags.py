@@ -8,8 +8,8 @@ import argparse
 import pytest
 
 from mlxcel.cli import make_parser
-from mlxcel.flags import UsageError, resolve_defaults
-from mlxcel.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
+from mlxcel.common.flags import UsageError, resolve_defaults
+from mlxcel.common.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel_core.kernels import KernelOptions, install_kernel_options, installed_kernel_options
 
 

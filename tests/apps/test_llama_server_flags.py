@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from mlxcel import llama_server_flags
 from mlxcel.cli import main
-from mlxcel.llama_server_flags import IGNORED_FLAGS
+from mlxcel.common import llama_server_flags
+from mlxcel.common.llama_server_flags import IGNORED_FLAGS
 
 from family_folders import write_family_model
 

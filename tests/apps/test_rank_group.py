@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from mlxcel import rank_group
+from mlxcel.distributed import rank_group
 
 NCCL_RENDEZVOUS = {"MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "10.0.0.1", "NCCL_PORT": "29500"}
 

@@ -10,10 +10,11 @@ import json
 import pytest
 from test_cli import assert_one_line_error, run_cli
 
-from mlxcel import generate_command, serve_command
 from mlxcel.cli import make_parser
-from mlxcel.flags import UsageError, resolve_defaults
-from mlxcel.reasoning_display import DIM, RESET, ReasoningDisplay
+from mlxcel.common.flags import UsageError, resolve_defaults
+from mlxcel.generation import generate_command
+from mlxcel.generation.reasoning_display import DIM, RESET, ReasoningDisplay
+from mlxcel.serving import serve_command
 from mlxcel_core.reasoning import ReasoningMarkers, ReasoningPhase
 from mlxcel_server.reasoning import ReasoningFormat
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 from test_cli import assert_one_line_error, run_cli
 
-from mlxcel.chat_session import ChatSession, ChatSettings, ConversationTooLongError
-from mlxcel.repl import run_repl
-from mlxcel.repl_input import PipedReader, read_entry
-from mlxcel.run_command import history_path
+from mlxcel.generation.chat_session import ChatSession, ChatSettings, ConversationTooLongError
+from mlxcel.generation.repl import run_repl
+from mlxcel.generation.repl_input import PipedReader, read_entry
+from mlxcel.generation.run_command import history_path
 from mlxcel_core.engine import Engine, EngineConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loading.loader import load_model

@@ -9,8 +9,8 @@ import sys
 import pytest
 from test_cli import assert_one_line_error, run_cli
 
-from mlxcel import run_command
-from mlxcel.chat_session import ChatSession, ChatSettings
+from mlxcel.generation import run_command
+from mlxcel.generation.chat_session import ChatSession, ChatSettings
 from mlxcel_core.engine import Engine, EngineConfig
 from mlxcel_core.sampling import SamplingParams
 

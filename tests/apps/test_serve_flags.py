@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from mlxcel import serve_command
 from mlxcel.cli import main, make_parser
-from mlxcel.flags import UsageError, resolve_defaults
-from mlxcel.serve_command import FLAGS, settings_from
-from mlxcel.store_flags import resolve_store_flags
+from mlxcel.common.flags import UsageError, resolve_defaults
+from mlxcel.models.store_flags import resolve_store_flags
+from mlxcel.serving import serve_command
+from mlxcel.serving.serve_command import FLAGS, settings_from
 
 from live_server import LiveServer, free_port
 

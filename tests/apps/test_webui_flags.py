@@ -4,8 +4,10 @@ mirrors."""
 import pytest
 
 from mlxcel.cli import make_parser
-from mlxcel.flags import InputError, UsageError, resolve_defaults
-from mlxcel.serve_command import FLAGS, settings_from
+from mlxcel.common.flags import UsageError, resolve_defaults
+from mlxcel.serving.serve_command import FLAGS
+from mlxcel.serving.server_flags import settings_from
+from mlxcel_core.errors import InputError
 
 
 def settings(argv, environ=None):

@@ -56,10 +56,10 @@ def test_generate_runs_and_image_flags_ask_for_the_vision_extra(tiny_gguf, tmp_p
 def test_serve_reads_no_images_and_serves_no_speech_but_refuses_their_flags(tmp_path):
     done = run_without_extras(
         """
-        from mlxcel.audio_flags import SpeechModelPaths, speech_model_paths
+        from mlxcel.speech.audio_flags import SpeechModelPaths, speech_model_paths
         from mlxcel.cli import make_parser
-        from mlxcel.flags import UsageError, resolve_defaults
-        from mlxcel.serve_command import FLAGS, settings_from
+        from mlxcel.common.flags import UsageError, resolve_defaults
+        from mlxcel.serving.serve_command import FLAGS, settings_from
 
         def parsed(*argv):
             args = make_parser("serve").parse_args(["serve", *argv])

@@ -18,7 +18,7 @@ from test_whisper_loading import random_weights, write_hugging_face, write_mlx_w
 from word_errors import words
 
 from mlxcel.cli import main
-from mlxcel.speech_models import WhisperSpeechToText
+from mlxcel.speech.speech_models import WhisperSpeechToText
 from mlxcel_audio.features import N_FRAMES, N_SAMPLES, log_mel_spectrogram, pad_or_trim
 from mlxcel_audio.whisper import TranscribeOptions, load_whisper, transcribe
 from mlxcel_audio.whisper.decoding import encode_window

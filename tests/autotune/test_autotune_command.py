@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.autotune_settings import apply_autotune, prefill_bucket_for
-from mlxcel.bench_command import BENCH_FLAGS
 from mlxcel.cli import main, make_parser
-from mlxcel.engine_flags import engine_config_from
-from mlxcel.flags import BATCH_SIZE_FLAG, resolve_defaults
-from mlxcel.generate_command import FLAGS as GENERATE_FLAGS
-from mlxcel.store_flags import resolve_store_flags
-from mlxcel.tune_searches import search_prefill_chunk
+from mlxcel.common.autotune_settings import apply_autotune, prefill_bucket_for
+from mlxcel.common.engine_flags import engine_config_from
+from mlxcel.common.flags import BATCH_SIZE_FLAG, resolve_defaults
+from mlxcel.generation.generate_command import FLAGS as GENERATE_FLAGS
+from mlxcel.models.store_flags import resolve_store_flags
+from mlxcel.tuning.bench_command import BENCH_FLAGS
+from mlxcel.tuning.tune_searches import search_prefill_chunk
 from mlxcel_core.tuning import (
     PREFILL_CHUNK,
     TunedEntry,

@@ -33,7 +33,8 @@ from mlxcel_core.engine import (
     Submission,
 )
 from mlxcel_core.engine.runner import PendingToken, RowInput, pass_tokens
-from mlxcel_core.generate import FinishReason, LanguageModel
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import FinishReason
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig
 from mlxcel_models.loading.loader import load_model

@@ -28,13 +28,9 @@ from mlxcel_core.engine import (
     RequestCancelledError,
     SchedulerConfig,
 )
-from mlxcel_core.generate import (
-    FinishReason,
-    GenerationChunk,
-    GenerationConfig,
-    LanguageModel,
-    stream_generate,
-)
+from mlxcel_core.generate import GenerationChunk, stream_generate
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import FinishReason, GenerationConfig
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models.loading.loader import load_model
 

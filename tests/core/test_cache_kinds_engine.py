@@ -41,7 +41,7 @@ from mlxcel_core.engine import (
 )
 from mlxcel_core.engine.config import plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.language_model import MlxLmLanguageModel

@@ -22,7 +22,7 @@ from mlxcel_core.engine import (
 )
 from mlxcel_core.engine.config import MIN_PREFILL_CHUNK, prefill_chunk_for
 from mlxcel_core.engine.memory import ModelProfile
-from mlxcel_core.generate import FinishReason, GenerationConfig
+from mlxcel_core.request import FinishReason, GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 
 VOCAB = 32

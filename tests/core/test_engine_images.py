@@ -37,8 +37,8 @@ from mlxcel_core.engine import (
     OutputQueue,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.images import PromptImage, RowImages
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.language_model import MlxLmLanguageModel

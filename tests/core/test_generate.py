@@ -4,13 +4,8 @@ import mlx.core as mx
 import pytest
 
 from mlxcel_core.cache import DenseKVCache, KVCache
-from mlxcel_core.generate import (
-    ContextOverflowError,
-    FinishReason,
-    GenerationConfig,
-    generate_tokens,
-    stream_generate,
-)
+from mlxcel_core.generate import generate_tokens, stream_generate
+from mlxcel_core.request import ContextOverflowError, FinishReason, GenerationConfig
 
 VOCAB = 32
 

@@ -27,7 +27,7 @@ from mlxcel_core.cache.quant import CacheTypeError, make_kv_codec
 from mlxcel_core.engine import Engine, EngineConfig
 from mlxcel_core.engine.config import plan_kv_blocks
 from mlxcel_core.engine.memory import ModelProfile
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loading.loader import load_model
 

@@ -6,8 +6,9 @@ import mlx.core as mx
 import pytest
 from test_generate import CountingModel, LetterDetokenizer, greedy
 
-from mlxcel_core.generate import GenerationConfig, stream_generate
+from mlxcel_core.generate import stream_generate
 from mlxcel_core.logprobs import TokenLogprobs, make_logprobs
+from mlxcel_core.request import GenerationConfig
 
 
 def test_make_logprobs_is_the_log_softmax_sorted_descending():

@@ -11,9 +11,11 @@ from test_generate import EvenThenStop, greedy
 from test_generate import LetterDetokenizer as TextDetokenizer
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue
-from mlxcel_core.generate import FinishReason, GenerationConfig, TextAssembler, stream_generate
+from mlxcel_core.generate import stream_generate
+from mlxcel_core.request import FinishReason, GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.stopping import StopMatch, StopStringMatcher, StopTokenBan, ban_tokens
+from mlxcel_core.text_assembler import TextAssembler
 from mlxcel_models.loading.loader import load_model
 
 GREEDY = SamplingParams(temperature=0.0)

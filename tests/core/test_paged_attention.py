@@ -25,7 +25,7 @@ from mlxcel_core.cache.paged import (
     make_layer_caches,
 )
 from mlxcel_core.engine.memory import profile_model
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_models.loading.loader import load_model
 
 from factories import TinyConfig, write_safetensors_model, write_sliding_window_model

@@ -9,8 +9,8 @@ from reasoning_factories import SuccessorModel, chain
 from test_batching_engine import generate_all, make_config, running_engine, token_ids
 
 from mlxcel_core.engine import EngineRequest
-from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.reasoning import ReasoningPhase, ReasoningTokens, ReasoningTracker
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 

@@ -37,7 +37,7 @@ from mlxcel_core.cache.paged import (
 from mlxcel_core.engine import EngineConfig, InsufficientMemoryError
 from mlxcel_core.engine.config import plan_kv_blocks
 from mlxcel_core.engine.memory import profile_model
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.loading.loader import load_model

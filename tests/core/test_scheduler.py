@@ -15,8 +15,9 @@ from mlxcel_core.cache.paged import KVCacheManager
 from mlxcel_core.engine import EngineRequest, OutputQueue, RequestHandle
 from mlxcel_core.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlxcel_core.engine.sequence import Sequence, SequenceStatus
-from mlxcel_core.generate import GenerationConfig, TextAssembler
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_core.text_assembler import TextAssembler
 
 BLOCK_SIZE = 4
 GREEDY = SamplingParams(temperature=0.0)

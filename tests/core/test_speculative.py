@@ -25,7 +25,8 @@ from test_batching_engine import (
 )
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineOutput, EngineRequest
-from mlxcel_core.generate import GenerationConfig, LanguageModel
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import (
     AcceptanceRule,

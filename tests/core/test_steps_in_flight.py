@@ -41,7 +41,8 @@ from mlxcel_core.engine import (
     SchedulerConfig,
 )
 from mlxcel_core.engine.runner import StepLogits
-from mlxcel_core.generate import FinishReason, GenerationConfig, LanguageModel
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import FinishReason, GenerationConfig
 from mlxcel_models.loading.loader import load_model
 
 

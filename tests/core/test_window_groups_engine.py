@@ -35,7 +35,7 @@ from mlxcel_core.engine import InsufficientMemoryError, SchedulerConfig
 from mlxcel_core.engine.config import plan_kv_blocks
 from mlxcel_core.engine.kv_plan import plan_kv_cache
 from mlxcel_core.engine.memory import profile_model
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.language_model import MlxLmLanguageModel
 

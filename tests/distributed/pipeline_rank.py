@@ -28,7 +28,7 @@ import numpy as np
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.engine.runner import ModelRunner, RowInput
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_distributed.pipeline_stage import make_pipeline_stage
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.loading.loader import load_model

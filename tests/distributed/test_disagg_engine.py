@@ -25,7 +25,8 @@ from mlxcel_core.engine import (
     RemotePrefill,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig, LanguageModel
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.threads import thread_stream
 from mlxcel_distributed import PrefillWorker, block_layout, pack_blocks, unpack_blocks

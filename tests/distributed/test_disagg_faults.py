@@ -14,8 +14,8 @@ import time
 import mlx.core as mx
 import pytest
 
-from mlxcel.disaggregate_flags import DisaggregatedRank
-from mlxcel.stage_faults import guard_prefill
+from mlxcel.distributed.disaggregate_flags import DisaggregatedRank
+from mlxcel.distributed.stage_faults import guard_prefill
 from mlxcel_core.engine import (
     Engine,
     EngineConfig,
@@ -26,7 +26,7 @@ from mlxcel_core.engine import (
     PrefillJob,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_distributed import (
     PrefillDeadline,

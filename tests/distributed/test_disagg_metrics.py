@@ -18,8 +18,8 @@ import mlx.core as mx
 import pytest
 from metric_samples import metric_samples
 
-from mlxcel.disaggregate_flags import DisaggregatedRank
-from mlxcel.stage_faults import guard_prefill
+from mlxcel.distributed.disaggregate_flags import DisaggregatedRank
+from mlxcel.distributed.stage_faults import guard_prefill
 from mlxcel_core.engine import (
     Engine,
     EngineConfig,
@@ -27,7 +27,7 @@ from mlxcel_core.engine import (
     OutputQueue,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.threads import thread_stream
 from mlxcel_distributed import StageHealth, serve_prefills

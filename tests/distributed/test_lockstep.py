@@ -17,7 +17,7 @@ from mlxcel_core.engine import (
     OutputQueue,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_distributed import (
     KVPlan,

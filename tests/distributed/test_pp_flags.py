@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from cli_runs import run_mlxcel
 
-from mlxcel.flags import UsageError
-from mlxcel.parallel_modes import PIPELINE_PARALLEL
+from mlxcel.common.flags import UsageError
+from mlxcel.distributed.parallel_modes import PIPELINE_PARALLEL
 from mlxcel_distributed import PIPELINE_FAMILIES
 from mlxcel_models.memory import read_model_inventory
 from mlxcel_models.metadata import all_families

@@ -67,6 +67,6 @@ def test_no_command_or_server_module_calls_the_loader_directly():
 
 
 def test_the_scan_sees_the_backend_in_use():
-    loading = ROOT / "apps/mlxcel/src/mlxcel/loading.py"
+    loading = ROOT / "apps/mlxcel/src/mlxcel/common/loading.py"
     assert "mlxcel_models.backend" in ast.unparse(ast.parse(loading.read_text(encoding="utf-8")))
     assert loader_imports(ROOT / "packages/mlxcel-models/src/mlxcel_models/backend.py")

@@ -16,8 +16,8 @@ import pytest
 from family_configs import write_family_model
 from mlx_lm.utils import MODEL_REMAPPING
 
-from mlxcel.flags import UsageError
-from mlxcel.parallel_modes import TENSOR_PARALLEL
+from mlxcel.common.flags import UsageError
+from mlxcel.distributed.parallel_modes import TENSOR_PARALLEL
 from mlxcel_core.cache.layout import CacheKind
 from mlxcel_core.cache.state import state_bytes_per_sequence
 from mlxcel_core.engine.memory import profile_model

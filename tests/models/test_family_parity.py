@@ -25,7 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue, SchedulerConfig
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loading.loader import load_model
 from mlxcel_models.metadata import find_family

@@ -12,18 +12,14 @@ import numpy as np
 import pytest
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineRequest, OutputQueue, SchedulerConfig
-from mlxcel_core.generate import GenerationConfig, stream_generate
+from mlxcel_core.generate import stream_generate
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_models.attach_lora import apply_adapters
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loaded import LoadedModel
 from mlxcel_models.loading.loader import load_model
-from mlxcel_models.lora import (
-    AdapterFormat,
-    AdapterLoadError,
-    AdapterScaleError,
-    AdapterSpec,
-    apply_adapters,
-)
+from mlxcel_models.lora import AdapterFormat, AdapterLoadError, AdapterScaleError, AdapterSpec
 from mlxcel_models.lora.layer import input_dims
 
 from adapter_factories import (

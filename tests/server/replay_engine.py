@@ -4,7 +4,7 @@
 from collections.abc import Sequence
 
 from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
-from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_core.request import FinishReason, GenerationStats
 
 TWO_CALLS = (
     "I'll check both cities.\n"

@@ -11,7 +11,7 @@ import pytest
 from replay_engine import TWO_CALLS
 
 from mlxcel_core.engine import EngineOutput, EngineOverloadedError, RequestHandle
-from mlxcel_core.generate import FinishReason
+from mlxcel_core.request import FinishReason
 from mlxcel_server.anthropic_api.conversation import ERROR_RESULT_PREFIX
 from mlxcel_server.anthropic_api.stop_reason import Ending, EndingTracker
 

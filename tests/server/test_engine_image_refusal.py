@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from mlxcel_core.engine import Engine, EngineRequest
-from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.images import PromptImage
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_server import ServingModel
 from mlxcel_server.errors import ApiError

@@ -9,8 +9,9 @@ import openai
 import pytest
 
 from mlxcel_core.engine import Engine
+from mlxcel_models.attach_lora import apply_adapters
 from mlxcel_models.loading.loader import load_model
-from mlxcel_models.lora import AdapterSpec, apply_adapters
+from mlxcel_models.lora import AdapterSpec
 
 from adapter_factories import lora_updates, write_mlx_lm_adapter, write_peft_adapter
 from live_server import LiveServer

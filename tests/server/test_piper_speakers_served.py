@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from audio_app import AudioApps
 
-from mlxcel.speech_models import PiperTextToSpeech
+from mlxcel.speech.speech_models import PiperTextToSpeech
 from mlxcel_audio.piper import load_voice
 from mlxcel_server.audio_speech import choose_speaker
 from mlxcel_server.errors import ApiError

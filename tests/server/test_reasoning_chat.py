@@ -18,7 +18,7 @@ from reasoning_factories import (
 from test_chat_tools import WEATHER_TOOL
 
 from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
-from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_core.request import FinishReason, GenerationStats
 
 CHAT = "/v1/chat/completions"
 

@@ -8,7 +8,7 @@ import pytest
 from test_chat_tools import WEATHER_TOOL, hermes_loaded_decode
 from test_responses_api import named_events
 
-from mlxcel_core.generate import FinishReason
+from mlxcel_core.request import FinishReason
 from mlxcel_server.anthropic_api.conversation import chat_request
 from mlxcel_server.anthropic_api.request import CountTokensRequest
 from mlxcel_server.schemas import NamedToolChoice

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from mlxcel_core.engine import Engine, EngineConfig, EngineOutput, EngineRequest, OutputQueue
-from mlxcel_core.generate import GenerationConfig
 from mlxcel_core.images import RowImages
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.image_prompt import ImagePrompt
 from mlxcel_vision.model import VisionLanguageModel

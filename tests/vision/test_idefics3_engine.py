@@ -16,7 +16,7 @@ from test_vision_model import CountingEncoder
 
 from mlxcel.cli import main
 from mlxcel_core.engine import EngineConfig, SchedulerConfig
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_vision.loading import load_vision_model
 from mlxcel_vision.model import VisionLanguageModel

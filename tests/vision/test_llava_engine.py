@@ -14,7 +14,7 @@ from PIL import Image
 from test_vision_model import CountingEncoder
 
 from mlxcel_core.engine import EngineConfig, SchedulerConfig
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_vision.loading import load_vision_model
 from mlxcel_vision.model import VisionLanguageModel

@@ -15,7 +15,7 @@ from PIL import Image
 from qwen2_vl_factories import write_qwen2_vl
 
 from mlxcel_core.engine import EngineConfig, SchedulerConfig
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.request import GenerationConfig
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.image_prompt import ImagePrompt
 from mlxcel_models.loaded import LoadedModel

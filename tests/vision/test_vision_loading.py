@@ -15,7 +15,7 @@ import pytest
 from llava_factory import write_llava_model
 
 from mlxcel.cli import main
-from mlxcel.loading import load_for_command
+from mlxcel.common.loading import load_for_command
 from mlxcel_core.images import RowImages
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError

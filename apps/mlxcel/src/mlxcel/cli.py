@@ -11,26 +11,27 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, TextIO
 
-from mlxcel.blas import describe_blas
-from mlxcel.flags import InputError, RunError, UsageError
-from mlxcel_core.engine import ImagesNotSupportedError
-from mlxcel_core.generate import ContextOverflowError
-from mlxcel_models.errors import ModelLoadError
+from mlxcel.common.blas import describe_blas
+from mlxcel.common.flags import RunError, UsageError
+from mlxcel_core.errors import InputError
 
 # Subcommand -> (module, one-line help). A command's module, and the libraries it needs
 # (the server stack for `serve`, mlx-lm's generator for `bench`), load only when it runs.
 COMMANDS = {
-    "generate": ("mlxcel.generate_command", "generate text for one prompt"),
-    "run": ("mlxcel.run_command", "chat with a model in the terminal"),
-    "bench": ("mlxcel.bench_command", "measure prompt and generation speed"),
-    "serve": ("mlxcel.serve_command", "serve the OpenAI-compatible HTTP API"),
-    "list": ("mlxcel.list_command", "list the models in the store"),
-    "rm": ("mlxcel.rm_command", "delete a model from the store"),
-    "arch": ("mlxcel.arch_command", "list the supported architectures and their features"),
-    "inspect": ("mlxcel.inspect_command", "estimate a model's memory and whether it fits"),
-    "tune": ("mlxcel.tune_command", "search and store the fastest prefill chunk and kernel splits"),
-    "transcribe": ("mlxcel.transcribe_command", "transcribe speech in an audio file"),
-    "speak": ("mlxcel.speak_command", "speak text with a Piper voice (text-to-speech)"),
+    "generate": ("mlxcel.generation.generate_command", "generate text for one prompt"),
+    "run": ("mlxcel.generation.run_command", "chat with a model in the terminal"),
+    "bench": ("mlxcel.tuning.bench_command", "measure prompt and generation speed"),
+    "serve": ("mlxcel.serving.serve_command", "serve the OpenAI-compatible HTTP API"),
+    "list": ("mlxcel.models.list_command", "list the models in the store"),
+    "rm": ("mlxcel.models.rm_command", "delete a model from the store"),
+    "arch": ("mlxcel.models.arch_command", "list the supported architectures and their features"),
+    "inspect": ("mlxcel.models.inspect_command", "estimate a model's memory and whether it fits"),
+    "tune": (
+        "mlxcel.tuning.tune_command",
+        "search and store the fastest prefill chunk and kernel splits",
+    ),
+    "transcribe": ("mlxcel.speech.transcribe_command", "transcribe speech in an audio file"),
+    "speak": ("mlxcel.speech.speak_command", "speak text with a Piper voice (text-to-speech)"),
 }
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -141,13 +142,8 @@ def main(
     except UsageError as error:
         _report(err, error)
         return EXIT_USAGE
-    except (
-        InputError,
-        RunError,
-        ModelLoadError,
-        ContextOverflowError,
-        ImagesNotSupportedError,
-    ) as error:
+    # Every mlxcel input error: the prompt, a model file, an image, a value out of range.
+    except (InputError, RunError) as error:
         _report(err, error)
         return EXIT_FAILURE
     except BrokenPipeError:

@@ -2,10 +2,10 @@
 
 Four things must happen before MLX is imported:
 - On Linux, MLX's CPU wheel links a reference BLAS; the command re-executes itself with
-  OpenBLAS preloaded (from PyPI, else the system's; `mlxcel.blas`), which makes float
+  OpenBLAS preloaded (from PyPI, else the system's; `mlxcel.common.blas`), which makes float
   matrix products many times faster (docs/adr/0003, 0028). `MLXCEL_NO_OPENBLAS=1` turns
   this off.
-- OpenBLAS gets the cores MLX's own CPU work leaves (`mlxcel.blas_threads`) unless the
+- OpenBLAS gets the cores MLX's own CPU work leaves (`mlxcel.common.blas_threads`) unless the
   environment sets its thread count: with a thread per core its idle workers spin on the
   cores MLX needs.
 - MLX's CUDA backend keeps per-shape state (cuDNN attention plans among it) in LRU caches
@@ -24,7 +24,7 @@ import os
 import sys
 from typing import NoReturn
 
-from mlxcel.blas_threads import limit_process_blas_threads
+from mlxcel.common.blas_threads import limit_process_blas_threads
 
 EXIT_INTERRUPTED = 130
 THRASHING_CHECK_VARIABLE = "MLX_ENABLE_CACHE_THRASHING_CHECK"
@@ -33,7 +33,7 @@ THRASHING_CHECK_VARIABLE = "MLX_ENABLE_CACHE_THRASHING_CHECK"
 def _reexec_with_openblas(argv: list[str]) -> None:
     if not sys.platform.startswith("linux"):
         return
-    from mlxcel.blas import preferred_blas
+    from mlxcel.common.blas import preferred_blas
 
     blas = preferred_blas(os.environ)
     if blas.library is None or blas.is_preloaded(os.environ):

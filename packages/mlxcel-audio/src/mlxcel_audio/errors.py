@@ -1,7 +1,9 @@
 """Errors raised for audio input a caller can fix; each carries a one-line message."""
 
+from mlxcel_core.errors import InputError
 
-class AudioInputError(ValueError):
+
+class AudioInputError(InputError, ValueError):
     """The audio, text or options given cannot be used (empty, corrupt, out of range)."""
 
 

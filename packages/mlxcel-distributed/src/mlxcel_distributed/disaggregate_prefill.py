@@ -18,7 +18,7 @@ from mlxcel_core.cache.paged import InvariantError, KVCacheManager
 from mlxcel_core.engine import EngineConfig, ModelRunner, PrefillJob, RowInput
 from mlxcel_core.engine.config import make_kv_storage, plan_kv_blocks, profile_largest_step
 from mlxcel_core.engine.remote_prefill import returned_block_ids
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_distributed.disaggregate_messages import receive_job, send_kv, send_ready
 from mlxcel_distributed.kv_transfer import pack_blocks
 

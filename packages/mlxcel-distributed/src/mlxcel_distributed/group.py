@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxcel_core.errors import MlxcelError
 
-class GroupError(RuntimeError):
+
+class GroupError(MlxcelError, RuntimeError):
     """The process could not join its group, or the group has the wrong size."""
 
 

@@ -21,7 +21,7 @@ import mlx.core as mx
 from mlxcel_core.cache.paged import BlockCopy, PagedKVStorage
 from mlxcel_core.engine import ModelRunner, RowInput
 from mlxcel_core.engine.runner import StepLogits
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_distributed.stage_guard import StageGuard, timed
 from mlxcel_distributed.stage_metrics import StageMetrics
 from mlxcel_distributed.stage_reports import StageReport

@@ -11,7 +11,8 @@ from mlxcel_core.cache.layout import model_cache_layout
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import EngineConfig, ModelRunner, RunnerFactory
 from mlxcel_core.engine.config import make_kv_storage, profile_largest_step
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.errors import MlxcelError
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_distributed.lockstep import LockstepRunner, asks_for_reports, evaluate_step
 from mlxcel_distributed.pipeline_runner import PipelineRunner, StageRunner
 from mlxcel_distributed.pipeline_stage import PipelineStage
@@ -21,7 +22,7 @@ from mlxcel_distributed.step_channel import Channel
 from mlxcel_distributed.step_messages import KVPlan, Shutdown, StepMessage
 
 
-class LockstepError(RuntimeError):
+class LockstepError(MlxcelError, RuntimeError):
     """A follower received a message out of order (rank 0 and it have diverged)."""
 
 

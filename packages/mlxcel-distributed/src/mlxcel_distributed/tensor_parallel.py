@@ -14,11 +14,12 @@ from typing import Protocol, runtime_checkable
 
 import mlx.core as mx
 
+from mlxcel_core.errors import InputError
 from mlxcel_models.language_model import MlxLmLanguageModel
 from mlxcel_models.memory import Architecture
 
 
-class TensorParallelError(ValueError):
+class TensorParallelError(InputError, ValueError):
     """The model cannot be split over the group asked for."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_models.detection import ModelSource
 from mlxcel_models.image_prompt import ImagePrompter
 from mlxcel_models.metadata import FamilyMetadata

@@ -17,12 +17,13 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from mlxcel_core.errors import MlxcelError
 from mlxcel_core.threads import thread_stream
 
 T = TypeVar("T")
 
 
-class AudioOverloadedError(Exception):
+class AudioOverloadedError(MlxcelError):
     """The worker has `max_waiting` jobs waiting already.
 
     Attributes:
@@ -34,7 +35,7 @@ class AudioOverloadedError(Exception):
         self.retry_after_seconds = retry_after_seconds
 
 
-class AudioWorkerClosedError(Exception):
+class AudioWorkerClosedError(MlxcelError):
     """The worker is shutting down."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from mlxcel_core.errors import MlxcelError
+
 _TYPES = MappingProxyType(
     {
         400: "invalid_request_error",
@@ -20,7 +22,7 @@ _TYPES = MappingProxyType(
 )
 
 
-class ApiError(Exception):
+class ApiError(MlxcelError):
     """An error answered to the client.
 
     Args:

@@ -23,9 +23,9 @@ from mlxcel_core.engine import (
     ImagesNotSupportedError,
     RequestHandle,
 )
-from mlxcel_core.generate import ContextOverflowError, GenerationStats
 from mlxcel_core.images import PromptImage
 from mlxcel_core.logprobs import TokenLogprobs
+from mlxcel_core.request import ContextOverflowError, GenerationStats
 from mlxcel_core.sampling import TokenConstraint
 from mlxcel_server.errors import ApiError, invalid
 from mlxcel_server.reasoning import ReasoningPlan, ReplyReader

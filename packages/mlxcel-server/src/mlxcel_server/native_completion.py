@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from mlxcel_core.generate import FinishReason, GenerationStats
 from mlxcel_core.logprobs import TokenLogprobs
+from mlxcel_core.request import FinishReason, GenerationStats
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server.errors import invalid
 from mlxcel_server.logprobs import token_text

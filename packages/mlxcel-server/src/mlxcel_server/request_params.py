@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
 from mlxcel_core.adapters import AdapterScales
-from mlxcel_core.generate import GenerationConfig
+from mlxcel_core.errors import ParamError
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.sampling.params import parse_sampler_chars, parse_sampler_names
 from mlxcel_models.lora import AdapterScaleError, LoraAdapters
@@ -90,9 +90,8 @@ def sampling_params(
         overrides["samplers"] = _samplers(fields.samplers)
     try:
         return dataclasses.replace(defaults, **overrides)
-    except ValueError as error:
-        name = re.match(r"[a-z_]+", str(error))
-        raise invalid(str(error), name.group(0) if name else None) from error
+    except ParamError as error:
+        raise invalid(str(error), error.param) from error
 
 
 def _samplers(samplers: list[str] | str) -> tuple:
@@ -105,7 +104,7 @@ def _samplers(samplers: list[str] | str) -> tuple:
         if isinstance(samplers, str):
             return parse_sampler_chars(samplers)
         return parse_sampler_names(samplers)
-    except ValueError as error:
+    except ParamError as error:
         raise invalid(str(error), "samplers") from error
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, RootModel, SerializerFunctionWrapHandler, model_serializer
 
-from mlxcel_core.generate import GenerationStats
+from mlxcel_core.request import GenerationStats
 from mlxcel_server.logprobs import ChatLogprobs, CompletionLogprobs
 
 
@@ -79,11 +79,22 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
 
 
-class ChatCompletion(BaseModel):
+class _CompletionObject(BaseModel):
+    """The fields OpenAI's completion objects share, in their order; each kind names its
+    `object` and the type of its choices. A streamed chunk leaves `usage` and `timings`
+    unset until the end."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
+    choices: list
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+class ChatCompletion(_CompletionObject):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
     timings: Timings
@@ -128,14 +139,9 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_CompletionObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    timings: Timings | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -145,16 +151,11 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
 
 
-class Completion(BaseModel):
+class Completion(_CompletionObject):
     """A completion, or (with `usage` unset until the end) one streamed chunk of one."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    timings: Timings | None = None
 
 
 def make_usage(

@@ -1,4 +1,5 @@
-"""Server-sent events as OpenAI streams them: `data: <json>` blocks, then `data: [DONE]`."""
+"""Server-sent events as OpenAI streams them: `data: <json>` blocks, then `data: [DONE]`;
+and the named events of the Messages and Responses streams."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ def encode_event(payload: BaseModel | dict) -> bytes:
     """One SSE `data:` block; JSON keeps non-ASCII text as it is (UTF-8)."""
     data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def encode_named_event(event_type: str, data: dict) -> bytes:
+    """One SSE block with an `event:` line naming it, as the Anthropic Messages and OpenAI
+    Responses streams send them; `data` gains the `type` field. JSON keeps non-ASCII text
+    as it is (UTF-8)."""
+    payload = json.dumps({"type": event_type, **data}, ensure_ascii=False)
+    return f"event: {event_type}\ndata: {payload}\n\n".encode()
 
 
 def sse_response(events) -> Response:

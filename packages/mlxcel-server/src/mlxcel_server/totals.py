@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from mlxcel_core.generate import GenerationStats
+from mlxcel_core.request import GenerationStats
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from mlxcel_audio.whisper.loading import WhisperModel
 from mlxcel_audio.whisper.model import KVCache
-from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_core.sampling import Sampler, SamplingParams, is_greedy
 
 MAX_INITIAL_TIMESTAMP = 1.0  # seconds: the first timestamp of a window is at most this
 
@@ -93,7 +93,7 @@ def decode_window(
     sot_index = initial.index(tokenizer.sot)
     rules = _LogitRules(whisper, timestamps=tokenizer.no_timestamps not in sot_sequence)
     sampler = None
-    if temperature > 0:
+    if not is_greedy(temperature):
         params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
         sampler = Sampler(params)
 

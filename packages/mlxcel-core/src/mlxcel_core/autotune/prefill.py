@@ -14,7 +14,8 @@ from mlxcel_core.engine import (
     OutputQueue,
     SchedulerConfig,
 )
-from mlxcel_core.generate import GenerationConfig, LanguageModel
+from mlxcel_core.language_model import LanguageModel
+from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 
 # Chunk sizes (tokens) a search tries, besides the default, up to the prompt's length.

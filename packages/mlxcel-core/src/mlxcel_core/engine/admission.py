@@ -9,8 +9,8 @@ from mlxcel_core.cache.paged import KeyedSpan
 from mlxcel_core.engine.emission import emit_final
 from mlxcel_core.engine.request import EngineOutput, EngineRequest, OutputSink, RequestHandle
 from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence
-from mlxcel_core.generate import TextAssembler
 from mlxcel_core.sampling import Sampler
+from mlxcel_core.text_assembler import TextAssembler
 
 # A group's prompt as forking sees it: handle id, prompt ids, adapter-scales salt, images.
 GroupPrompt = tuple[int, tuple[int, ...], tuple[str, ...], tuple[KeyedSpan, ...]]

@@ -12,7 +12,8 @@ from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
 from mlxcel_core.cache.state import state_bytes_per_sequence
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, profile_model
 from mlxcel_core.engine.scheduler import SchedulerConfig
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.errors import InputError
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.speculative import SpeculativeConfig
 
 # The smallest prefill chunk a time limit lowers `max_prefill_chunk` to: one KV block of
@@ -23,7 +24,7 @@ MIN_PREFILL_CHUNK = 16
 MAX_BLOCK_SIZE = 256
 
 
-class InsufficientMemoryError(ValueError):
+class InsufficientMemoryError(InputError, ValueError):
     """The KV cache budget cannot hold even one sequence of the context size."""
 
 

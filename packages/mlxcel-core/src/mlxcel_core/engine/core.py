@@ -59,7 +59,7 @@ from mlxcel_core.engine.step import (
     needs_host_tokens,
     samples_per_row,
 )
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.speculative import AcceptanceRule, DraftProposal
 
 logger = logging.getLogger(__name__)

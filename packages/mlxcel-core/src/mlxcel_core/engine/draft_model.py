@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine.runner import ModelRunner, RowInput
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.speculative import DraftProposal, DraftRequest
 
 
@@ -101,7 +101,7 @@ class DraftModelDrafter:
         """The next draft token, the draft model's probability of it, and the (V,)
         distribution it was drawn from (None for a greedy request)."""
         sampler = state.request.sampler
-        if sampler.params.temperature <= 0.0:
+        if sampler.params.greedy:
             token = sampler(logits, state.history)
             return token, mx.softmax(logits.astype(mx.float32))[token], None
         processed = sampler.apply_chain(logits, state.history)

@@ -9,8 +9,8 @@ import mlx.core as mx
 from mlxcel_core.engine.request import EngineOutput
 from mlxcel_core.engine.scheduler import Scheduler
 from mlxcel_core.engine.sequence import FINISHED_STATUS, Sequence
-from mlxcel_core.generate import GenerationStats
 from mlxcel_core.logprobs import TokenLogprobs
+from mlxcel_core.request import GenerationStats
 
 
 def emit_token(

@@ -30,8 +30,8 @@ from mlxcel_core.engine.request import (
 )
 from mlxcel_core.engine.sequence import Sequence
 from mlxcel_core.engine.stats import EngineStats
-from mlxcel_core.generate import LanguageModel
 from mlxcel_core.images import ImageLanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.speculative import SpeculativeMethod
 from mlxcel_core.threads import thread_stream
 

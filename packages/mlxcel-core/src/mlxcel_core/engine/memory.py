@@ -26,7 +26,7 @@ from mlxcel_core.cache.state import (
     StateCache,
     StateLayerGeometry,
 )
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 
 
 def device_memory_bytes() -> int:

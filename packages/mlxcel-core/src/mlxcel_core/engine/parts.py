@@ -21,7 +21,7 @@ from mlxcel_core.engine.remote_prefill import PrefilledKV, RemotePrefill, Remote
 from mlxcel_core.engine.runner import ModelRunner
 from mlxcel_core.engine.scheduler import Scheduler
 from mlxcel_core.engine.speculation import Speculation, make_speculation
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 
 logger = logging.getLogger(__name__)
 

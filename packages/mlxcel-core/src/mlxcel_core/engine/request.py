@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mlxcel_core.adapters import AdapterScales
-from mlxcel_core.generate import Detokenizer, FinishReason, GenerationConfig, GenerationStats
+from mlxcel_core.errors import InputError, MlxcelError
 from mlxcel_core.images import PromptImage, check_prompt_images
 from mlxcel_core.logprobs import TokenLogprobs
+from mlxcel_core.request import Detokenizer, FinishReason, GenerationConfig, GenerationStats
 from mlxcel_core.sampling import SamplingParams, TokenConstraint
 
 
-class EngineError(Exception):
+class EngineError(MlxcelError):
     """Base of the errors the engine reports for a request."""
 
 
@@ -43,7 +44,7 @@ class RequestCancelledError(EngineError):
     """The request was cancelled by its submitter (e.g. the client disconnected)."""
 
 
-class ImagesNotSupportedError(ValueError):
+class ImagesNotSupportedError(InputError, ValueError):
     """A request holds images the engine cannot run: the model has no vision support, or
     it runs across ranks, whose messages carry token ids only. The message says which."""
 

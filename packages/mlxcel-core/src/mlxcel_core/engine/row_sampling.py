@@ -189,7 +189,7 @@ def draw_tokens(
     draft_array = mx.array(drafts, dtype=mx.int32)
     history = token_history(sequence)
     histories = [history] + [mx.concatenate([history, draft_array[:j]]) for j in range(1, k + 1)]
-    if k == 0 or rule is AcceptanceRule.EXACT or sampler.params.temperature <= 0.0:
+    if k == 0 or rule is AcceptanceRule.EXACT or sampler.params.greedy:
         target = mx.stack([sampler(rows[j], histories[j]) for j in range(k + 1)])
         verdict = exact_match(target, draft_array)
     else:

@@ -27,8 +27,8 @@ from mlxcel_core.cache.paged import (
     make_layer_caches,
 )
 from mlxcel_core.cache.state import CompositeCache, SlotStateCache, make_state_caches
-from mlxcel_core.generate import LanguageModel
 from mlxcel_core.images import ImageLanguageModel, PromptImage, RowImages
+from mlxcel_core.language_model import LanguageModel
 
 
 @dataclass(frozen=True)

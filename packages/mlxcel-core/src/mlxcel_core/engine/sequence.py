@@ -11,8 +11,9 @@ from mlxcel_core.adapters import AdapterScales, adapter_cache_salt
 from mlxcel_core.cache.paged import KeyedSpan
 from mlxcel_core.engine.request import EngineRequest, OutputSink, RequestHandle
 from mlxcel_core.engine.runner import PendingToken
-from mlxcel_core.generate import FinishReason, TextAssembler
+from mlxcel_core.request import FinishReason
 from mlxcel_core.sampling import Sampler
+from mlxcel_core.text_assembler import TextAssembler
 
 
 class SequenceStatus(IntEnum):
@@ -134,9 +135,14 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def token_budget(self) -> int:
+        """The most tokens it may generate (`GenerationConfig.token_budget`)."""
+        return self.request.generation.token_budget(self.num_prompt_tokens)
+
+    @property
     def num_tokens_left(self) -> int:
         """Tokens it may still generate (its token budget less those generated or pending)."""
-        return self.text.budget - self.text.num_generated - len(self.pending)
+        return self.token_budget - self.text.num_generated - len(self.pending)
 
     @property
     def cache_salt(self) -> tuple[str, ...]:

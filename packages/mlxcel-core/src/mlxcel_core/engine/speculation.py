@@ -9,7 +9,7 @@ from mlxcel_core.engine.draft_model import DraftModelDrafter
 from mlxcel_core.engine.kv_plan import KVCachePlan
 from mlxcel_core.engine.memory import ModelProfile
 from mlxcel_core.engine.scheduler import ScheduledSequence
-from mlxcel_core.generate import LanguageModel
+from mlxcel_core.language_model import LanguageModel
 from mlxcel_core.speculative import (
     Drafter,
     DraftProposal,

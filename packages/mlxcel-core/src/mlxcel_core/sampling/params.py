@@ -12,6 +12,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import NoReturn
 
+from mlxcel_core.errors import ParamError
+
 
 class SamplerStage(StrEnum):
     """A stage of the sampler chain, valued by its canonical llama.cpp name."""
@@ -78,7 +80,7 @@ def parse_sampler_names(names: Iterable[str]) -> tuple[SamplerStage, ...]:
         The stages, in the given order.
 
     Raises:
-        ValueError: A name is unknown (llama.cpp's `infill` and `adaptive_p` included, which
+        ParamError: A name is unknown (llama.cpp's `infill` and `adaptive_p` included, which
             mlxcel does not implement); the message lists the valid names.
     """
     order = []
@@ -86,7 +88,9 @@ def parse_sampler_names(names: Iterable[str]) -> tuple[SamplerStage, ...]:
         stage = _SAMPLER_NAMES.get(raw.strip())
         if stage is None:
             valid = ", ".join(_SAMPLER_NAMES)
-            raise ValueError(f"samplers: unknown sampler name {raw!r}; valid names: {valid}")
+            raise ParamError(
+                "samplers", f"samplers: unknown sampler name {raw!r}; valid names: {valid}"
+            )
         order.append(stage)
     return tuple(order)
 
@@ -105,7 +109,7 @@ def parse_sampler_chars(chars: str) -> tuple[SamplerStage, ...]:
         The stages, in the given order.
 
     Raises:
-        ValueError: A letter is unknown (llama.cpp's `i` infill and `a` adaptive-p included);
+        ParamError: A letter is unknown (llama.cpp's `i` infill and `a` adaptive-p included);
             the message lists the valid letters.
     """
     order = []
@@ -113,7 +117,9 @@ def parse_sampler_chars(chars: str) -> tuple[SamplerStage, ...]:
         stage = _SAMPLER_CHARS.get(char)
         if stage is None:
             valid = ", ".join(f"{c}={s}" for c, s in _SAMPLER_CHARS.items())
-            raise ValueError(f"samplers: unknown sampler letter {char!r}; valid letters: {valid}")
+            raise ParamError(
+                "samplers", f"samplers: unknown sampler letter {char!r}; valid letters: {valid}"
+            )
         order.append(stage)
     return tuple(order)
 
@@ -133,7 +139,7 @@ def parse_sampler_order(text: str) -> tuple[SamplerStage, ...]:
         The stages, in order.
 
     Raises:
-        ValueError: A name or letter is unknown; the message lists the valid ones.
+        ParamError: A name or letter is unknown; the message lists the valid ones.
     """
     stripped = text.strip()
     if ";" in stripped or stripped in _SAMPLER_NAMES:
@@ -141,8 +147,13 @@ def parse_sampler_order(text: str) -> tuple[SamplerStage, ...]:
     return parse_sampler_chars(stripped)
 
 
-def _fail(name: str, allowed: str, value: object) -> NoReturn:
-    raise ValueError(f"{name} must be {allowed}, got {value!r}")
+def is_greedy(temperature: float) -> bool:
+    """Whether `temperature` means greedy decoding (argmax): at or below 0, as in llama.cpp."""
+    return temperature <= 0.0
+
+
+def _fail(name: str, allowed: str, value: object, *, param: str | None = None) -> NoReturn:
+    raise ParamError(param or name, f"{name} must be {allowed}, got {value!r}")
 
 
 def _is_int(value: object) -> bool:
@@ -185,10 +196,13 @@ def _check_int_at_least(name: str, value: object, low: int) -> None:
 def _check_logit_bias(logit_bias: Mapping[int, float]) -> None:
     for token, bias in logit_bias.items():
         if not _is_int(token) or token < 0:
-            _fail("logit_bias token id", "an integer >= 0", token)
+            _fail("logit_bias token id", "an integer >= 0", token, param="logit_bias")
         if not (_is_float32_finite(bias) or bias == -math.inf):
             _fail(
-                f"logit_bias[{token}]", f"-inf or a number of magnitude <= {FLOAT32_MAX:.7g}", bias
+                f"logit_bias[{token}]",
+                f"-inf or a number of magnitude <= {FLOAT32_MAX:.7g}",
+                bias,
+                param="logit_bias",
             )
 
 
@@ -220,7 +234,8 @@ class SamplingParams:
         seed: Seed of the request's random stream; None draws a random one.
 
     Raises:
-        ValueError: On construction, naming the field, its allowed range and the value.
+        ParamError: On construction, carrying the field's name (`param`); the message names
+            it, its allowed range and the value.
     """
 
     temperature: float = 0.8
@@ -245,6 +260,11 @@ class SamplingParams:
     )
     samplers: tuple[SamplerStage, ...] = DEFAULT_SAMPLERS
     seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the request decodes greedily (`is_greedy` of its temperature)."""
+        return is_greedy(self.temperature)
 
     def __post_init__(self) -> None:
         _check_finite("temperature", self.temperature)

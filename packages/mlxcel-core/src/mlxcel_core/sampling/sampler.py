@@ -69,7 +69,7 @@ def _batch_group(params: SamplingParams, active: tuple[SamplerStage, ...]) -> Ha
     """Requests of one group draw together (see `sample_batch`); None draws alone."""
     if params.logit_bias or any(stage in _ROW_STAGES for stage in active):
         return None
-    if params.temperature <= 0.0:
+    if params.greedy:
         return None if SamplerStage.TYPICAL_P in active else _GREEDY_GROUP
     return dataclasses.replace(params, seed=0)
 
@@ -98,7 +98,7 @@ class Sampler:
     """Samples one request's next token the way llama-server's sampler chain does.
 
     Logit bias is applied first, then the stages in `params.samplers` order, then a
-    categorical draw over the surviving logits (argmax when `params.temperature <= 0`).
+    categorical draw over the surviving logits (argmax when `params.greedy`).
     Temperature scales the logits only where the order puts it (last by default, so top-k,
     top-p and min-p see the untempered distribution). An order without the temperature stage
     draws at temperature 1, as llama.cpp does, except that temperature <= 0 stays greedy.
@@ -245,7 +245,7 @@ class Sampler:
         Raises:
             ValueError: As `apply_chain`.
         """
-        if self.params.temperature <= 0.0:
+        if self.params.greedy:
             processed = self._run_stages(logits, history, self._greedy_stages)
             self.next_key()
             return mx.argmax(processed).astype(mx.int32)

@@ -10,6 +10,8 @@ import math
 
 import mlx.core as mx
 
+from mlxcel_core.sampling.params import is_greedy
+
 _NEG_INF = float("-inf")
 
 
@@ -179,7 +181,7 @@ def apply_temperature(logits: mx.array, temperature: float) -> mx.array:
     Returns:
         (..., V) float32 logits.
     """
-    if temperature > 0.0:
+    if not is_greedy(temperature):
         return logits / temperature
     best = mx.argmax(logits, axis=-1, keepdims=True)
     return mx.where(mx.arange(logits.shape[-1]) == best, logits, _NEG_INF)

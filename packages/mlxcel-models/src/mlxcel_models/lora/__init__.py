@@ -1,11 +1,11 @@
-"""LoRA adapters: mlx-lm and PEFT folders, unfused with per-request scales or fused."""
+"""LoRA adapters: mlx-lm and PEFT folders, unfused with per-request scales or fused
+(attached to a loaded model by `mlxcel_models.attach_lora.apply_adapters`)."""
 
 from mlxcel_models.lora.adapters import (
     AdapterInfo,
     AdapterScaleError,
     AdapterSpec,
     LoraAdapters,
-    apply_adapters,
 )
 from mlxcel_models.lora.errors import AdapterLoadError
 from mlxcel_models.lora.formats import AdapterFormat, read_adapter
@@ -17,6 +17,5 @@ __all__ = [
     "AdapterScaleError",
     "AdapterSpec",
     "LoraAdapters",
-    "apply_adapters",
     "read_adapter",
 ]

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from mlxcel_core.errors import InputError
 from mlxcel_models.store.layout import model_folder, read_manifest
 
 
-class StoreError(Exception):
+class StoreError(InputError):
     """A store operation cannot be done; the message says why in one line."""
 
 

@@ -12,13 +12,12 @@ ends the stream with an `error` event.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
 from mlxcel_core.engine import EngineOutput
-from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_core.request import FinishReason, GenerationStats
 from mlxcel_server.anthropic_api.errors import anthropic_error_body
 from mlxcel_server.anthropic_api.objects import (
     MessageObject,
@@ -32,14 +31,9 @@ from mlxcel_server.anthropic_api.objects import (
 from mlxcel_server.anthropic_api.stop_reason import EndingTracker
 from mlxcel_server.errors import ApiError
 from mlxcel_server.reasoning import ReasoningPlan, ReplyReader
+from mlxcel_server.sse import encode_named_event
 from mlxcel_server.tools.reader import CallDelta, ToolCallReader
 from mlxcel_server.tools.use import ToolUse
-
-
-def encode_event(event_type: str, data: dict) -> bytes:
-    """One SSE block with an `event:` line; JSON keeps non-ASCII text as it is (UTF-8)."""
-    payload = json.dumps({"type": event_type, **data}, ensure_ascii=False)
-    return f"event: {event_type}\ndata: {payload}\n\n".encode()
 
 
 @dataclass(frozen=True)
@@ -70,15 +64,15 @@ def _message_start(target: StreamTarget) -> bytes:
         content=[],
         usage=Usage(input_tokens=target.prompt_tokens, output_tokens=0),
     )
-    return encode_event("message_start", {"message": message.model_dump(mode="json")})
+    return encode_named_event("message_start", {"message": message.model_dump(mode="json")})
 
 
 def _block_start(index: int, block: dict) -> bytes:
-    return encode_event("content_block_start", {"index": index, "content_block": block})
+    return encode_named_event("content_block_start", {"index": index, "content_block": block})
 
 
 def _delta(index: int, delta: dict) -> bytes:
-    return encode_event("content_block_delta", {"index": index, "delta": delta})
+    return encode_named_event("content_block_delta", {"index": index, "delta": delta})
 
 
 _EMPTY_BLOCKS = {
@@ -139,7 +133,7 @@ class _StreamedBlocks:
         if self._open == "thinking":
             events.append(_delta(index, {"type": "signature_delta", "signature": ""}))
         self._open = None
-        return [*events, encode_event("content_block_stop", {"index": index})]
+        return [*events, encode_named_event("content_block_stop", {"index": index})]
 
 
 def _message_delta(
@@ -148,7 +142,7 @@ def _message_delta(
     ending = target.tracker.ending(finish_reason, calls_tools=calls_tools)
     usage = make_usage(target.prompt_tokens, stats)
     delta = {"stop_reason": ending.stop_reason, "stop_sequence": ending.stop_sequence}
-    return encode_event("message_delta", {"delta": delta, "usage": usage.model_dump()})
+    return encode_named_event("message_delta", {"delta": delta, "usage": usage.model_dump()})
 
 
 async def message_events(
@@ -178,7 +172,7 @@ async def message_events(
                 if not started:
                     started = True
                     yield _message_start(target)
-                    yield encode_event("ping", {})
+                    yield encode_named_event("ping", {})
                 target.tracker.add(output)
                 piece = reader.read(output)
                 for event in blocks.add("thinking", piece.reasoning):
@@ -197,11 +191,11 @@ async def message_events(
                 if output.finish_reason is not None and output.stats is not None:
                     finish_reason, stats = output.finish_reason, output.stats
     except ApiError as error:
-        yield encode_event("error", {"error": anthropic_error_body(error)["error"]})
+        yield encode_named_event("error", {"error": anthropic_error_body(error)["error"]})
         return
     # The engine ends every reply with a finish reason and statistics, or an error.
     assert stats is not None
     for event in blocks.close():
         yield event
     yield _message_delta(target, finish_reason, stats, calls_tools=blocks.num_tool_uses > 0)
-    yield encode_event("message_stop", {})
+    yield encode_named_event("message_stop", {})

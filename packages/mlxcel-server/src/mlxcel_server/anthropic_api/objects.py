@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from mlxcel_core.generate import GenerationStats
+from mlxcel_core.request import GenerationStats
 from mlxcel_server.anthropic_api.stop_reason import StopReason
 from mlxcel_server.tools.reader import read_reply
 from mlxcel_server.tools.use import ToolUse

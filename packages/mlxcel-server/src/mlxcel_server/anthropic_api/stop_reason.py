@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mlxcel_core.generate import FinishReason
+from mlxcel_core.request import FinishReason
 from mlxcel_server.stop_strings import StopStringTracker
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]

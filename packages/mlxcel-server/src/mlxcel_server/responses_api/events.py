@@ -13,7 +13,6 @@ generated, then `response.function_call_arguments.done`. Last comes `response.co
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -32,14 +31,9 @@ from mlxcel_server.responses_api.objects import (
     make_item_id,
     response_status,
 )
+from mlxcel_server.sse import encode_named_event
 from mlxcel_server.tools.reader import CallDelta, ToolCallReader
 from mlxcel_server.tools.use import ToolUse, make_call_id
-
-
-def encode_named_event(event_type: str, data: dict) -> bytes:
-    """One SSE block with an `event:` line; JSON keeps non-ASCII text as it is (UTF-8)."""
-    payload = json.dumps({"type": event_type, **data}, ensure_ascii=False)
-    return f"event: {event_type}\ndata: {payload}\n\n".encode()
 
 
 @dataclass(frozen=True)

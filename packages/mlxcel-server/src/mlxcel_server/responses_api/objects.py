@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from mlxcel_core.generate import GenerationStats
+from mlxcel_core.request import GenerationStats
 from mlxcel_server.tools.use import make_call_id
 
 Status = Literal["in_progress", "completed", "incomplete"]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
-from mlxcel_core.generate import GenerationStats
+from mlxcel_core.request import GenerationStats
 from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import generation
 from mlxcel_server.errors import ApiError, invalid

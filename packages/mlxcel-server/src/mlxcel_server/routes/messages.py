@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from quart import Blueprint, Response, jsonify
 
 from mlxcel_core.engine import EngineOutput
-from mlxcel_core.generate import FinishReason, GenerationStats
+from mlxcel_core.request import FinishReason, GenerationStats
 from mlxcel_server import generation
 from mlxcel_server.anthropic_api.conversation import chat_request, generation_request
 from mlxcel_server.anthropic_api.events import StreamTarget, message_events

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from mlxcel_core.errors import InputError
 
-class ImageInputError(ValueError):
+
+class ImageInputError(InputError, ValueError):
     """An image that cannot be used, and why; the message is fit to show the sender.
 
     Args:

@@ -11,12 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mlxcel_core.cache.paged.prefix import BlockHash
+from mlxcel_core.errors import MlxcelError
 
 NULL_BLOCK_ID = 0
 """The reserved block that padding writes go to; never allocated, never freed."""
 
 
-class InvariantError(RuntimeError):
+class InvariantError(MlxcelError, RuntimeError):
     """A broken internal invariant of the KV cache bookkeeping (a bug, not bad input).
 
     The engine does not recover from it: it stops the process rather than serve from

@@ -8,6 +8,7 @@ from mlxcel_core.cache.quant.blockwise import Q4_0Codec, Q8_0Codec
 from mlxcel_core.cache.quant.floats import FloatCodec
 from mlxcel_core.cache.quant.protocol import KVCodec, bytes_per_vector
 from mlxcel_core.cache.quant.turbo import TurboQuantCodec
+from mlxcel_core.errors import InputError
 
 # "auto" keeps keys and values in the dtype the model makes them in (vLLM's name for it).
 AUTO = "auto"
@@ -15,7 +16,7 @@ CACHE_TYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "turbo2", "turbo3",
 _FLOAT_TYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 
 
-class CacheTypeError(ValueError):
+class CacheTypeError(InputError, ValueError):
     """A cache type cannot store a model's keys or values (their head dim does not fit)."""
 
 

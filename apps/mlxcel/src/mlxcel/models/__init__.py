@@ -1,0 +1,1 @@
+"""`mlxcel list`, `rm`, `arch` and `inspect`: the model store and what a model needs."""

@@ -1,0 +1,1 @@
+"""`mlxcel transcribe` and `mlxcel speak`, and the speech models `mlxcel serve` loads."""
