@@ -105,13 +105,16 @@ def write_converted_gguf(
         "block_count": config["num_hidden_layers"],
         "context_length": config.get("max_position_embeddings", 256),
         "embedding_length": config["hidden_size"],
-        "feed_forward_length": config["intermediate_size"],
-        "head_count": config["num_attention_heads"],
-        "head_count_kv": config["num_key_value_heads"],
-        "key_length": config["head_dim"],
-        "value_length": config["head_dim"],
-        "rope_freq_base": config.get("rope_theta", 10000.0),
     }
+    if "num_attention_heads" in config:
+        hyperparameters |= {
+            "feed_forward_length": config["intermediate_size"],
+            "head_count": config["num_attention_heads"],
+            "head_count_kv": config["num_key_value_heads"],
+            "key_length": config["head_dim"],
+            "value_length": config["head_dim"],
+            "rope_freq_base": config.get("rope_theta", 10000.0),
+        }
     if family.weight_metadata is not None:
         hyperparameters |= family.weight_metadata(weights)
     for method, value in (hyperparameters | family.metadata).items():

@@ -19,8 +19,9 @@ from gguf_conversions import split_kv_b
 from gguf_families import MORE_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
+from gguf_recurrent_families import RECURRENT_FAMILIES
 
-FAMILIES = BASE_FAMILIES | MORE_FAMILIES
+FAMILIES = BASE_FAMILIES | MORE_FAMILIES | RECURRENT_FAMILIES
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]

@@ -25,6 +25,12 @@ from mlxcel_models.loading.gguf_layouts import (
     unshuffle_plamo_heads,
 )
 from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
+from mlxcel_models.loading.gguf_recurrent import (
+    SSM_RESHAPED,
+    mamba,
+    restore_ssm_decay,
+    ssm_base_config,
+)
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
 RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
@@ -61,6 +67,10 @@ class GGUFArchitecture:
             xIELU constants), as mlx-lm parameter path → array.
         dropped_tensors: tensors (name within a layer) the mlx-lm family discards when it
             loads the checkpoint, left out as it leaves them out.
+        base_config: the config keys the family shares with others of its kind
+            (`common_config` for attention decoders; state-space models have no heads).
+        reshaped_tensors: tensors (GGUF base name, `ssm_conv1d`) whose axes of size one the
+            converter dropped or added; the loader reshapes them to the parameter's shape.
     """
 
     name: str
@@ -76,6 +86,8 @@ class GGUFArchitecture:
     restore_tensor: RestoreTensor | None = None
     metadata_weights: MetadataWeights | None = None
     dropped_tensors: frozenset[str] = frozenset()
+    base_config: Callable[[GGUFMetadata], dict[str, Any]] = common_config
+    reshaped_tensors: frozenset[str] = frozenset()
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""
@@ -87,7 +99,7 @@ class GGUFArchitecture:
 
     def config(self, meta: GGUFMetadata) -> dict[str, Any]:
         """The Hugging Face-style config mlx-lm builds this family from."""
-        config = common_config(meta)
+        config = self.base_config(meta)
         config["model_type"] = self.model_type_for(meta.metadata)
         return config | self.extras(meta, config)
 
@@ -244,6 +256,17 @@ _ARCHITECTURES = (
         extras=deepseek_config,
         select_model_type=deepseek_model_type,
         tensor_join=LATENT_ATTENTION,
+    ),
+)
+# State-space models: no attention heads, `A` stored as the decay, reshaped tensors.
+_ARCHITECTURES += (
+    GGUFArchitecture(
+        "mamba",
+        "mamba",
+        base_config=ssm_base_config,
+        extras=mamba,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

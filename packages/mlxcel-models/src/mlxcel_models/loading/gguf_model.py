@@ -132,7 +132,7 @@ def load_gguf_model(
                 f"{config['model_type']} model"
             )
         expected = tuple(parameters[target].shape)
-        if info.shape != expected:
+        if info.shape != expected and not _reshapes_to(arch, name, info.shape, expected):
             raise ModelLoadError(
                 f"{path}: GGUF tensor '{name}' has shape {list(info.shape)}, mlx-lm's "
                 f"{target} needs {list(expected)}"
@@ -143,6 +143,8 @@ def load_gguf_model(
         arrays = _restore_layout(
             arch, name, config, convert_tensor(data.blocks(name), info.type_name, form)
         )
+        if info.shape != expected:
+            arrays = {"weight": arrays["weight"].reshape(expected)}
         seen[info.type_name, form.label] += 1
         if form.is_quantized:
             quantized[layer_path] = form.quantization()
@@ -172,6 +174,22 @@ def _layer_tensor(name: str) -> tuple[int | None, str]:
         return None, name
     _, block, within = name.split(".", 2)
     return int(block), within
+
+
+def _tensor_base(name: str) -> str:
+    """A tensor's name without its layer and suffix: `attn_q` for `blk.0.attn_q.weight`,
+    `ssm_a` for `blk.0.ssm_a` (which has none)."""
+    for suffix in (".weight", ".bias"):
+        name = name.removesuffix(suffix)
+    return name.rsplit(".", 1)[-1]
+
+
+def _reshapes_to(
+    arch: GGUFArchitecture, name: str, shape: tuple[int, ...], expected: tuple[int, ...]
+) -> bool:
+    """Whether a tensor the converter squeezed or unsqueezed holds the parameter's values."""
+    same_size = int(np.prod(shape)) == int(np.prod(expected))
+    return _tensor_base(name) in arch.reshaped_tensors and same_size
 
 
 def _plan(
@@ -227,7 +245,7 @@ def _restore_layout(
     arch: GGUFArchitecture, name: str, config: dict[str, Any], arrays: dict[str, mx.array]
 ) -> dict[str, mx.array]:
     """Undo the converter's layout changes on one converted tensor."""
-    base = name.split(".")[-2]
+    base = _tensor_base(name)
     if arch.restore_tensor is not None:
         arrays = arch.restore_tensor(base, arrays, config)
     if arch.rope_permuted and base in ("attn_q", "attn_k"):
