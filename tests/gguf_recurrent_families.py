@@ -21,6 +21,16 @@ def store_mamba_tensors(name: str, weight: np.ndarray, config: dict[str, Any]) -
     yield name, np.ascontiguousarray(weight)
 
 
+def store_mamba2_tensors(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """Mamba's changes, with `A` and `D` given a trailing axis and the gated norm's weight
+    shaped (groups, channels / groups)."""
+    if name.endswith((".A_log", ".D")):
+        weight = weight.reshape(-1, 1)
+    elif name.endswith("mixer.norm.weight"):
+        weight = weight.reshape(config["n_groups"], -1)
+    yield from store_mamba_tensors(name, weight, config)
+
+
 _MAMBA = {
     "model_type": "mamba",
     "vocab_size": VOCAB_SIZE,
@@ -45,6 +55,26 @@ _MAMBA_KEYS = {
     "layer_norm_rms_eps": 1e-5,
 }
 
+_MAMBA2 = {
+    "model_type": "mamba2",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_heads": 8,
+    "head_dim": 16,
+    "state_size": 16,
+    "num_hidden_layers": 2,
+    "layer_norm_epsilon": 1e-5,
+    "conv_kernel": 4,
+    "n_groups": 2,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "tie_word_embeddings": False,
+    "time_step_limit": (0.0, float("inf")),
+    "time_step_rank": 8,
+}
+_MAMBA2_KEYS = _MAMBA_KEYS | {"ssm_time_step_rank": 8, "ssm_group_count": 2}
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -54,5 +84,12 @@ RECURRENT_FAMILIES = {
         _MAMBA | {"use_bcdt_rms": True, "tie_word_embeddings": True},
         _MAMBA_KEYS | {"ssm_dt_b_c_rms": True},
         split_tensor=store_mamba_tensors,
+    ),
+    "mamba2": ConvertedFamily(
+        "mamba2",
+        _MAMBA2,
+        _MAMBA2_KEYS,
+        name_aliases=(("mixer.dt_bias", "mixer.dt_proj.bias"),),
+        split_tensor=store_mamba2_tensors,
     ),
 }

@@ -28,6 +28,7 @@ from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, de
 from mlxcel_models.loading.gguf_recurrent import (
     SSM_RESHAPED,
     mamba,
+    mamba2,
     restore_ssm_decay,
     ssm_base_config,
 )
@@ -109,6 +110,8 @@ class GGUFArchitecture:
 _SWITCH = (("switch_mlp", "experts"),)
 # The converter renames DeepSeek-style routers' `e_score_correction_bias` to a bias.
 _EXPERT_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
+# Mamba 2's time-step bias, which the converter names as a projection's.
+_DT_BIAS = ("mixer.dt_bias", "mixer.dt_proj.bias")
 # Mixtral's experts name their projections w1 (gate), w2 (down) and w3 (up).
 _MIXTRAL_EXPERTS = (
     ("switch_mlp.gate_proj", "experts.w1"),
@@ -265,6 +268,16 @@ _ARCHITECTURES += (
         "mamba",
         base_config=ssm_base_config,
         extras=mamba,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    # The converter renames Mamba 2's `dt_bias` to the bias of a time-step projection.
+    GGUFArchitecture(
+        "mamba2",
+        "mamba2",
+        name_aliases=(_DT_BIAS,),
+        base_config=ssm_base_config,
+        extras=mamba2,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=SSM_RESHAPED,
     ),

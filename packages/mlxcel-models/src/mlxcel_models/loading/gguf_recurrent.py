@@ -60,6 +60,25 @@ def mamba(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def mamba2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Mamba 2's sizes: the converter stores the head count as `ssm.time_step_rank`.
+    llama.cpp does not clamp the time step, as `time_step_limit` (0, inf) does not."""
+    inner = meta.size("ssm.inner_size")
+    heads = meta.size("ssm.time_step_rank")
+    return {
+        "intermediate_size": inner,
+        "num_heads": heads,
+        "head_dim": inner // heads,
+        "time_step_rank": heads,
+        "state_size": meta.size("ssm.state_size"),
+        "conv_kernel": meta.size("ssm.conv_kernel"),
+        "n_groups": meta.size("ssm.group_count", 1),
+        "use_bias": meta.has_tensor("blk.0.ssm_in.bias"),
+        "use_conv_bias": meta.has_tensor("blk.0.ssm_conv1d.bias"),
+        "time_step_limit": (0.0, float("inf")),
+    }
+
+
 def restore_ssm_decay(
     base: str, arrays: dict[str, mx.array], config: dict[str, Any]
 ) -> dict[str, mx.array]:
