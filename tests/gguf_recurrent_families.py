@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from gguf_models import VOCAB_SIZE, ConvertedFamily
+from gguf_models import VOCAB_SIZE, ConvertedFamily, tiny_config
 
 
 def store_mamba_tensors(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
@@ -26,8 +26,9 @@ def store_mamba2_tensors(name: str, weight: np.ndarray, config: dict[str, Any]) 
     shaped (groups, channels / groups)."""
     if name.endswith((".A_log", ".D")):
         weight = weight.reshape(-1, 1)
-    elif name.endswith("mixer.norm.weight"):
-        weight = weight.reshape(config["n_groups"], -1)
+    elif name.endswith(("mixer.norm.weight", "mamba.norm.weight")):
+        groups = config.get("n_groups", config.get("mamba_n_groups"))
+        weight = weight.reshape(groups, -1)
     yield from store_mamba_tensors(name, weight, config)
 
 
@@ -75,6 +76,30 @@ _MAMBA2 = {
 }
 _MAMBA2_KEYS = _MAMBA_KEYS | {"ssm_time_step_rank": 8, "ssm_group_count": 2}
 
+# Falcon-H1's multipliers are folded into the weights by the converter, as by mlx-lm's
+# sanitize: the tiny model's weights stand for the folded ones, its multipliers all 1.
+_FALCON_H1 = tiny_config(
+    "falcon_h1",
+    head_dim=16,
+    mamba_d_ssm=128,
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_n_groups=2,
+    mamba_rms_norm=True,
+    mamba_norm_before_gate=False,
+    attention_in_multiplier=1.0,
+    attention_out_multiplier=1.0,
+    embedding_multiplier=1.0,
+    key_multiplier=1.0,
+    lm_head_multiplier=1.0,
+    ssm_in_multiplier=1.0,
+    ssm_out_multiplier=1.0,
+    mlp_multipliers=[1.0, 1.0],
+    ssm_multipliers=[1.0] * 5,
+)
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -90,6 +115,20 @@ RECURRENT_FAMILIES = {
         _MAMBA2,
         _MAMBA2_KEYS,
         name_aliases=(("mixer.dt_bias", "mixer.dt_proj.bias"),),
+        split_tensor=store_mamba2_tensors,
+    ),
+    "falcon_h1": ConvertedFamily(
+        "falcon-h1",
+        _FALCON_H1,
+        {
+            "layer_norm_rms_eps": 1e-5,
+            "ssm_conv_kernel": 4,
+            "ssm_inner_size": 128,
+            "ssm_state_size": 16,
+            "ssm_time_step_rank": 8,
+            "ssm_group_count": 2,
+        },
+        name_aliases=(("mamba.dt_bias", "mamba.dt_proj.bias"),),
         split_tensor=store_mamba2_tensors,
     ),
 }

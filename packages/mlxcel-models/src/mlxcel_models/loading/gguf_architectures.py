@@ -27,6 +27,7 @@ from mlxcel_models.loading.gguf_layouts import (
 from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
 from mlxcel_models.loading.gguf_recurrent import (
     SSM_RESHAPED,
+    falcon_h1,
     mamba,
     mamba2,
     restore_ssm_decay,
@@ -278,6 +279,14 @@ _ARCHITECTURES += (
         name_aliases=(_DT_BIAS,),
         base_config=ssm_base_config,
         extras=mamba2,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "falcon-h1",
+        "falcon_h1",
+        name_aliases=(("mamba.dt_bias", "mamba.dt_proj.bias"),),
+        extras=falcon_h1,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=SSM_RESHAPED,
     ),

@@ -42,8 +42,14 @@ def gguf_name_map(
         for mlx_fragment, hf_fragment in arch.name_aliases:
             key = key.replace(mlx_fragment, hf_fragment)
         gguf_name = tensor_map.get_name(key, try_suffixes=_SUFFIXES)
-        if gguf_name is not None:
-            names[gguf_name] = path
+        if gguf_name is None:
+            continue
+        names[gguf_name] = path
+        # gguf-py names a few parameters from a key that spells out its suffix (Falcon-H1's
+        # `pre_ff_layernorm.weight`), leaving the suffix off; llama.cpp reads it with one.
+        suffix = next((suffix for suffix in _SUFFIXES if path.endswith(suffix)), None)
+        if suffix is not None and not gguf_name.endswith(suffix):
+            names[gguf_name + suffix] = path
     return names
 
 

@@ -1,4 +1,5 @@
-"""GGUF metadata and tensor layouts of the state-space families (Mamba, Mamba 2).
+"""GGUF metadata and tensor layouts of the state-space families (Mamba, Mamba 2) and the
+hybrids built on them.
 
 llama.cpp's converter writes their sizes under `{arch}.ssm.*` (`conv_kernel`,
 `inner_size`, `state_size`, `time_step_rank`, `group_count`), stores the decay `A` instead
@@ -76,6 +77,41 @@ def mamba2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "use_bias": meta.has_tensor("blk.0.ssm_in.bias"),
         "use_conv_bias": meta.has_tensor("blk.0.ssm_conv1d.bias"),
         "time_step_limit": (0.0, float("inf")),
+    }
+
+
+def falcon_h1(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Falcon-H1's attention and Mamba 2 sizes. The converter folds every multiplier into
+    the weights (as mlx-lm's sanitize does for a checkpoint), so the file's weights run with
+    all of them at 1; llama.cpp gates before its norm (`mamba_norm_before_gate` false)."""
+    inner = meta.size("ssm.inner_size")
+    heads = meta.size("ssm.time_step_rank")
+    multipliers = {
+        "attention_in_multiplier": 1.0,
+        "attention_out_multiplier": 1.0,
+        "embedding_multiplier": 1.0,
+        "key_multiplier": 1.0,
+        "lm_head_multiplier": 1.0,
+        "ssm_in_multiplier": 1.0,
+        "ssm_out_multiplier": 1.0,
+        "mlp_multipliers": [1.0, 1.0],
+        "ssm_multipliers": [1.0] * 5,
+    }
+    return multipliers | {
+        "mamba_d_ssm": inner,
+        "mamba_n_heads": heads,
+        "mamba_d_head": inner // heads,
+        "mamba_d_state": meta.size("ssm.state_size"),
+        "mamba_d_conv": meta.size("ssm.conv_kernel"),
+        "mamba_n_groups": meta.size("ssm.group_count", 1),
+        "mamba_conv_bias": meta.has_tensor("blk.0.ssm_conv1d.bias"),
+        "mamba_proj_bias": meta.has_tensor("blk.0.ssm_in.bias"),
+        "mamba_rms_norm": meta.has_tensor("blk.0.ssm_norm.weight"),
+        "mamba_norm_before_gate": False,
+        "projectors_bias": meta.has_tensor("blk.0.ssm_out.bias"),
+        "attention_bias": config["attention_bias"],
+        "mlp_bias": meta.has_tensor("blk.0.ffn_up.bias"),
+        "rope_traditional": False,
     }
 
 
