@@ -100,6 +100,32 @@ _FALCON_H1 = tiny_config(
     ssm_multipliers=[1.0] * 5,
 )
 
+_JAMBA = tiny_config(
+    "jamba",
+    num_hidden_layers=4,
+    attn_layer_offset=1,
+    attn_layer_period=2,
+    expert_layer_offset=1,
+    expert_layer_period=2,
+    mamba_d_conv=4,
+    mamba_d_state=16,
+    mamba_expand=2,
+    mamba_dt_rank=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+)
+# What the converter writes: KV heads only on attention layers.
+_JAMBA_KEYS = {
+    "layer_norm_rms_eps": 1e-5,
+    "head_count_kv": [0, 2, 0, 2],
+    "ssm_conv_kernel": 4,
+    "ssm_inner_size": 128,
+    "ssm_state_size": 16,
+    "ssm_time_step_rank": 4,
+    "expert_count": 4,
+    "expert_used_count": 2,
+}
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -130,5 +156,12 @@ RECURRENT_FAMILIES = {
         },
         name_aliases=(("mamba.dt_bias", "mamba.dt_proj.bias"),),
         split_tensor=store_mamba2_tensors,
+    ),
+    "jamba": ConvertedFamily(
+        "jamba",
+        _JAMBA,
+        _JAMBA_KEYS,
+        name_aliases=(("feed_forward.switch_mlp", "mlp.experts"),),
+        split_tensor=store_mamba_tensors,
     ),
 }

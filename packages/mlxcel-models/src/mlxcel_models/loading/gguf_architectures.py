@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
+from mlxcel_models.loading.gguf_hybrid import hybrid_base_config, jamba
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
     INTERNLM2_WQKV,
@@ -287,6 +288,15 @@ _ARCHITECTURES += (
         "falcon_h1",
         name_aliases=(("mamba.dt_bias", "mamba.dt_proj.bias"),),
         extras=falcon_h1,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "jamba",
+        "jamba",
+        name_aliases=(("feed_forward.switch_mlp", "mlp.experts"),),
+        base_config=hybrid_base_config,
+        extras=jamba,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=SSM_RESHAPED,
     ),

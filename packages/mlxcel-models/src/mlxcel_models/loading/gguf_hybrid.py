@@ -1,0 +1,97 @@
+"""GGUF metadata of the hybrid families, whose layers mix attention with state-space or
+convolution blocks (Jamba, ...).
+
+llama.cpp's converter tells the layers apart with per-layer arrays rather than a pattern:
+`attention.head_count_kv` is 0 on a layer without attention, and a layer's experts show as
+its `ffn_gate_inp` router. The mlx-lm families read a layer-type list or an offset and a
+period instead; they are rebuilt here from the arrays and the tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxcel_models.errors import ModelLoadError
+from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
+
+# Keys the converter writes per layer for hybrids, a scalar for other families.
+_PER_LAYER_KEYS = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
+
+
+def per_layer(meta: GGUFMetadata, key: str) -> list[int]:
+    """A per-layer array (`attention.head_count_kv`), or a scalar repeated per layer.
+
+    Raises:
+        ModelLoadError: an array whose length is not the layer count.
+    """
+    layers = meta.size("block_count")
+    value = meta.required(key)
+    if not isinstance(value, list):
+        return [int(value)] * layers
+    if len(value) != layers:
+        raise ModelLoadError(
+            f"{meta.where}: {meta.architecture}.{key} holds {len(value)} values for {layers} layers"
+        )
+    return [int(item) for item in value]
+
+
+def hybrid_base_config(meta: GGUFMetadata) -> dict[str, Any]:
+    """`common_config` with each per-layer array read as its largest value (the size of
+    the layers that have the part).
+
+    Raises:
+        ModelLoadError: as `common_config`, or no layer has attention heads.
+    """
+    metadata = dict(meta.metadata)
+    for key in _PER_LAYER_KEYS:
+        full_key = f"{meta.architecture}.{key}"
+        if isinstance(metadata.get(full_key), list):
+            if not any(metadata[full_key]):
+                raise ModelLoadError(f"{meta.where}: no layer has a nonzero {full_key}")
+            metadata[full_key] = max(metadata[full_key])
+    scalars = GGUFMetadata(metadata, meta.tensor_names, meta.architecture, where=meta.where)
+    return common_config(scalars)
+
+
+def attention_layers(meta: GGUFMetadata) -> list[bool]:
+    """Which layers have attention: those with KV heads."""
+    return [heads > 0 for heads in per_layer(meta, "attention.head_count_kv")]
+
+
+def _offset_and_period(layers: list[int], num_layers: int, what: str, meta: GGUFMetadata):
+    """(offset, period) with (layer + offset) % period == 0 exactly on `layers`, as mlx-lm's
+    Jamba places its experts."""
+    period = layers[1] - layers[0] if len(layers) > 1 else num_layers
+    offset = -layers[0] % period
+    if [i for i in range(num_layers) if (i + offset) % period == 0] != layers:
+        raise ModelLoadError(f"{meta.where}: the {what} layers {layers} repeat with no period")
+    return offset, period
+
+
+def jamba(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Jamba's layer types from the KV head counts, its expert layers from the routers,
+    and its Mamba sizes."""
+    num_layers = config["num_hidden_layers"]
+    attention = attention_layers(meta)
+    experts = [i for i in range(num_layers) if meta.has_tensor(f"blk.{i}.ffn_gate_inp.weight")]
+    if all(attention):
+        raise ModelLoadError(f"{meta.where}: every layer has attention; Jamba needs Mamba layers")
+    mamba = attention.index(False)
+    expert_offset, expert_period = (
+        _offset_and_period(experts, num_layers, "expert", meta) if experts else (0, 1)
+    )
+    return {
+        "layers_block_type": ["attention" if a else "mamba" for a in attention],
+        "attn_layer_offset": attention.index(True),
+        "attn_layer_period": num_layers,
+        "expert_layer_offset": expert_offset,
+        "expert_layer_period": expert_period,
+        "num_experts": config.get("num_experts", 1) if experts else 1,
+        "num_experts_per_tok": config.get("num_experts_per_tok", 1),
+        "mamba_d_conv": meta.size("ssm.conv_kernel"),
+        "mamba_d_state": meta.size("ssm.state_size"),
+        "mamba_expand": meta.size("ssm.inner_size") // config["hidden_size"],
+        "mamba_dt_rank": meta.size("ssm.time_step_rank"),
+        "mamba_proj_bias": meta.has_tensor(f"blk.{mamba}.ssm_in.bias"),
+        "mamba_conv_bias": meta.has_tensor(f"blk.{mamba}.ssm_conv1d.bias"),
+    }
