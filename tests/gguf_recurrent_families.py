@@ -126,6 +126,34 @@ _JAMBA_KEYS = {
     "expert_used_count": 2,
 }
 
+# Nemotron-H: Mamba 2, attention and MLP blocks; per-layer KV heads and MLP sizes.
+_NEMOTRON_H = tiny_config(
+    "nemotron_h",
+    hybrid_override_pattern=["M", "*", "-", "M", "-"],
+    num_hidden_layers=5,
+    mamba_num_heads=8,
+    mamba_head_dim=16,
+    mamba_proj_bias=False,
+    ssm_state_size=16,
+    conv_kernel=4,
+    n_groups=2,
+    attention_bias=False,
+    mlp_bias=False,
+    layer_norm_epsilon=1e-5,
+    use_bias=False,
+    use_conv_bias=True,
+)
+_NEMOTRON_H_KEYS = {
+    "layer_norm_rms_eps": 1e-5,
+    "head_count_kv": [0, 2, 0, 0, 0],
+    "feed_forward_length": [0, 0, 96, 0, 96],
+    "ssm_conv_kernel": 4,
+    "ssm_inner_size": 128,
+    "ssm_state_size": 16,
+    "ssm_time_step_rank": 8,
+    "ssm_group_count": 2,
+}
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -163,5 +191,13 @@ RECURRENT_FAMILIES = {
         _JAMBA_KEYS,
         name_aliases=(("feed_forward.switch_mlp", "mlp.experts"),),
         split_tensor=store_mamba_tensors,
+    ),
+    "nemotron_h": ConvertedFamily(
+        "nemotron_h",
+        _NEMOTRON_H,
+        _NEMOTRON_H_KEYS,
+        rope_permuted=True,
+        name_aliases=(("mixer.dt_bias", "mixer.dt_proj.bias"),),
+        split_tensor=store_mamba2_tensors,
     ),
 }

@@ -8,6 +8,7 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
 from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, gguf_model_types
@@ -52,6 +53,19 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
         np.array(loaded.module(tokens)), np.array(reference(tokens)), atol=1e-4, rtol=1e-4
     )
     assert greedy_tokens(loaded.module) == greedy_tokens(reference)
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT_FAMILIES))
+def test_gguf_of_each_recurrent_family_holds_the_checkpoint_weights(tmp_path, name):
+    """Every layout change undone exactly, including those the logits cannot show (the Q/K
+    permutation of attention without RoPE)."""
+    family = FAMILIES[name]
+    _, weights = make_reference(family.config)
+    loaded = load(write_converted_gguf(tmp_path / "m.gguf", family, weights))
+    parameters = dict(tree_flatten(loaded.module.parameters()))
+    assert parameters.keys() == weights.keys()
+    for key, value in weights.items():
+        np.testing.assert_allclose(np.array(parameters[key]), value, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(

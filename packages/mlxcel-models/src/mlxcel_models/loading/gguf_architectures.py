@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
-from mlxcel_models.loading.gguf_hybrid import hybrid_base_config, jamba
+from mlxcel_models.loading.gguf_hybrid import hybrid_base_config, jamba, nemotron_h
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
     INTERNLM2_WQKV,
@@ -297,6 +297,18 @@ _ARCHITECTURES += (
         name_aliases=(("feed_forward.switch_mlp", "mlp.experts"),),
         base_config=hybrid_base_config,
         extras=jamba,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    # The converter permutes the attention layers' Q/K rows as for llama, although
+    # Nemotron-H's attention has no RoPE.
+    GGUFArchitecture(
+        "nemotron_h",
+        "nemotron_h",
+        rope_permuted=True,
+        name_aliases=(_DT_BIAS,),
+        base_config=hybrid_base_config,
+        extras=nemotron_h,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=SSM_RESHAPED,
     ),

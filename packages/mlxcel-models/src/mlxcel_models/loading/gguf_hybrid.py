@@ -95,3 +95,34 @@ def jamba(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "mamba_proj_bias": meta.has_tensor(f"blk.{mamba}.ssm_in.bias"),
         "mamba_conv_bias": meta.has_tensor(f"blk.{mamba}.ssm_conv1d.bias"),
     }
+
+
+def _first(layers: list[str], kind: str) -> int | None:
+    return layers.index(kind) if kind in layers else None
+
+
+def nemotron_h(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H's block pattern (M Mamba 2, * attention, - MLP, E experts), each layer
+    one of them: attention where it has KV heads, an MLP where it has a feed-forward
+    length, Mamba 2 otherwise. llama.cpp does not clamp the time step."""
+    kv_heads = per_layer(meta, "attention.head_count_kv")
+    ffn = per_layer(meta, "feed_forward_length")
+    mlp = "E" if meta.get("expert_count") is not None else "-"
+    pattern = ["*" if k else (mlp if f else "M") for k, f in zip(kv_heads, ffn, strict=True)]
+    mamba, attention, dense = (_first(pattern, kind) for kind in ("M", "*", mlp))
+    inner = meta.size("ssm.inner_size")
+    heads = meta.size("ssm.time_step_rank")
+    return {
+        "hybrid_override_pattern": pattern,
+        "mamba_num_heads": heads,
+        "mamba_head_dim": inner // heads,
+        "ssm_state_size": meta.size("ssm.state_size"),
+        "conv_kernel": meta.size("ssm.conv_kernel"),
+        "n_groups": meta.size("ssm.group_count", 1),
+        "mamba_proj_bias": meta.has_tensor(f"blk.{mamba}.ssm_in.bias"),
+        "use_bias": meta.has_tensor(f"blk.{mamba}.ssm_in.bias"),
+        "use_conv_bias": meta.has_tensor(f"blk.{mamba}.ssm_conv1d.bias"),
+        "attention_bias": meta.has_tensor(f"blk.{attention}.attn_q.bias"),
+        "mlp_bias": meta.has_tensor(f"blk.{dense}.ffn_up.bias"),
+        "time_step_limit": (0.0, float("inf")),
+    }
