@@ -32,6 +32,17 @@ def store_mamba2_tensors(name: str, weight: np.ndarray, config: dict[str, Any]) 
     yield from store_mamba_tensors(name, weight, config)
 
 
+def store_granite_hybrid_tensors(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """Mamba 2's changes, and the shared expert's `input_linear` split into gate and up."""
+    if name.endswith("shared_mlp.input_linear.weight"):
+        layer = name.split(".")[2]
+        gate, up = np.split(weight, 2)
+        yield f"blk.{layer}.ffn_gate_shexp.weight", np.ascontiguousarray(gate)
+        yield f"blk.{layer}.ffn_up_shexp.weight", np.ascontiguousarray(up)
+        return
+    yield from store_mamba2_tensors(name, weight, config)
+
+
 _MAMBA = {
     "model_type": "mamba",
     "vocab_size": VOCAB_SIZE,
@@ -154,6 +165,44 @@ _NEMOTRON_H_KEYS = {
     "ssm_group_count": 2,
 }
 
+_GRANITE_HYBRID = tiny_config(
+    "granitemoehybrid",
+    num_hidden_layers=4,
+    layer_types=["mamba", "attention", "mamba", "mamba"],
+    attention_bias=False,
+    embedding_multiplier=3.0,
+    attention_multiplier=0.2,
+    logits_scaling=2.0,
+    residual_multiplier=0.5,
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_proj_bias=False,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_n_groups=1,
+    mamba_conv_bias=True,
+    position_embedding_type="nope",
+    time_step_limit=(0.0, float("inf")),
+)
+_GRANITE_HYBRID_KEYS = {
+    "layer_norm_rms_eps": 1e-5,
+    "head_count_kv": [0, 2, 0, 0],
+    "rope_scaling_finetuned": False,
+    "logit_scale": 2.0,
+    "attention_scale": 0.2,
+    "embedding_scale": 3.0,
+    "residual_scale": 0.5,
+    "ssm_conv_kernel": 4,
+    "ssm_inner_size": 128,
+    "ssm_state_size": 16,
+    "ssm_time_step_rank": 8,
+    "ssm_group_count": 1,
+}
+_GRANITE_HYBRID_NAMES = (
+    ("block_sparse_moe.switch_mlp", "mlp.experts"),
+    ("mamba.dt_bias", "mamba.dt_proj.bias"),
+)
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -199,5 +248,32 @@ RECURRENT_FAMILIES = {
         rope_permuted=True,
         name_aliases=(("mixer.dt_bias", "mixer.dt_proj.bias"),),
         split_tensor=store_mamba2_tensors,
+    ),
+    # Granite 4.0 H: experts beside a shared MLP, attention without RoPE.
+    "granitemoehybrid": ConvertedFamily(
+        "granitehybrid",
+        _GRANITE_HYBRID
+        | {"num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64},
+        _GRANITE_HYBRID_KEYS
+        | {"expert_count": 4, "expert_used_count": 2, "expert_shared_feed_forward_length": 64},
+        rope_permuted=True,
+        name_aliases=_GRANITE_HYBRID_NAMES,
+        split_tensor=store_granite_hybrid_tensors,
+    ),
+    # A dense Granite 4.0 H with RoPE: its MLP has the shared size, no experts.
+    "granitemoehybrid_dense": ConvertedFamily(
+        "granitehybrid",
+        _GRANITE_HYBRID
+        | {"intermediate_size": 64, "position_embedding_type": "rope", "tie_word_embeddings": True},
+        _GRANITE_HYBRID_KEYS
+        | {
+            "feed_forward_length": 96,
+            "expert_count": 0,
+            "expert_shared_feed_forward_length": 64,
+            "rope_scaling_finetuned": True,
+        },
+        rope_permuted=True,
+        name_aliases=_GRANITE_HYBRID_NAMES,
+        split_tensor=store_granite_hybrid_tensors,
     ),
 }

@@ -16,7 +16,13 @@ import mlx.core as mx
 
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
-from mlxcel_models.loading.gguf_hybrid import hybrid_base_config, jamba, nemotron_h
+from mlxcel_models.loading.gguf_hybrid import (
+    GRANITE_SHARED_INPUT,
+    granite_hybrid,
+    hybrid_base_config,
+    jamba,
+    nemotron_h,
+)
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
     INTERNLM2_WQKV,
@@ -309,6 +315,20 @@ _ARCHITECTURES += (
         name_aliases=(_DT_BIAS,),
         base_config=hybrid_base_config,
         extras=nemotron_h,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "granitehybrid",
+        "granitemoehybrid",
+        rope_permuted=True,
+        name_aliases=(
+            ("block_sparse_moe.switch_mlp", "mlp.experts"),
+            ("mamba.dt_bias", "mamba.dt_proj.bias"),
+        ),
+        base_config=hybrid_base_config,
+        extras=granite_hybrid,
+        tensor_join=GRANITE_SHARED_INPUT,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=SSM_RESHAPED,
     ),

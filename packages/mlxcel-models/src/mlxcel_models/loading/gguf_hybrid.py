@@ -1,5 +1,5 @@
-"""GGUF metadata of the hybrid families, whose layers mix attention with state-space or
-convolution blocks (Jamba, ...).
+"""GGUF metadata of the hybrid families, whose layers mix attention with state-space
+blocks (Jamba, Nemotron-H, Granite 4.0).
 
 llama.cpp's converter tells the layers apart with per-layer arrays rather than a pattern:
 `attention.head_count_kv` is 0 on a layer without attention, and a layer's experts show as
@@ -9,10 +9,15 @@ period instead; they are rebuilt here from the arrays and the tensors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+import mlx.core as mx
 
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
+from mlxcel_models.loading.gguf_family_configs import granite
+from mlxcel_models.loading.gguf_layouts import TensorJoin
 
 # Keys the converter writes per layer for hybrids, a scalar for other families.
 _PER_LAYER_KEYS = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
@@ -43,6 +48,9 @@ def hybrid_base_config(meta: GGUFMetadata) -> dict[str, Any]:
         ModelLoadError: as `common_config`, or no layer has attention heads.
     """
     metadata = dict(meta.metadata)
+    # Dense checkpoints of MoE-capable families are written with an expert count of 0.
+    if metadata.get(f"{meta.architecture}.expert_count") == 0:
+        del metadata[f"{meta.architecture}.expert_count"]
     for key in _PER_LAYER_KEYS:
         full_key = f"{meta.architecture}.{key}"
         if isinstance(metadata.get(full_key), list):
@@ -126,3 +134,51 @@ def nemotron_h(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "mlp_bias": meta.has_tensor(f"blk.{dense}.ffn_up.bias"),
         "time_step_limit": (0.0, float("inf")),
     }
+
+
+def granite_hybrid(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Granite 4.0's hybrid: attention and Mamba 2 layer types from the KV head counts,
+    Granite's multipliers, RoPE only where the converter flags it (it reuses
+    `rope.scaling.finetuned` for that), experts with a shared MLP or a dense MLP whose size
+    is the shared one. llama.cpp does not clamp the time step."""
+    attention = attention_layers(meta)
+    mamba = attention.index(False) if not all(attention) else 0
+    inner = meta.size("ssm.inner_size")
+    heads = meta.size("ssm.time_step_rank")
+    experts = config.get("num_experts")
+    shared = meta.get("expert_shared_feed_forward_length")
+    sizes = {"num_local_experts": experts, "shared_intermediate_size": shared}
+    if not experts and shared is not None:
+        sizes["intermediate_size"] = int(shared)
+    return (
+        granite(meta, config)
+        | sizes
+        | {
+            "layer_types": ["attention" if a else "mamba" for a in attention],
+            "position_embedding_type": "rope" if meta.get("rope.scaling.finetuned") else "nope",
+            "mamba_n_heads": heads,
+            "mamba_d_head": inner // heads,
+            "mamba_d_state": meta.size("ssm.state_size"),
+            "mamba_d_conv": meta.size("ssm.conv_kernel"),
+            "mamba_n_groups": meta.size("ssm.group_count", 1),
+            "mamba_proj_bias": meta.has_tensor(f"blk.{mamba}.ssm_in.bias"),
+            "mamba_conv_bias": meta.has_tensor(f"blk.{mamba}.ssm_conv1d.bias"),
+            "time_step_limit": (0.0, float("inf")),
+        }
+    )
+
+
+def _shared_input_linear(
+    tensors: Mapping[str, mx.array], config: Mapping[str, Any]
+) -> dict[str, mx.array] | None:
+    """Granite's shared-expert `input_linear` (gate rows, then up rows), which the converter
+    splits into `ffn_gate_shexp` and `ffn_up_shexp`."""
+    if any(f"ffn_{part}_shexp.weight" not in tensors for part in ("gate", "up")):
+        return None
+    gate, up = tensors["ffn_gate_shexp.weight"], tensors["ffn_up_shexp.weight"]
+    return {"shared_mlp.input_linear.weight": mx.concatenate([gate, up])}
+
+
+GRANITE_SHARED_INPUT = TensorJoin(
+    frozenset({"ffn_gate_shexp.weight", "ffn_up_shexp.weight"}), _shared_input_linear
+)
