@@ -43,6 +43,11 @@ def store_granite_hybrid_tensors(name: str, weight: np.ndarray, config: dict[str
     yield from store_mamba2_tensors(name, weight, config)
 
 
+def squeeze_short_conv(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """LFM2's short-convolution kernel squeezed to (channels, width)."""
+    yield name, np.ascontiguousarray(weight.squeeze()) if "conv.conv." in name else weight
+
+
 _MAMBA = {
     "model_type": "mamba",
     "vocab_size": VOCAB_SIZE,
@@ -203,6 +208,23 @@ _GRANITE_HYBRID_NAMES = (
     ("mamba.dt_bias", "mamba.dt_proj.bias"),
 )
 
+_LFM2 = tiny_config(
+    "lfm2",
+    num_hidden_layers=4,
+    num_key_value_heads=2,
+    layer_types=["conv", "full_attention", "conv", "conv"],
+    norm_eps=1e-5,
+    conv_bias=False,
+    conv_L_cache=3,
+    block_dim=64,
+    # Adjusted to 96, the feed-forward length the converter writes.
+    block_ff_dim=144,
+    block_multiple_of=32,
+    block_ffn_dim_multiplier=1.0,
+    block_auto_adjust_ff_dim=True,
+    tie_word_embeddings=True,
+)
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -275,5 +297,11 @@ RECURRENT_FAMILIES = {
         rope_permuted=True,
         name_aliases=_GRANITE_HYBRID_NAMES,
         split_tensor=store_granite_hybrid_tensors,
+    ),
+    "lfm2": ConvertedFamily(
+        "lfm2",
+        _LFM2,
+        {"layer_norm_rms_eps": 1e-5, "head_count_kv": [0, 2, 0, 0], "shortconv_l_cache": 3},
+        split_tensor=squeeze_short_conv,
     ),
 }

@@ -21,6 +21,7 @@ from mlxcel_models.loading.gguf_hybrid import (
     granite_hybrid,
     hybrid_base_config,
     jamba,
+    lfm2,
     nemotron_h,
 )
 from mlxcel_models.loading.gguf_layouts import (
@@ -331,6 +332,14 @@ _ARCHITECTURES += (
         tensor_join=GRANITE_SHARED_INPUT,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=SSM_RESHAPED,
+    ),
+    # The converter squeezes LFM2's short-convolution kernel (`shortconv.conv`) to 2-D.
+    GGUFArchitecture(
+        "lfm2",
+        "lfm2",
+        base_config=hybrid_base_config,
+        extras=lfm2,
+        reshaped_tensors=frozenset({"conv"}),
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

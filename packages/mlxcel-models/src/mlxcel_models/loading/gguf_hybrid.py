@@ -1,5 +1,5 @@
 """GGUF metadata of the hybrid families, whose layers mix attention with state-space
-blocks (Jamba, Nemotron-H, Granite 4.0).
+or short-convolution blocks (Jamba, Nemotron-H, Granite 4.0, LFM2).
 
 llama.cpp's converter tells the layers apart with per-layer arrays rather than a pattern:
 `attention.head_count_kv` is 0 on a layer without attention, and a layer's experts show as
@@ -182,3 +182,20 @@ def _shared_input_linear(
 GRANITE_SHARED_INPUT = TensorJoin(
     frozenset({"ffn_gate_shexp.weight", "ffn_up_shexp.weight"}), _shared_input_linear
 )
+
+
+def lfm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """LFM2's layer types from the KV head counts; the converter stores the feed-forward
+    size already adjusted (`block_auto_adjust_ff_dim`), so it is taken as it is."""
+    attention = attention_layers(meta)
+    conv = attention.index(False) if not all(attention) else 0
+    return {
+        "layer_types": ["full_attention" if a else "conv" for a in attention],
+        "block_dim": config["hidden_size"],
+        "block_ff_dim": config["intermediate_size"],
+        "block_auto_adjust_ff_dim": False,
+        "block_multiple_of": 1,
+        "block_ffn_dim_multiplier": 1.0,
+        "conv_L_cache": meta.size("shortconv.l_cache"),
+        "conv_bias": meta.has_tensor(f"blk.{conv}.shortconv.in_proj.bias"),
+    }
