@@ -48,6 +48,22 @@ def squeeze_short_conv(name: str, weight: np.ndarray, config: dict[str, Any]) ->
     yield name, np.ascontiguousarray(weight.squeeze()) if "conv.conv." in name else weight
 
 
+def split_in_proj_qkvz(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """Mamba's changes, and Qwen3-Next's `in_proj_qkvz` (grouped per key head) split into
+    all queries, keys and values (`attn_qkv`) and the gate (`attn_gate`)."""
+    if not name.endswith("in_proj_qkvz.weight"):
+        yield from store_mamba_tensors(name, weight, config)
+        return
+    key_heads, key_dim = config["linear_num_key_heads"], config["linear_key_head_dim"]
+    value_rows = config["linear_num_value_heads"] // key_heads * config["linear_value_head_dim"]
+    grouped = weight.reshape(key_heads, -1, weight.shape[-1])
+    q, k, v, z = np.split(grouped, np.cumsum([key_dim, key_dim, value_rows]), axis=1)
+    layer = name.split(".")[2]
+    qkv = np.concatenate([part.reshape(-1, weight.shape[-1]) for part in (q, k, v)])
+    yield f"blk.{layer}.attn_qkv.weight", np.ascontiguousarray(qkv)
+    yield f"blk.{layer}.attn_gate.weight", np.ascontiguousarray(z.reshape(-1, weight.shape[-1]))
+
+
 _MAMBA = {
     "model_type": "mamba",
     "vocab_size": VOCAB_SIZE,
@@ -225,6 +241,41 @@ _LFM2 = tiny_config(
     tie_word_embeddings=True,
 )
 
+# Qwen3-Next: gated-delta layers, then full attention every fourth layer; experts with a
+# shared expert. Two value heads per key head.
+_QWEN3_NEXT = tiny_config(
+    "qwen3_next",
+    num_hidden_layers=4,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    decoder_sparse_step=1,
+    shared_expert_intermediate_size=64,
+    mlp_only_layers=[],
+    moe_intermediate_size=32,
+    partial_rotary_factor=0.25,
+    norm_topk_prob=True,
+    full_attention_interval=4,
+)
+_QWEN3_NEXT_KEYS = {
+    "layer_norm_rms_eps": 1e-5,
+    "rope_dimension_count": 4,
+    "expert_count": 4,
+    "expert_used_count": 2,
+    "expert_feed_forward_length": 32,
+    "expert_shared_feed_forward_length": 64,
+    "ssm_conv_kernel": 4,
+    "ssm_state_size": 16,
+    "ssm_group_count": 2,
+    "ssm_time_step_rank": 4,
+    "ssm_inner_size": 32,
+    "full_attention_interval": 4,
+}
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -303,5 +354,15 @@ RECURRENT_FAMILIES = {
         _LFM2,
         {"layer_norm_rms_eps": 1e-5, "head_count_kv": [0, 2, 0, 0], "shortconv_l_cache": 3},
         split_tensor=squeeze_short_conv,
+    ),
+    "qwen3_next": ConvertedFamily(
+        "qwen3next",
+        _QWEN3_NEXT,
+        _QWEN3_NEXT_KEYS,
+        name_aliases=(
+            ("switch_mlp", "experts"),
+            ("linear_attn.dt_bias", "linear_attn.dt_proj.bias"),
+        ),
+        split_tensor=split_in_proj_qkvz,
     ),
 }

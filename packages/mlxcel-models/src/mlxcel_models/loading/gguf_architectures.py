@@ -17,12 +17,14 @@ import mlx.core as mx
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
 from mlxcel_models.loading.gguf_hybrid import (
+    GATED_DELTA_IN_PROJ,
     GRANITE_SHARED_INPUT,
     granite_hybrid,
     hybrid_base_config,
     jamba,
     lfm2,
     nemotron_h,
+    qwen3_next,
 )
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
@@ -340,6 +342,18 @@ _ARCHITECTURES += (
         base_config=hybrid_base_config,
         extras=lfm2,
         reshaped_tensors=frozenset({"conv"}),
+    ),
+    # The converter splits Qwen3-Next's `in_proj_qkvz` (grouped per key head) into
+    # attn_qkv and attn_gate.
+    GGUFArchitecture(
+        "qwen3next",
+        "qwen3_next",
+        name_aliases=(*_SWITCH, ("linear_attn.dt_bias", "linear_attn.dt_proj.bias")),
+        base_config=hybrid_base_config,
+        extras=qwen3_next,
+        tensor_join=GATED_DELTA_IN_PROJ,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

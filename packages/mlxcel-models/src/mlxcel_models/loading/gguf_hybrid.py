@@ -1,5 +1,6 @@
 """GGUF metadata of the hybrid families, whose layers mix attention with state-space
-or short-convolution blocks (Jamba, Nemotron-H, Granite 4.0, LFM2).
+short-convolution or gated-delta blocks (Jamba, Nemotron-H, Granite 4.0, LFM2,
+Qwen3-Next).
 
 llama.cpp's converter tells the layers apart with per-layer arrays rather than a pattern:
 `attention.head_count_kv` is 0 on a layer without attention, and a layer's experts show as
@@ -199,3 +200,48 @@ def lfm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "conv_L_cache": meta.size("shortconv.l_cache"),
         "conv_bias": meta.has_tensor(f"blk.{conv}.shortconv.in_proj.bias"),
     }
+
+
+def qwen3_next(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-Next's gated-delta sizes, which the converter stores under `ssm.*`: the key
+    head size as the state size, the key heads as groups, the value heads as the time-step
+    rank. Its norms are stored as `1 + w`, the form mlx-lm runs them in. Layers without a
+    router have a dense MLP; llama.cpp normalizes the top-k expert weights."""
+    value_heads = meta.size("ssm.time_step_rank")
+    layers = config["num_hidden_layers"]
+    return {
+        "linear_num_value_heads": value_heads,
+        "linear_num_key_heads": meta.size("ssm.group_count"),
+        "linear_key_head_dim": meta.size("ssm.state_size"),
+        "linear_value_head_dim": meta.size("ssm.inner_size") // value_heads,
+        "linear_conv_kernel_dim": meta.size("ssm.conv_kernel"),
+        "full_attention_interval": meta.size("full_attention_interval", 4),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [
+            i for i in range(layers) if not meta.has_tensor(f"blk.{i}.ffn_gate_inp.weight")
+        ],
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", True)),
+        "partial_rotary_factor": config.get("partial_rotary_factor", 1.0),
+        "rope_scaling": config.get("rope_scaling"),
+    }
+
+
+def _gated_delta_in_proj(
+    tensors: Mapping[str, mx.array], config: Mapping[str, Any]
+) -> dict[str, mx.array] | None:
+    """Qwen3-Next's `in_proj_qkvz`, rows grouped per key head as (q, k, v, z), from the
+    converter's `attn_qkv` (all queries, all keys, all values) and `attn_gate` (z)."""
+    if "attn_qkv.weight" not in tensors or "attn_gate.weight" not in tensors:
+        return None
+    key_heads = config["linear_num_key_heads"]
+    key_rows = key_heads * config["linear_key_head_dim"]
+    qkv, z = tensors["attn_qkv.weight"], tensors["attn_gate.weight"]
+    q, k, v = qkv[:key_rows], qkv[key_rows : 2 * key_rows], qkv[2 * key_rows :]
+    grouped = [part.reshape(key_heads, -1, part.shape[-1]) for part in (q, k, v, z)]
+    joined = mx.concatenate(grouped, axis=1).reshape(-1, qkv.shape[-1])
+    return {"linear_attn.in_proj_qkvz.weight": joined}
+
+
+GATED_DELTA_IN_PROJ = TensorJoin(
+    frozenset({"attn_qkv.weight", "attn_gate.weight"}), _gated_delta_in_proj
+)
