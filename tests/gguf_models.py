@@ -43,6 +43,8 @@ class ConvertedFamily:
             a GGUF name (`blk.…`, `rope_factors_…`) is written as it is.
         weight_metadata: the metadata the converter makes of some weights (Apertus's
             xIELU constants), writer method names as keys.
+        merge_tensors: the converter's merge of several tensors into one (RWKV-7's token
+            shift mixes), on all the weights (mlx-lm names) before `split_tensor`.
     """
 
     gguf_arch: str
@@ -53,6 +55,7 @@ class ConvertedFamily:
     name_aliases: tuple[tuple[str, str], ...] = ()
     split_tensor: TensorSplit | None = None
     weight_metadata: Callable[[dict[str, np.ndarray]], dict[str, Any]] | None = None
+    merge_tensors: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
 
 def make_reference(config: dict[str, Any], seed: int = 0):
@@ -156,6 +159,8 @@ def _converted_tensors(
     family: ConvertedFamily, weights: dict[str, np.ndarray]
 ) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, tensor) pairs as the converter sees them after its own changes."""
+    if family.merge_tensors is not None:
+        weights = family.merge_tensors(weights)
     for name, weight in weights.items():
         key = name
         for mlx_fragment, hf_fragment in family.name_aliases:

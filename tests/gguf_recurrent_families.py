@@ -64,6 +64,45 @@ def split_in_proj_qkvz(name: str, weight: np.ndarray, config: dict[str, Any]) ->
     yield f"blk.{layer}.attn_gate.weight", np.ascontiguousarray(z.reshape(-1, weight.shape[-1]))
 
 
+_RWKV7_NAMES = (
+    ("_lora.lora.0.weight", "1.weight"),
+    ("_lora.lora.2.weight", "2.weight"),
+    ("_lora.lora.2.bias", "0.weight"),
+    ("ffn", "feed_forward"),
+    ("attn", "attention"),
+    ("feed_forward_norm", "ln2"),
+    ("g_norm", "ln_x"),
+)
+# gguf-py's names of the parameters without a suffix, which the converter adds.
+_RWKV7_VECTORS = {"attention.k_k": "time_mix_k_k", "attention.k_a": "time_mix_k_a"}
+_RWKV7_VECTORS |= {"attention.r_k": "time_mix_r_k", "feed_forward.x_k": "channel_mix_lerp_k"}
+_RWKV7_MIXES = ("r", "w", "k", "v", "a", "g")
+
+
+def stack_rwkv7_mixes(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The six token-shift mixes of each layer stacked into `time_mix_lerp_fused`."""
+    merged = {name: weight for name, weight in weights.items() if ".attn.x_" not in name}
+    layers = {name.split(".")[2] for name in weights if ".attn.x_" in name}
+    for layer in sorted(layers):
+        mixes = [weights[f"model.layers.{layer}.attn.x_{mix}"] for mix in _RWKV7_MIXES]
+        merged[f"blk.{layer}.time_mix_lerp_fused.weight"] = np.stack(mixes)
+    return merged
+
+
+def convert_rwkv7(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """The converter's other RWKV-7 changes: every tensor squeezed, the suffix-less vectors
+    named `.weight`, and layer 0 given its `a` LoRA again as the value-residual LoRA."""
+    if name.startswith("model.layers."):
+        layer, within = name.split(".", 3)[2:]
+        if within in _RWKV7_VECTORS:
+            yield f"blk.{layer}.{_RWKV7_VECTORS[within]}.weight", weight.reshape(-1)
+            return
+        if layer == "0" and within.startswith("attention.a"):
+            suffix = within.removeprefix("attention.a")
+            yield f"model.layers.0.attention.v{suffix}", np.ascontiguousarray(weight.squeeze())
+    yield name, weight if name.startswith("blk.") else np.ascontiguousarray(weight.squeeze())
+
+
 _MAMBA = {
     "model_type": "mamba",
     "vocab_size": VOCAB_SIZE,
@@ -276,6 +315,32 @@ _QWEN3_NEXT_KEYS = {
     "full_attention_interval": 4,
 }
 
+_RWKV7 = {
+    "model_type": "rwkv7",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "norm_eps": 1e-5,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "a_low_rank_dim": 8,
+    "v_low_rank_dim": 8,
+    "gate_low_rank_dim": 16,
+    "decay_low_rank_dim": 8,
+    "tie_word_embeddings": False,
+}
+_RWKV7_KEYS = {
+    "context_length": 1048576,
+    "feed_forward_length": 96,
+    "head_count": 0,
+    "layer_norm_eps": 1e-5,
+    "wkv_head_size": 16,
+    "decay_lora_rank": 8,
+    "iclr_lora_rank": 8,
+    "value_residual_mix_lora_rank": 8,
+    "gate_lora_rank": 16,
+}
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -364,5 +429,13 @@ RECURRENT_FAMILIES = {
             ("linear_attn.dt_bias", "linear_attn.dt_proj.bias"),
         ),
         split_tensor=split_in_proj_qkvz,
+    ),
+    "rwkv7": ConvertedFamily(
+        "rwkv7",
+        _RWKV7,
+        _RWKV7_KEYS,
+        name_aliases=_RWKV7_NAMES,
+        split_tensor=convert_rwkv7,
+        merge_tensors=stack_rwkv7_mixes,
     ),
 }

@@ -43,6 +43,13 @@ from mlxcel_models.loading.gguf_recurrent import (
     restore_ssm_decay,
     ssm_base_config,
 )
+from mlxcel_models.loading.gguf_rwkv import (
+    RWKV7_NAMES,
+    RWKV7_PLACEHOLDERS,
+    RWKV7_RESHAPED,
+    RWKV7_TOKEN_SHIFT,
+    rwkv7,
+)
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
 RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
@@ -77,8 +84,8 @@ class GGUFArchitecture:
             given its GGUF base name (`attn_q`), its arrays and the config.
         metadata_weights: parameters the converter moved into the metadata (Apertus's
             xIELU constants), as mlx-lm parameter path → array.
-        dropped_tensors: tensors (name within a layer) the mlx-lm family discards when it
-            loads the checkpoint, left out as it leaves them out.
+        dropped_tensors: tensors (name within a layer, or whole name) the mlx-lm family
+            discards when it loads the checkpoint or does not have, left out.
         base_config: the config keys the family shares with others of its kind
             (`common_config` for attention decoders; state-space models have no heads).
         reshaped_tensors: tensors (GGUF base name, `ssm_conv1d`) whose axes of size one the
@@ -354,6 +361,16 @@ _ARCHITECTURES += (
         tensor_join=GATED_DELTA_IN_PROJ,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "rwkv7",
+        "rwkv7",
+        name_aliases=RWKV7_NAMES,
+        base_config=ssm_base_config,
+        extras=rwkv7,
+        tensor_join=RWKV7_TOKEN_SHIFT,
+        dropped_tensors=RWKV7_PLACEHOLDERS,
+        reshaped_tensors=RWKV7_RESHAPED,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

@@ -116,7 +116,7 @@ def load_gguf_model(
         if name in ROPE_FACTOR_TENSORS:
             continue
         block, within = _layer_tensor(name)
-        if block in mtp_layers or within in arch.dropped_tensors:
+        if block in mtp_layers or within in arch.dropped_tensors or name in arch.dropped_tensors:
             continue
         if arch.tensor_join is not None and within in arch.tensor_join.names:
             form = _plan(path, name, info.type_name, info.shape, False, dequant)

@@ -45,11 +45,11 @@ def gguf_name_map(
         if gguf_name is None:
             continue
         names[gguf_name] = path
-        # gguf-py names a few parameters from a key that spells out its suffix (Falcon-H1's
-        # `pre_ff_layernorm.weight`), leaving the suffix off; llama.cpp reads it with one.
-        suffix = next((suffix for suffix in _SUFFIXES if path.endswith(suffix)), None)
-        if suffix is not None and not gguf_name.endswith(suffix):
-            names[gguf_name + suffix] = path
+        # gguf-py leaves the suffix off a few names: those of parameters without one (RWKV's
+        # `k_k`, to which its converter adds `.weight`) and those from a key that spells it
+        # out (Falcon-H1's `pre_ff_layernorm.weight`, which llama.cpp reads with one).
+        if not gguf_name.endswith(_SUFFIXES):
+            names[gguf_name + (".bias" if path.endswith(".bias") else ".weight")] = path
     return names
 
 
