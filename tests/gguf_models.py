@@ -93,7 +93,17 @@ _TOKEN_EMBEDDINGS = ("embed_tokens.", "embed_in.", "wte.", "word_embeddings.", "
 
 def _is_quantized_matrix(name: str, weight: np.ndarray, qtype: gguf.GGMLQuantizationType) -> bool:
     is_embedding = any(embedding in name for embedding in _TOKEN_EMBEDDINGS)
-    return weight.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not is_embedding
+    # The converter keeps norms (Mamba 2's grouped norm is 2-D), and llama.cpp convolution
+    # kernels (Mamba's, LFM2's) and rows shorter than a block (Mamba 2's A and D), in float.
+    is_kernel = "conv1d" in name or "conv.conv" in name or name.endswith("norm.weight")
+    block_size = gguf.GGML_QUANT_SIZES[qtype][0]
+    return (
+        weight.ndim >= 2
+        and qtype != gguf.GGMLQuantizationType.F32
+        and weight.shape[-1] % block_size == 0
+        and not is_embedding
+        and not is_kernel
+    )
 
 
 def write_converted_gguf(

@@ -78,6 +78,7 @@ def test_gguf_of_each_recurrent_family_holds_the_checkpoint_weights(tmp_path, na
         ("deepseek_v3", "Q8_0"),
         ("internlm2", "Q8_0"),
         ("gpt_neox", "Q4_0"),
+        ("nemotron_h", "Q8_0"),
     ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):
