@@ -28,6 +28,7 @@ from mlxcel_models.loading.gguf_hybrid import (
 )
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
+    DBRX_EXPERTS,
     INTERNLM2_WQKV,
     TensorJoin,
     interleave_neox_qkv,
@@ -373,6 +374,8 @@ _ARCHITECTURES += (
         reshaped_tensors=RWKV7_RESHAPED,
     ),
 )
+# mlx-lm's DBRX keeps one MLP per expert; the converter stacks them.
+_ARCHITECTURES += (GGUFArchitecture("dbrx", "dbrx", extras=configs.dbrx, tensor_join=DBRX_EXPERTS),)
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
 
 

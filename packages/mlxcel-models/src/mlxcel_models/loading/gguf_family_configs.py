@@ -324,3 +324,22 @@ def gptj(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return gpt2(meta, config) | {
         "rotary_dim": meta.size("rope.dimension_count", config["head_dim"]),
     }
+
+
+def dbrx(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """DBRX's nested `ffn_config` and `attn_config`."""
+    return {
+        "d_model": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": config["num_attention_heads"],
+        "ffn_config": {
+            "ffn_hidden_size": config["intermediate_size"],
+            "moe_num_experts": config["num_experts"],
+            "moe_top_k": config["num_experts_per_tok"],
+        },
+        "attn_config": {
+            "kv_n_heads": config["num_key_value_heads"],
+            "clip_qkv": float(meta.required("attention.clamp_kqv")),
+            "rope_theta": config["rope_theta"],
+        },
+    }

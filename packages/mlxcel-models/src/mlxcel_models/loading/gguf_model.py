@@ -222,7 +222,7 @@ def _join_layer(
     del joined[block]
     weights = {}
     for key, value in arrays.items():
-        target = f"model.layers.{block}.{key}"
+        target = f"{join.layers_path}.{block}.{key}"
         expected = parameters.get(target)
         if expected is None or tuple(value.shape) != tuple(expected.shape):
             needs = "no such parameter" if expected is None else list(expected.shape)
