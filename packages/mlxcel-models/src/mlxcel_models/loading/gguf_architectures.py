@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
@@ -55,6 +56,7 @@ from mlxcel_models.loading.gguf_rwkv import (
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
 RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
 MetadataWeights = Callable[[GGUFMetadata, dict[str, Any]], dict[str, mx.array]]
+InstallRopeFactors = Callable[[nn.Module, mx.array, dict[str, Any]], None]
 
 
 def _none(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +93,9 @@ class GGUFArchitecture:
             (`common_config` for attention decoders; state-space models have no heads).
         reshaped_tensors: tensors (GGUF base name, `ssm_conv1d`) whose axes of size one the
             converter dropped or added; the loader reshapes them to the parameter's shape.
+        install_rope_factors: puts the `rope_freqs` factors on the model's attention
+            layers where the family's RoPE differs from llama's (Llama 4); None for the
+            llama layout.
     """
 
     name: str
@@ -108,6 +113,7 @@ class GGUFArchitecture:
     dropped_tensors: frozenset[str] = frozenset()
     base_config: Callable[[GGUFMetadata], dict[str, Any]] = common_config
     reshaped_tensors: frozenset[str] = frozenset()
+    install_rope_factors: InstallRopeFactors | None = None
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""
@@ -374,8 +380,18 @@ _ARCHITECTURES += (
         reshaped_tensors=RWKV7_RESHAPED,
     ),
 )
-# mlx-lm's DBRX keeps one MLP per expert; the converter stacks them.
-_ARCHITECTURES += (GGUFArchitecture("dbrx", "dbrx", extras=configs.dbrx, tensor_join=DBRX_EXPERTS),)
+# mlx-lm's DBRX keeps one MLP per expert; the converter stacks them. Llama 4's text model
+# sits under `language_model` in mlx-lm; the converter does not permute its Q/K rows.
+_ARCHITECTURES += (
+    GGUFArchitecture("dbrx", "dbrx", extras=configs.dbrx, tensor_join=DBRX_EXPERTS),
+    GGUFArchitecture(
+        "llama4",
+        "llama4",
+        name_aliases=(("language_model.", ""),),
+        extras=configs.llama4,
+        install_rope_factors=configs.install_llama4_rope_factors,
+    ),
+)
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
 
 

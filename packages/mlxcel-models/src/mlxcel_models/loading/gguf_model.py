@@ -160,7 +160,8 @@ def load_gguf_model(
     _load_weights(module, weights, quantized)
     if "rope_freqs.weight" in header.tensors:
         factors = mx.array(data.blocks("rope_freqs.weight").view(np.float32))
-        install_rope_factors(module, factors, config)
+        install = arch.install_rope_factors or install_rope_factors
+        install(module, factors, config)
     conversions = tuple(
         TypeConversion(type_name, form, count) for (type_name, form), count in seen.most_common()
     )
