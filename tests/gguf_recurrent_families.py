@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import gguf
 import numpy as np
 
 from gguf_models import VOCAB_SIZE, ConvertedFamily, tiny_config
@@ -341,6 +342,23 @@ _RWKV7_KEYS = {
     "gate_lora_rank": 16,
 }
 
+_LFM2_MOE = tiny_config(
+    "lfm2_moe",
+    num_hidden_layers=4,
+    layer_types=["conv", "full_attention", "conv", "conv"],
+    norm_eps=1e-5,
+    conv_bias=False,
+    conv_L_cache=3,
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    use_expert_bias=True,
+    num_dense_layers=1,
+    routed_scaling_factor=1.0,
+    tie_word_embeddings=True,
+)
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -418,6 +436,25 @@ RECURRENT_FAMILIES = {
         "lfm2",
         _LFM2,
         {"layer_norm_rms_eps": 1e-5, "head_count_kv": [0, 2, 0, 0], "shortconv_l_cache": 3},
+        split_tensor=squeeze_short_conv,
+    ),
+    "lfm2_moe": ConvertedFamily(
+        "lfm2moe",
+        _LFM2_MOE,
+        {
+            "layer_norm_rms_eps": 1e-5,
+            "head_count_kv": [0, 2, 0, 0],
+            "shortconv_l_cache": 3,
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "leading_dense_block_count": 1,
+            "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+        },
+        name_aliases=(
+            ("feed_forward.switch_mlp", "feed_forward.experts"),
+            ("feed_forward.expert_bias", "feed_forward.expert_bias.bias"),
+        ),
         split_tensor=squeeze_short_conv,
     ),
     "qwen3_next": ConvertedFamily(

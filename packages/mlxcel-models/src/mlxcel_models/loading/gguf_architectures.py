@@ -24,6 +24,7 @@ from mlxcel_models.loading.gguf_hybrid import (
     hybrid_base_config,
     jamba,
     lfm2,
+    lfm2_moe,
     nemotron_h,
     qwen3_next,
 )
@@ -355,6 +356,18 @@ _ARCHITECTURES += (
         "lfm2",
         base_config=hybrid_base_config,
         extras=lfm2,
+        reshaped_tensors=frozenset({"conv"}),
+    ),
+    # The converter renames LFM2-MoE's `expert_bias` to a bias (`exp_probs_b`).
+    GGUFArchitecture(
+        "lfm2moe",
+        "lfm2_moe",
+        name_aliases=(
+            ("feed_forward.switch_mlp", "feed_forward.experts"),
+            ("feed_forward.expert_bias", "feed_forward.expert_bias.bias"),
+        ),
+        base_config=hybrid_base_config,
+        extras=lfm2_moe,
         reshaped_tensors=frozenset({"conv"}),
     ),
     # The converter splits Qwen3-Next's `in_proj_qkvz` (grouped per key head) into

@@ -202,6 +202,19 @@ def lfm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def lfm2_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """LFM2-MoE: LFM2's layers, dense MLPs on the leading layers, then sigmoid-routed
+    experts whose top-k weights llama.cpp normalizes and does not scale."""
+    return lfm2(meta, config) | {
+        "num_dense_layers": meta.get("leading_dense_block_count", 0),
+        "use_expert_bias": any(
+            meta.has_tensor(f"blk.{i}.exp_probs_b.bias") for i in range(config["num_hidden_layers"])
+        ),
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+    }
+
+
 def qwen3_next(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next's gated-delta sizes, which the converter stores under `ssm.*`: the key
     head size as the state size, the key heads as groups, the value heads as the time-step
