@@ -15,6 +15,7 @@ from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, gguf_mo
 from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.loading.gguf_mla import latent_attention_weights
 from mlxcel_models.loading.gguf_model import load_gguf_model
+from mlxcel_models.memory.inventory import read_model_inventory
 
 from gguf_conversions import split_kv_b
 from gguf_expert_families import EXPERT_FAMILIES
@@ -67,6 +68,17 @@ def test_gguf_of_each_recurrent_or_expert_family_holds_the_checkpoint_weights(tm
     assert parameters.keys() == weights.keys()
     for key, value in weights.items():
         np.testing.assert_allclose(np.array(parameters[key]), value, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["jamba", "nemotron_h", "rwkv7", "mamba"])
+def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
+    """Per-layer metadata arrays survive the header read that skips the vocabulary, and a
+    family without attention needs no head counts."""
+    family = FAMILIES[name]
+    path = write_converted_gguf(tmp_path / "m.gguf", family, make_reference(family.config)[1])
+    inventory = read_model_inventory(path)
+    assert inventory.architecture.num_layers == family.config["num_hidden_layers"]
+    assert inventory.config["model_type"] == family.config["model_type"]
 
 
 @pytest.mark.parametrize(
