@@ -104,6 +104,17 @@ def convert_rwkv7(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iter
     yield name, weight if name.startswith("blk.") else np.ascontiguousarray(weight.squeeze())
 
 
+def store_nemotron_h_moe_tensors(name: str, weight: np.ndarray, config: dict[str, Any]) -> Iterator:
+    """Mamba 2's changes, and the stacked experts (`fc1` up, `fc2` down) named as the
+    converter's merged `model.layers.N.mlp.experts`."""
+    if ".switch_mlp.fc" in name:
+        layer = name.split(".")[2]
+        projection = "up" if ".fc1." in name else "down"
+        yield f"blk.{layer}.ffn_{projection}_exps.weight", weight
+        return
+    yield from store_mamba2_tensors(name, weight, config)
+
+
 _MAMBA = {
     "model_type": "mamba",
     "vocab_size": VOCAB_SIZE,
@@ -359,6 +370,33 @@ _LFM2_MOE = tiny_config(
     tie_word_embeddings=True,
 )
 
+# Nemotron 3-style MoE: experts on a latent, a shared expert, sigmoid routing with a bias.
+_NEMOTRON_H_MOE = _NEMOTRON_H | {
+    "hybrid_override_pattern": ["M", "*", "E", "M", "E"],
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 48,
+    "n_shared_experts": 1,
+    "moe_latent_size": 32,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "n_group": 1,
+    "topk_group": 1,
+}
+_NEMOTRON_H_MOE_KEYS = _NEMOTRON_H_KEYS | {
+    "feed_forward_length": [0, 0, 32, 0, 32],
+    "expert_count": 4,
+    "expert_used_count": 2,
+    "expert_feed_forward_length": 32,
+    "expert_shared_feed_forward_length": 48,
+    "expert_shared_count": 1,
+    "expert_weights_norm": True,
+    "expert_weights_scale": 2.5,
+    "expert_group_count": 1,
+    "moe_latent_size": 32,
+}
+
 RECURRENT_FAMILIES = {
     "mamba": ConvertedFamily(
         "mamba", _MAMBA, _MAMBA_KEYS | {"ssm_dt_b_c_rms": False}, split_tensor=store_mamba_tensors
@@ -396,6 +434,17 @@ RECURRENT_FAMILIES = {
         _JAMBA_KEYS,
         name_aliases=(("feed_forward.switch_mlp", "mlp.experts"),),
         split_tensor=store_mamba_tensors,
+    ),
+    "nemotron_h_moe": ConvertedFamily(
+        "nemotron_h_moe",
+        _NEMOTRON_H_MOE,
+        _NEMOTRON_H_MOE_KEYS,
+        rope_permuted=True,
+        name_aliases=(
+            ("mixer.dt_bias", "mixer.dt_proj.bias"),
+            ("gate.e_score_correction_bias", "gate.e_score_correction.bias"),
+        ),
+        split_tensor=store_nemotron_h_moe_tensors,
     ),
     "nemotron_h": ConvertedFamily(
         "nemotron_h",

@@ -26,6 +26,7 @@ from mlxcel_models.loading.gguf_hybrid import (
     lfm2,
     lfm2_moe,
     nemotron_h,
+    nemotron_h_expert_names,
     qwen3_next,
 )
 from mlxcel_models.loading.gguf_layouts import (
@@ -94,6 +95,9 @@ class GGUFArchitecture:
             (`common_config` for attention decoders; state-space models have no heads).
         reshaped_tensors: tensors (GGUF base name, `ssm_conv1d`) whose axes of size one the
             converter dropped or added; the loader reshapes them to the parameter's shape.
+        rename_parameter: renames an mlx-lm parameter path, after `name_aliases`, where a
+            plain fragment cannot (Nemotron-H's experts, which the converter names under
+            another prefix than the rest of the layer).
         install_rope_factors: puts the `rope_freqs` factors on the model's attention
             layers where the family's RoPE differs from llama's (Llama 4); None for the
             llama layout.
@@ -114,6 +118,7 @@ class GGUFArchitecture:
     dropped_tensors: frozenset[str] = frozenset()
     base_config: Callable[[GGUFMetadata], dict[str, Any]] = common_config
     reshaped_tensors: frozenset[str] = frozenset()
+    rename_parameter: Callable[[str], str] | None = None
     install_rope_factors: InstallRopeFactors | None = None
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
@@ -331,6 +336,17 @@ _ARCHITECTURES += (
         "nemotron_h",
         rope_permuted=True,
         name_aliases=(_DT_BIAS,),
+        base_config=hybrid_base_config,
+        extras=nemotron_h,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "nemotron_h_moe",
+        "nemotron_h",
+        rope_permuted=True,
+        name_aliases=(_DT_BIAS, ("gate.e_score_correction_bias", "gate.e_score_correction.bias")),
+        rename_parameter=nemotron_h_expert_names,
         base_config=hybrid_base_config,
         extras=nemotron_h,
         restore_tensor=restore_ssm_decay,

@@ -10,6 +10,7 @@ period instead; they are rebuilt here from the arrays and the tensors.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,10 +119,13 @@ def nemotron_h(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     ffn = per_layer(meta, "feed_forward_length")
     mlp = "E" if meta.get("expert_count") is not None else "-"
     pattern = ["*" if k else (mlp if f else "M") for k, f in zip(kv_heads, ffn, strict=True)]
+    # A multi-token-prediction block the converter appends is not part of the decoder.
+    pattern = pattern[: config["num_hidden_layers"]]
     mamba, attention, dense = (_first(pattern, kind) for kind in ("M", "*", mlp))
     inner = meta.size("ssm.inner_size")
     heads = meta.size("ssm.time_step_rank")
-    return {
+    experts = _nemotron_h_experts(meta, config) if mlp == "E" else {}
+    return experts | {
         "hybrid_override_pattern": pattern,
         "mamba_num_heads": heads,
         "mamba_head_dim": inner // heads,
@@ -183,6 +187,34 @@ def _shared_input_linear(
 GRANITE_SHARED_INPUT = TensorJoin(
     frozenset({"ffn_gate_shexp.weight", "ffn_up_shexp.weight"}), _shared_input_linear
 )
+
+
+def _nemotron_h_experts(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H MoE's router and experts. The converter writes no group-limited routing
+    (`expert_group_used_count`), so llama.cpp's top-k is over all groups."""
+    groups = meta.get("expert_group_count", 1)
+    return {
+        "n_routed_experts": config["num_experts"],
+        "moe_intermediate_size": config["moe_intermediate_size"],
+        "moe_shared_expert_intermediate_size": meta.get("expert_shared_feed_forward_length"),
+        "n_shared_experts": meta.get("expert_shared_count") or None,
+        "moe_latent_size": meta.get("moe_latent_size"),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+        "routed_scaling_factor": float(meta.get("expert_weights_scale", 1.0)),
+        "n_group": groups,
+        "topk_group": meta.get("expert_group_used_count", groups),
+    }
+
+
+def nemotron_h_expert_names(path: str) -> str:
+    """The name gguf-py gives Nemotron-H's stacked experts (`fc1` up, `fc2` down): the
+    converter merges them under `model.layers.N.mlp.experts`, not `backbone.layers`."""
+    match = re.fullmatch(r"backbone\.layers\.(\d+)\.mixer\.switch_mlp\.fc([12])\.(\w+)", path)
+    if match is None:
+        return path
+    layer, fc, suffix = match.groups()
+    projection = "up_proj" if fc == "1" else "down_proj"
+    return f"model.layers.{layer}.mlp.experts.{projection}.{suffix}"
 
 
 def lfm2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,8 @@ def gguf_name_map(
         key = path
         for mlx_fragment, hf_fragment in arch.name_aliases:
             key = key.replace(mlx_fragment, hf_fragment)
+        if arch.rename_parameter is not None:
+            key = arch.rename_parameter(key)
         gguf_name = tensor_map.get_name(key, try_suffixes=_SUFFIXES)
         if gguf_name is None:
             continue
