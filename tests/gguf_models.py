@@ -43,6 +43,8 @@ class ConvertedFamily:
             a GGUF name (`blk.…`, `rope_factors_…`) is written as it is.
         weight_metadata: the metadata the converter makes of some weights (Apertus's
             xIELU constants), writer method names as keys.
+        merge_tensors: the converter's merge of several tensors into one (RWKV-7's token
+            shift mixes), on all the weights (mlx-lm names) before `split_tensor`.
     """
 
     gguf_arch: str
@@ -53,6 +55,7 @@ class ConvertedFamily:
     name_aliases: tuple[tuple[str, str], ...] = ()
     split_tensor: TensorSplit | None = None
     weight_metadata: Callable[[dict[str, np.ndarray]], dict[str, Any]] | None = None
+    merge_tensors: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
 
 def make_reference(config: dict[str, Any], seed: int = 0):
@@ -90,7 +93,17 @@ _TOKEN_EMBEDDINGS = ("embed_tokens.", "embed_in.", "wte.", "word_embeddings.", "
 
 def _is_quantized_matrix(name: str, weight: np.ndarray, qtype: gguf.GGMLQuantizationType) -> bool:
     is_embedding = any(embedding in name for embedding in _TOKEN_EMBEDDINGS)
-    return weight.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not is_embedding
+    # The converter keeps norms (Mamba 2's grouped norm is 2-D), and llama.cpp convolution
+    # kernels (Mamba's, LFM2's) and rows shorter than a block (Mamba 2's A and D), in float.
+    is_kernel = "conv1d" in name or "conv.conv" in name or name.endswith("norm.weight")
+    block_size = gguf.GGML_QUANT_SIZES[qtype][0]
+    return (
+        weight.ndim >= 2
+        and qtype != gguf.GGMLQuantizationType.F32
+        and weight.shape[-1] % block_size == 0
+        and not is_embedding
+        and not is_kernel
+    )
 
 
 def write_converted_gguf(
@@ -105,13 +118,16 @@ def write_converted_gguf(
         "block_count": config["num_hidden_layers"],
         "context_length": config.get("max_position_embeddings", 256),
         "embedding_length": config["hidden_size"],
-        "feed_forward_length": config["intermediate_size"],
-        "head_count": config["num_attention_heads"],
-        "head_count_kv": config["num_key_value_heads"],
-        "key_length": config["head_dim"],
-        "value_length": config["head_dim"],
-        "rope_freq_base": config.get("rope_theta", 10000.0),
     }
+    if "num_attention_heads" in config:
+        hyperparameters |= {
+            "feed_forward_length": config["intermediate_size"],
+            "head_count": config["num_attention_heads"],
+            "head_count_kv": config["num_key_value_heads"],
+            "key_length": config["head_dim"],
+            "value_length": config["head_dim"],
+            "rope_freq_base": config.get("rope_theta", 10000.0),
+        }
     if family.weight_metadata is not None:
         hyperparameters |= family.weight_metadata(weights)
     for method, value in (hyperparameters | family.metadata).items():
@@ -153,6 +169,8 @@ def _converted_tensors(
     family: ConvertedFamily, weights: dict[str, np.ndarray]
 ) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, tensor) pairs as the converter sees them after its own changes."""
+    if family.merge_tensors is not None:
+        weights = family.merge_tensors(weights)
     for name, weight in weights.items():
         key = name
         for mlx_fragment, hf_fragment in family.name_aliases:

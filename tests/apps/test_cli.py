@@ -187,7 +187,7 @@ def test_bad_model_files(tiny_gguf, tmp_path):
     truncated.write_bytes(tiny_gguf.read_bytes()[:3000])
     not_gguf = tmp_path / "model.gguf"
     not_gguf.write_text("definitely not a model")
-    unknown = write_gguf_model(tmp_path / "mamba.gguf", TinyConfig(architecture="mamba"), "F16")
+    unknown = write_gguf_model(tmp_path / "bloom.gguf", TinyConfig(architecture="bloom"), "F16")
     folder = tmp_path / "folder"
     folder.mkdir()
     missing_tensor = write_safetensors_model(tmp_path / "missing-tensor", TinyConfig())
@@ -202,7 +202,7 @@ def test_bad_model_files(tiny_gguf, tmp_path):
         (missing, "model not found"),
         (truncated, "corrupt or truncated"),
         (not_gguf, "neither a GGUF file nor a model folder"),
-        (unknown, "unsupported GGUF architecture 'mamba'"),
+        (unknown, "unsupported GGUF architecture 'bloom'"),
         (folder, "holds no .safetensors"),
         (missing_tensor, "model.norm.weight"),
         (corrupt_weights, "corrupt"),

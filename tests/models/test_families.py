@@ -63,9 +63,9 @@ def test_gguf_formats_come_from_the_gguf_loaders_architectures():
     assert with_gguf == gguf_model_types()
     assert {"llama", "mixtral", "gemma3_text", "gpt_oss"} <= with_gguf
     # A GGUF file names its architecture as llama.cpp does; those names are listed.
-    message = r"unsupported GGUF architecture 'mamba'; supported: .*command-r.*gemma3.*gpt-oss"
+    message = r"unsupported GGUF architecture 'bloom'; supported: .*command-r.*gemma3.*gpt-oss"
     with pytest.raises(ModelLoadError, match=message) as refusal:
-        family_for("mamba", WeightFormat.GGUF)
+        family_for("bloom", WeightFormat.GGUF)
     assert "qwen2moe" in str(refusal.value)
     assert not {"gemma3_text", "gpt_oss", "qwen2_moe"} & set(str(refusal.value).split(", "))
 

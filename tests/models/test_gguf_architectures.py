@@ -8,19 +8,23 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
 from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, gguf_model_types
 from mlxcel_models.loading.gguf_file import read_gguf_header
 from mlxcel_models.loading.gguf_mla import latent_attention_weights
 from mlxcel_models.loading.gguf_model import load_gguf_model
+from mlxcel_models.memory.inventory import read_model_inventory
 
 from gguf_conversions import split_kv_b
+from gguf_expert_families import EXPERT_FAMILIES
 from gguf_families import MORE_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
+from gguf_recurrent_families import RECURRENT_FAMILIES
 
-FAMILIES = BASE_FAMILIES | MORE_FAMILIES
+FAMILIES = BASE_FAMILIES | MORE_FAMILIES | RECURRENT_FAMILIES | EXPERT_FAMILIES
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
@@ -53,6 +57,30 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
     assert greedy_tokens(loaded.module) == greedy_tokens(reference)
 
 
+@pytest.mark.parametrize("name", sorted(RECURRENT_FAMILIES | EXPERT_FAMILIES))
+def test_gguf_of_each_recurrent_or_expert_family_holds_the_checkpoint_weights(tmp_path, name):
+    """Every layout change undone exactly, including those the logits cannot show (the Q/K
+    permutation of attention without RoPE)."""
+    family = FAMILIES[name]
+    _, weights = make_reference(family.config)
+    loaded = load(write_converted_gguf(tmp_path / "m.gguf", family, weights))
+    parameters = dict(tree_flatten(loaded.module.parameters()))
+    assert parameters.keys() == weights.keys()
+    for key, value in weights.items():
+        np.testing.assert_allclose(np.array(parameters[key]), value, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["jamba", "nemotron_h", "rwkv7", "mamba"])
+def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
+    """Per-layer metadata arrays survive the header read that skips the vocabulary, and a
+    family without attention needs no head counts."""
+    family = FAMILIES[name]
+    path = write_converted_gguf(tmp_path / "m.gguf", family, make_reference(family.config)[1])
+    inventory = read_model_inventory(path)
+    assert inventory.architecture.num_layers == family.config["num_hidden_layers"]
+    assert inventory.config["model_type"] == family.config["model_type"]
+
+
 @pytest.mark.parametrize(
     ("name", "matrix_type"),
     [
@@ -63,6 +91,7 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
         ("deepseek_v3", "Q8_0"),
         ("internlm2", "Q8_0"),
         ("gpt_neox", "Q4_0"),
+        ("nemotron_h", "Q8_0"),
     ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):

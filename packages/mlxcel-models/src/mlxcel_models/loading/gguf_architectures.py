@@ -13,11 +13,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
+from mlxcel_models.loading.gguf_hybrid import (
+    GATED_DELTA_IN_PROJ,
+    GRANITE_SHARED_INPUT,
+    granite_hybrid,
+    hybrid_base_config,
+    jamba,
+    lfm2,
+    lfm2_moe,
+    nemotron_h,
+    nemotron_h_expert_names,
+    qwen3_next,
+)
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
+    DBRX_EXPERTS,
     INTERNLM2_WQKV,
     TensorJoin,
     interleave_neox_qkv,
@@ -25,10 +39,26 @@ from mlxcel_models.loading.gguf_layouts import (
     unshuffle_plamo_heads,
 )
 from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
+from mlxcel_models.loading.gguf_recurrent import (
+    SSM_RESHAPED,
+    falcon_h1,
+    mamba,
+    mamba2,
+    restore_ssm_decay,
+    ssm_base_config,
+)
+from mlxcel_models.loading.gguf_rwkv import (
+    RWKV7_NAMES,
+    RWKV7_PLACEHOLDERS,
+    RWKV7_RESHAPED,
+    RWKV7_TOKEN_SHIFT,
+    rwkv7,
+)
 
 ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
 RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
 MetadataWeights = Callable[[GGUFMetadata, dict[str, Any]], dict[str, mx.array]]
+InstallRopeFactors = Callable[[nn.Module, mx.array, dict[str, Any]], None]
 
 
 def _none(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -59,8 +89,18 @@ class GGUFArchitecture:
             given its GGUF base name (`attn_q`), its arrays and the config.
         metadata_weights: parameters the converter moved into the metadata (Apertus's
             xIELU constants), as mlx-lm parameter path → array.
-        dropped_tensors: tensors (name within a layer) the mlx-lm family discards when it
-            loads the checkpoint, left out as it leaves them out.
+        dropped_tensors: tensors (name within a layer, or whole name) the mlx-lm family
+            discards when it loads the checkpoint or does not have, left out.
+        base_config: the config keys the family shares with others of its kind
+            (`common_config` for attention decoders; state-space models have no heads).
+        reshaped_tensors: tensors (GGUF base name, `ssm_conv1d`) whose axes of size one the
+            converter dropped or added; the loader reshapes them to the parameter's shape.
+        rename_parameter: renames an mlx-lm parameter path, after `name_aliases`, where a
+            plain fragment cannot (Nemotron-H's experts, which the converter names under
+            another prefix than the rest of the layer).
+        install_rope_factors: puts the `rope_freqs` factors on the model's attention
+            layers where the family's RoPE differs from llama's (Llama 4); None for the
+            llama layout.
     """
 
     name: str
@@ -76,6 +116,10 @@ class GGUFArchitecture:
     restore_tensor: RestoreTensor | None = None
     metadata_weights: MetadataWeights | None = None
     dropped_tensors: frozenset[str] = frozenset()
+    base_config: Callable[[GGUFMetadata], dict[str, Any]] = common_config
+    reshaped_tensors: frozenset[str] = frozenset()
+    rename_parameter: Callable[[str], str] | None = None
+    install_rope_factors: InstallRopeFactors | None = None
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""
@@ -87,7 +131,7 @@ class GGUFArchitecture:
 
     def config(self, meta: GGUFMetadata) -> dict[str, Any]:
         """The Hugging Face-style config mlx-lm builds this family from."""
-        config = common_config(meta)
+        config = self.base_config(meta)
         config["model_type"] = self.model_type_for(meta.metadata)
         return config | self.extras(meta, config)
 
@@ -97,6 +141,8 @@ class GGUFArchitecture:
 _SWITCH = (("switch_mlp", "experts"),)
 # The converter renames DeepSeek-style routers' `e_score_correction_bias` to a bias.
 _EXPERT_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
+# Mamba 2's time-step bias, which the converter names as a projection's.
+_DT_BIAS = ("mixer.dt_bias", "mixer.dt_proj.bias")
 # Mixtral's experts name their projections w1 (gate), w2 (down) and w3 (up).
 _MIXTRAL_EXPERTS = (
     ("switch_mlp.gate_proj", "experts.w1"),
@@ -244,6 +290,135 @@ _ARCHITECTURES = (
         extras=deepseek_config,
         select_model_type=deepseek_model_type,
         tensor_join=LATENT_ATTENTION,
+    ),
+)
+# State-space models: no attention heads, `A` stored as the decay, reshaped tensors.
+_ARCHITECTURES += (
+    GGUFArchitecture(
+        "mamba",
+        "mamba",
+        base_config=ssm_base_config,
+        extras=mamba,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    # The converter renames Mamba 2's `dt_bias` to the bias of a time-step projection.
+    GGUFArchitecture(
+        "mamba2",
+        "mamba2",
+        name_aliases=(_DT_BIAS,),
+        base_config=ssm_base_config,
+        extras=mamba2,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "falcon-h1",
+        "falcon_h1",
+        name_aliases=(("mamba.dt_bias", "mamba.dt_proj.bias"),),
+        extras=falcon_h1,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "jamba",
+        "jamba",
+        name_aliases=(("feed_forward.switch_mlp", "mlp.experts"),),
+        base_config=hybrid_base_config,
+        extras=jamba,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    # The converter permutes the attention layers' Q/K rows as for llama, although
+    # Nemotron-H's attention has no RoPE.
+    GGUFArchitecture(
+        "nemotron_h",
+        "nemotron_h",
+        rope_permuted=True,
+        name_aliases=(_DT_BIAS,),
+        base_config=hybrid_base_config,
+        extras=nemotron_h,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "nemotron_h_moe",
+        "nemotron_h",
+        rope_permuted=True,
+        name_aliases=(_DT_BIAS, ("gate.e_score_correction_bias", "gate.e_score_correction.bias")),
+        rename_parameter=nemotron_h_expert_names,
+        base_config=hybrid_base_config,
+        extras=nemotron_h,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "granitehybrid",
+        "granitemoehybrid",
+        rope_permuted=True,
+        name_aliases=(
+            ("block_sparse_moe.switch_mlp", "mlp.experts"),
+            ("mamba.dt_bias", "mamba.dt_proj.bias"),
+        ),
+        base_config=hybrid_base_config,
+        extras=granite_hybrid,
+        tensor_join=GRANITE_SHARED_INPUT,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    # The converter squeezes LFM2's short-convolution kernel (`shortconv.conv`) to 2-D.
+    GGUFArchitecture(
+        "lfm2",
+        "lfm2",
+        base_config=hybrid_base_config,
+        extras=lfm2,
+        reshaped_tensors=frozenset({"conv"}),
+    ),
+    # The converter renames LFM2-MoE's `expert_bias` to a bias (`exp_probs_b`).
+    GGUFArchitecture(
+        "lfm2moe",
+        "lfm2_moe",
+        name_aliases=(
+            ("feed_forward.switch_mlp", "feed_forward.experts"),
+            ("feed_forward.expert_bias", "feed_forward.expert_bias.bias"),
+        ),
+        base_config=hybrid_base_config,
+        extras=lfm2_moe,
+        reshaped_tensors=frozenset({"conv"}),
+    ),
+    # The converter splits Qwen3-Next's `in_proj_qkvz` (grouped per key head) into
+    # attn_qkv and attn_gate.
+    GGUFArchitecture(
+        "qwen3next",
+        "qwen3_next",
+        name_aliases=(*_SWITCH, ("linear_attn.dt_bias", "linear_attn.dt_proj.bias")),
+        base_config=hybrid_base_config,
+        extras=qwen3_next,
+        tensor_join=GATED_DELTA_IN_PROJ,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=SSM_RESHAPED,
+    ),
+    GGUFArchitecture(
+        "rwkv7",
+        "rwkv7",
+        name_aliases=RWKV7_NAMES,
+        base_config=ssm_base_config,
+        extras=rwkv7,
+        tensor_join=RWKV7_TOKEN_SHIFT,
+        dropped_tensors=RWKV7_PLACEHOLDERS,
+        reshaped_tensors=RWKV7_RESHAPED,
+    ),
+)
+# mlx-lm's DBRX keeps one MLP per expert; the converter stacks them. Llama 4's text model
+# sits under `language_model` in mlx-lm; the converter does not permute its Q/K rows.
+_ARCHITECTURES += (
+    GGUFArchitecture("dbrx", "dbrx", extras=configs.dbrx, tensor_join=DBRX_EXPERTS),
+    GGUFArchitecture(
+        "llama4",
+        "llama4",
+        name_aliases=(("language_model.", ""),),
+        extras=configs.llama4,
+        install_rope_factors=configs.install_llama4_rope_factors,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

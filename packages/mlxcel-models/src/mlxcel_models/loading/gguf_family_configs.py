@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_config import GGUFMetadata, gemma_query_scale, layer_pattern
+from mlxcel_models.rope import FrequencyFactorRoPE
 
 
 def gemma2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -324,3 +326,76 @@ def gptj(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     return gpt2(meta, config) | {
         "rotary_dim": meta.size("rope.dimension_count", config["head_dim"]),
     }
+
+
+def dbrx(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """DBRX's nested `ffn_config` and `attn_config`."""
+    return {
+        "d_model": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": config["num_attention_heads"],
+        "ffn_config": {
+            "ffn_hidden_size": config["intermediate_size"],
+            "moe_num_experts": config["num_experts"],
+            "moe_top_k": config["num_experts_per_tok"],
+        },
+        "attn_config": {
+            "kv_n_heads": config["num_key_value_heads"],
+            "clip_qkv": float(meta.required("attention.clamp_kqv")),
+            "rope_theta": config["rope_theta"],
+        },
+    }
+
+
+def llama4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Llama 4's text model, nested as mlx-lm reads it. llama.cpp fixes what GGUF does not
+    store: 8192-token attention chunks on three layers of four (the fourth global, without
+    RoPE), the attention temperature (floor 8192, scale 0.1), and QK norm on every model
+    but the 128-expert one (Maverick). Its Llama 3 RoPE scaling comes as `rope_freqs`.
+
+    Raises:
+        ModelLoadError: a file without chunked attention (`attention.sliding_window` 0,
+            MobileLLM-style), which mlx-lm's Llama 4 does not run.
+    """
+    if meta.get("attention.sliding_window") == 0:
+        raise ModelLoadError(
+            f"{meta.where}: a Llama 4 without chunked attention (sliding_window 0) is not "
+            "supported; mlx-lm's llama4 always chunks three layers of four"
+        )
+    experts = meta.size("expert_count")
+    text = {
+        "model_type": "llama4_text",
+        "attention_bias": config["attention_bias"],
+        "attention_chunk_size": 8192,
+        "head_dim": config["head_dim"],
+        "hidden_size": config["hidden_size"],
+        "interleave_moe_layer_step": meta.size("interleave_moe_layer_step", 1),
+        "intermediate_size": config["moe_intermediate_size"],
+        "intermediate_size_mlp": config["intermediate_size"],
+        "max_position_embeddings": config["max_position_embeddings"],
+        "num_attention_heads": config["num_attention_heads"],
+        "num_experts_per_tok": config["num_experts_per_tok"],
+        "num_hidden_layers": config["num_hidden_layers"],
+        "num_key_value_heads": config["num_key_value_heads"],
+        "num_local_experts": experts,
+        "rms_norm_eps": config["rms_norm_eps"],
+        "rope_scaling": None,
+        "rope_theta": config["rope_theta"],
+        "use_qk_norm": experts != 128,
+        "vocab_size": config["vocab_size"],
+        "attn_temperature_tuning": 4,
+        "floor_scale": 8192,
+        "attn_scale": 0.1,
+    }
+    return {"text_config": text}
+
+
+def install_llama4_rope_factors(
+    module: nn.Module, factors: mx.array, config: dict[str, Any]
+) -> None:
+    """Llama 4's `rope_freqs` on the layers that use RoPE, rotating interleaved pairs."""
+    for layer in module.layers:
+        if layer.self_attn.use_rope:
+            layer.self_attn.rope = FrequencyFactorRoPE(
+                config["head_dim"], config["rope_theta"], factors, traditional=True
+            )

@@ -85,6 +85,11 @@ class GGUFHeader:
         return {name: info.shape for name, info in self.tensors.items()}
 
 
+# Numeric arrays this short are per-layer hyperparameters (a hybrid's KV head counts), which
+# detection and memory estimates need; longer ones are the tokenizer's scores and types.
+_PER_LAYER_ARRAY_LIMIT = 4096
+
+
 class _Cursor:
     def __init__(self, buffer: mmap.mmap, *, arrays: bool) -> None:
         self.buffer, self.position, self.arrays = buffer, 0, arrays
@@ -115,7 +120,7 @@ class _Cursor:
             if start + size > len(self.buffer):
                 raise ValueError(f"array of {count} elements runs past the end of the file")
             self.position += size
-            if not self.arrays:
+            if not self.arrays and count > _PER_LAYER_ARRAY_LIMIT:
                 return None
             return np.frombuffer(self.buffer, np.dtype(fmt), count, start).tolist()
         if element_type == _STRING:
@@ -144,7 +149,8 @@ def read_gguf_header(path: str | Path, *, arrays: bool = False) -> GGUFHeader:
     Args:
         path: the GGUF file.
         arrays: also keep array metadata (the tokenizer's vocabulary, merges, scores);
-            detection and memory estimates do without them.
+            detection and memory estimates do without them. Numeric arrays of up to 4096
+            values (per-layer hyperparameters) are kept either way.
 
     Raises:
         ModelLoadError: the file is not GGUF (v2/v3), its header is truncated or corrupt,

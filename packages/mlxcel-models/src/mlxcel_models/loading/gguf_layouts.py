@@ -3,7 +3,8 @@
 Most changes touch one tensor (`unpermute_rope_rows`, `unpermute_xverse_rows`,
 `unshuffle_plamo_heads`, `interleave_neox_qkv`); some split one Hugging Face parameter into
 several GGUF tensors (InternLM 2's fused `wqkv`, Ling's `query_key_value`, DeepSeek's
-`kv_b_proj`), which a `TensorJoin` puts back together once a layer's parts are all read.
+`kv_b_proj`), which a `TensorJoin` puts back together once a layer's parts are all read;
+DBRX's stacked experts are split into mlx-lm's one MLP per expert the same way.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ class TensorJoin:
         join: from the layer's tensors read so far (dense, by those names) and the config,
             the parameters by path within the layer (`attention.wqkv.weight`); None while
             a part is still to come.
+        layers_path: the mlx-lm path of the decoder's layer list.
     """
 
     names: frozenset[str]
     join: JoinFunction
+    layers_path: str = "model.layers"
 
 
 def unpermute_rope_rows(weight: mx.array, num_heads: int) -> mx.array:
@@ -153,3 +156,26 @@ def _bailing_query_key_value(
 
 
 BAILING_QUERY_KEY_VALUE = TensorJoin(INTERNLM2_WQKV.names, _bailing_query_key_value)
+
+
+def _dbrx_experts(
+    tensors: Mapping[str, mx.array], config: Mapping[str, Any]
+) -> dict[str, mx.array] | None:
+    """DBRX's experts, one MLP each in mlx-lm, from the converter's stacked tensors: gate
+    (`w1`) and up (`v1`) as (experts, ffn, hidden), down (`w2`) as (experts, hidden, ffn)."""
+    parts = {"ffn_gate_exps.weight": "w1", "ffn_up_exps.weight": "v1"}
+    parts["ffn_down_exps.weight"] = "w2"
+    if any(name not in tensors for name in parts):
+        return None
+    return {
+        f"ffn.experts.{expert}.{projection}.weight": tensors[name][expert]
+        for name, projection in parts.items()
+        for expert in range(tensors[name].shape[0])
+    }
+
+
+DBRX_EXPERTS = TensorJoin(
+    frozenset({"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}),
+    _dbrx_experts,
+    layers_path="transformer.blocks",
+)

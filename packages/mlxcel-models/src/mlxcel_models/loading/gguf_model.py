@@ -116,7 +116,7 @@ def load_gguf_model(
         if name in ROPE_FACTOR_TENSORS:
             continue
         block, within = _layer_tensor(name)
-        if block in mtp_layers or within in arch.dropped_tensors:
+        if block in mtp_layers or within in arch.dropped_tensors or name in arch.dropped_tensors:
             continue
         if arch.tensor_join is not None and within in arch.tensor_join.names:
             form = _plan(path, name, info.type_name, info.shape, False, dequant)
@@ -132,7 +132,7 @@ def load_gguf_model(
                 f"{config['model_type']} model"
             )
         expected = tuple(parameters[target].shape)
-        if info.shape != expected:
+        if info.shape != expected and not _reshapes_to(arch, name, info.shape, expected):
             raise ModelLoadError(
                 f"{path}: GGUF tensor '{name}' has shape {list(info.shape)}, mlx-lm's "
                 f"{target} needs {list(expected)}"
@@ -143,6 +143,8 @@ def load_gguf_model(
         arrays = _restore_layout(
             arch, name, config, convert_tensor(data.blocks(name), info.type_name, form)
         )
+        if info.shape != expected:
+            arrays = {"weight": arrays["weight"].reshape(expected)}
         seen[info.type_name, form.label] += 1
         if form.is_quantized:
             quantized[layer_path] = form.quantization()
@@ -158,7 +160,8 @@ def load_gguf_model(
     _load_weights(module, weights, quantized)
     if "rope_freqs.weight" in header.tensors:
         factors = mx.array(data.blocks("rope_freqs.weight").view(np.float32))
-        install_rope_factors(module, factors, config)
+        install = arch.install_rope_factors or install_rope_factors
+        install(module, factors, config)
     conversions = tuple(
         TypeConversion(type_name, form, count) for (type_name, form), count in seen.most_common()
     )
@@ -172,6 +175,22 @@ def _layer_tensor(name: str) -> tuple[int | None, str]:
         return None, name
     _, block, within = name.split(".", 2)
     return int(block), within
+
+
+def _tensor_base(name: str) -> str:
+    """A tensor's name without its layer and suffix: `attn_q` for `blk.0.attn_q.weight`,
+    `ssm_a` for `blk.0.ssm_a` (which has none)."""
+    for suffix in (".weight", ".bias"):
+        name = name.removesuffix(suffix)
+    return name.rsplit(".", 1)[-1]
+
+
+def _reshapes_to(
+    arch: GGUFArchitecture, name: str, shape: tuple[int, ...], expected: tuple[int, ...]
+) -> bool:
+    """Whether a tensor the converter squeezed or unsqueezed holds the parameter's values."""
+    same_size = int(np.prod(shape)) == int(np.prod(expected))
+    return _tensor_base(name) in arch.reshaped_tensors and same_size
 
 
 def _plan(
@@ -204,7 +223,7 @@ def _join_layer(
     del joined[block]
     weights = {}
     for key, value in arrays.items():
-        target = f"model.layers.{block}.{key}"
+        target = f"{join.layers_path}.{block}.{key}"
         expected = parameters.get(target)
         if expected is None or tuple(value.shape) != tuple(expected.shape):
             needs = "no such parameter" if expected is None else list(expected.shape)
@@ -227,7 +246,7 @@ def _restore_layout(
     arch: GGUFArchitecture, name: str, config: dict[str, Any], arrays: dict[str, mx.array]
 ) -> dict[str, mx.array]:
     """Undo the converter's layout changes on one converted tensor."""
-    base = name.split(".")[-2]
+    base = _tensor_base(name)
     if arch.restore_tensor is not None:
         arrays = arch.restore_tensor(base, arrays, config)
     if arch.rope_permuted and base in ("attn_q", "attn_k"):

@@ -41,9 +41,17 @@ def gguf_name_map(
         key = path
         for mlx_fragment, hf_fragment in arch.name_aliases:
             key = key.replace(mlx_fragment, hf_fragment)
+        if arch.rename_parameter is not None:
+            key = arch.rename_parameter(key)
         gguf_name = tensor_map.get_name(key, try_suffixes=_SUFFIXES)
-        if gguf_name is not None:
-            names[gguf_name] = path
+        if gguf_name is None:
+            continue
+        names[gguf_name] = path
+        # gguf-py leaves the suffix off a few names: those of parameters without one (RWKV's
+        # `k_k`, to which its converter adds `.weight`) and those from a key that spells it
+        # out (Falcon-H1's `pre_ff_layernorm.weight`, which llama.cpp reads with one).
+        if not gguf_name.endswith(_SUFFIXES):
+            names[gguf_name + (".bias" if path.endswith(".bias") else ".weight")] = path
     return names
 
 

@@ -186,7 +186,8 @@ def _read_gguf(
             )
         else:
             tensors.append(WeightTensor(name, num_elements, info.type_name, form.dtype))
-    return _architecture(config), tuple(tensors), source.path.stat().st_size, config
+    architecture = _architecture(config, attention=family.supports_paged_kv)
+    return architecture, tuple(tensors), source.path.stat().st_size, config
 
 
 # Names mlx-lm's families give each hyperparameter, most common first.
