@@ -6,16 +6,15 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlxcel_core.kernels import KernelOptions, install_kernel_options, options
-from mlxcel_core.kernels import stream_split
+from mlxcel_core.kernels import KernelOptions, install_kernel_options, options, stream_split
 from mlxcel_models.compute import (
     CUDA_DEQUANTIZE_MIN_ROWS,
     ComputeOptions,
     PrefillDequantizingLinear,
     cpu_product_streams,
 )
-from mlxcel_models.split_layers import SplitLinear, SplitQuantizedEmbedding
 from mlxcel_models.loading.loader import load_model
+from mlxcel_models.split_layers import SplitLinear, SplitQuantizedEmbedding
 
 TOKENS = mx.array([[5, 80, 81, 200, 17, 42, 9, 260] * 5])
 
