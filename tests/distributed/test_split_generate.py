@@ -51,9 +51,8 @@ def test_a_batch_of_prompts_over_ranks_gives_one_process_text(smollm2_path, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "split", [SPLITS[0], pytest.param(SPLITS[1], marks=pytest.mark.long)], ids=["tp3", "pp2"]
-)
+@pytest.mark.long
+@pytest.mark.parametrize("split", SPLITS, ids=["tp3", "pp2"])
 def test_a_prompt_over_ranks_streams_the_known_answer(smollm2_path, split):
     result = _generate("-m", str(smollm2_path), "-n", "12", "-p", PROMPTS[0], *split)
     assert result.stdout == "The capital of France is Paris.\n"
