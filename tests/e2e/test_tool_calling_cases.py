@@ -44,11 +44,9 @@ CALL_TOKENS = 48
 ANSWER_TOKENS = 10
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
-    server = LiveServer("-a", MODEL, "-c", "2048", "--temp", "0")
-    yield server
-    assert server.stop() == 0, server.stderr()
+@pytest.fixture
+def server(smollm2_server) -> LiveServer:
+    return smollm2_server
 
 
 @pytest.fixture
