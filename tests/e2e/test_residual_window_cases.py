@@ -7,7 +7,7 @@ import pytest
 
 from mlxcel.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
 COMMON = ["generate", "-p", PROMPT, "--temp", "0", "-n", "24", "-c", "512", "-np", "1"]

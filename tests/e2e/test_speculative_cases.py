@@ -24,7 +24,7 @@ from mlxcel.cli import main
 from benchmark_scripts import load_benchmark
 from live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 PROMPT = "Write a long, detailed story about a dragon who learns to bake bread."
 NUM_TOKENS = 100
