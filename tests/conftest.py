@@ -16,11 +16,16 @@ import os
 
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from call_reports import CALL_REPORT
+
+if TYPE_CHECKING:
+    from live_server import LiveServer
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +50,17 @@ def smollm2_path() -> Path:
     from mlxcel_models.default_model import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server() -> Iterator[LiveServer]:
+    """`mlxcel serve` on SmolLM2 named "smollm2" (`-c 2048 --temp 0`), shared by the session's
+    tests that only send it requests; stopped cleanly at the end."""
+    from live_server import LiveServer
+
+    server = LiveServer("-a", "smollm2", "-c", "2048", "--temp", "0")
+    yield server
+    assert server.stop() == 0, server.stderr()
 
 
 @pytest.fixture(params=[True, False], ids=["async", "sync"])

@@ -3,12 +3,13 @@
 Started by tests/distributed/test_channel_reports.py with MLX_RANK and MLX_HOSTFILE set
 for the ring backend:
 
-    python channel_rank.py tp|pp OUTPUT
+    python channel_rank.py OUTPUT
 
-Rank 0 sends `NUM_STEPS` step messages, then the shutdown, and writes to OUTPUT (JSON) the
-reports it got back after each: with each message's all-sum (`tp`), or from the last rank
-after each step (`pp`, where the last stage sends them with the step's logits; here alone).
-Every other rank checks each message it receives and reports its step.
+Over a tensor-parallel channel (`tp`), then a pipeline channel (`pp`) of the same group,
+rank 0 sends `NUM_STEPS` step messages, then the shutdown, and writes to OUTPUT (JSON, by
+kind) the reports it got back after each: with each message's all-sum (`tp`), or from the
+last rank after each step (`pp`, where the last stage sends them with the step's logits;
+here alone). Every other rank checks each message it receives and reports its step.
 """
 
 from __future__ import annotations
@@ -42,35 +43,46 @@ def as_lists(reports: dict[int, StageReport]) -> dict[str, list[float]]:
     return {str(rank): [r.steps, r.seconds, r.sent_bytes] for rank, r in reports.items()}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=("tp", "pp"))
-    parser.add_argument("output")
-    args = parser.parse_args()
-    group = mx.distributed.init(backend="ring", strict=True)
-    channel = StepChannel(group) if args.kind == "tp" else PipelineChannel(group)
+def exchange(group: mx.distributed.Group, kind: str) -> list | None:
+    """One channel's exchange: rank 0's reports by step; `None` on a follower that got a
+    message other than the one sent."""
+    channel = StepChannel(group) if kind == "tp" else PipelineChannel(group)
     if group.rank() == 0:
         received = []
         for step in range(1, NUM_STEPS + 1):
             reports = channel.send(message(step)).reports
-            if args.kind == "pp":
+            if kind == "pp":
                 last = group.size() - 1
                 region = mx.distributed.recv((channel.region_ints,), mx.int32, last, group=group)
                 reports = read_reports(np.array(region))
             received.append(as_lists(reports))
         received.append(as_lists(channel.send(Shutdown()).reports))
-        with open(args.output, "w") as file:
-            json.dump(received, file)
-        return 0
+        return received
     step = 0
     while not isinstance(received_message := channel.receive(), Shutdown):
         step += 1
         if received_message != message(step):
-            print(f"rank {group.rank()}: step {step} arrived as {received_message}")
-            return 1
+            print(f"rank {group.rank()}: {kind} step {step} arrived as {received_message}")
+            return None
         returned = channel.report(report(group.rank(), step))
         if returned is not None:
             mx.eval(mx.distributed.send(mx.array(returned), 0, group=group))
+    return []
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("output")
+    args = parser.parse_args()
+    group = mx.distributed.init(backend="ring", strict=True)
+    received = {}
+    for kind in ("tp", "pp"):
+        received[kind] = exchange(group, kind)
+        if received[kind] is None:
+            return 1
+    if group.rank() == 0:
+        with open(args.output, "w") as file:
+            json.dump(received, file)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The followers' reports reach rank 0 over real channels: three processes over the ring
-backend (loopback), with messages of one frame and of two."""
+"""The followers' reports reach rank 0 over real channels: one group of three processes over
+the ring backend (loopback) runs a tensor-parallel channel, then a pipeline channel, with
+messages of one frame and of two."""
 
 from __future__ import annotations
 
@@ -21,20 +22,23 @@ def _report(rank: int, step: int) -> list[float]:
     return [step, pytest.approx(rank / 100 + step / 1000, abs=1e-6), 10**10 * rank + step]
 
 
-def _run(tmp_path: Path, kind: str) -> list[dict[str, list[float]]]:
+@pytest.fixture(scope="module")
+def received(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, list[float]]]]:
+    """Rank 0's reports by step, over a tensor-parallel channel then a pipeline channel of
+    one group of three processes."""
+    tmp_path = tmp_path_factory.mktemp("channels")
     hostfile = write_ring_hostfile(tmp_path / "hosts.json", NUM_RANKS)
     output = tmp_path / "reports.json"
     environments = [
         {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
         for rank in range(NUM_RANKS)
     ]
-    run_ranks([sys.executable, str(RANK_SCRIPT), kind, str(output)], environments, TIMEOUT_SECONDS)
+    run_ranks([sys.executable, str(RANK_SCRIPT), str(output)], environments, TIMEOUT_SECONDS)
     return json.loads(output.read_text())
 
 
-def test_tensor_parallel_reports_come_back_with_the_next_message(tmp_path):
-    received = _run(tmp_path, "tp")
-    assert received == [
+def test_tensor_parallel_reports_come_back_with_the_next_message(received):
+    assert received["tp"] == [
         {},
         {"1": _report(1, 1), "2": _report(2, 1)},
         {"1": _report(1, 2), "2": _report(2, 2)},
@@ -42,11 +46,10 @@ def test_tensor_parallel_reports_come_back_with_the_next_message(tmp_path):
     ]
 
 
-def test_pipeline_reports_come_back_after_each_step(tmp_path):
-    received = _run(tmp_path, "pp")
+def test_pipeline_reports_come_back_after_each_step(received):
     # The last rank reports the step it ran; the middle rank's latest report passed down
     # with the step's message, so it is a step behind.
-    assert received == [
+    assert received["pp"] == [
         {"2": _report(2, 1)},
         {"1": _report(1, 1), "2": _report(2, 2)},
         {"1": _report(1, 2), "2": _report(2, 3)},

@@ -14,7 +14,7 @@ from metric_samples import metric_samples
 
 from live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 # Two ranks loading the model on a shared 2-core machine.
 STARTUP_SECONDS = 300

@@ -34,26 +34,35 @@ def _generate(*flags: str) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.fixture(scope="module")
+def batch_flags(smollm2_path, tmp_path_factory) -> tuple[str, ...]:
+    prompts_file = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts_file.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+    return ("-m", str(smollm2_path), "-n", "12", "--prompts-file", str(prompts_file))
+
+
+@pytest.fixture(scope="module")
+def one_process(batch_flags) -> list[str]:
+    """The batch's texts from one process, the reference of every split."""
+    alone = [json.loads(line)["text"] for line in _generate(*batch_flags).stdout.splitlines()]
+    assert len(alone) == len(PROMPTS) and all(alone)
+    return alone
+
+
 @pytest.mark.slow
 @pytest.mark.long
 # Three prompts keep two or three steps in flight across the pipeline's stages.
 @pytest.mark.parametrize("split", [*SPLITS, ("--pp", "3")], ids=["tp3", "pp2", "pp3"])
-def test_a_batch_of_prompts_over_ranks_gives_one_process_text(smollm2_path, tmp_path, split):
-    prompts_file = tmp_path / "prompts.txt"
-    prompts_file.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
-    flags = ("-m", str(smollm2_path), "-n", "12", "--prompts-file", str(prompts_file))
-    alone = [json.loads(line)["text"] for line in _generate(*flags).stdout.splitlines()]
+def test_a_batch_of_prompts_over_ranks_gives_one_process_text(batch_flags, one_process, split):
     split_text = [
-        json.loads(line)["text"] for line in _generate(*flags, *split).stdout.splitlines()
+        json.loads(line)["text"] for line in _generate(*batch_flags, *split).stdout.splitlines()
     ]
-    assert len(alone) == len(PROMPTS) and all(alone)
-    assert split_text == alone
+    assert split_text == one_process
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "split", [SPLITS[0], pytest.param(SPLITS[1], marks=pytest.mark.long)], ids=["tp3", "pp2"]
-)
+@pytest.mark.long
+@pytest.mark.parametrize("split", SPLITS, ids=["tp3", "pp2"])
 def test_a_prompt_over_ranks_streams_the_known_answer(smollm2_path, split):
     result = _generate("-m", str(smollm2_path), "-n", "12", "-p", PROMPTS[0], *split)
     assert result.stdout == "The capital of France is Paris.\n"

@@ -7,10 +7,10 @@ import pytest
 
 from mlxcel.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
-COMMON = ["generate", "-p", PROMPT, "--temp", "0", "-n", "64", "-c", "512", "-np", "1"]
+COMMON = ["generate", "-p", PROMPT, "--temp", "0", "-n", "24", "-c", "512", "-np", "1"]
 
 
 def generate(*flags: str) -> str:

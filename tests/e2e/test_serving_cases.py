@@ -28,7 +28,7 @@ import pytest
 from filler_text import SENTENCES, filler
 from live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 MODEL = "smollm2"
 BLOCK_SIZE = 16

@@ -58,10 +58,8 @@ def test_the_readme_first_command_answers_paris():
 @pytest.mark.parametrize(
     ("prompt", "chat"),
     [
-        ("What is the capital of France? Answer in one sentence.", True),
         ("Write a haiku about the sea.", True),
         ("def fibonacci(n):", False),
-        ("The three primary colours are", False),
     ],
 )
 def test_greedy_tokens_equal_mlx_lm(smollm2, smollm2_as_stored, prompt, chat):

@@ -1,13 +1,15 @@
 """Speculative decoding on the real SmolLM2 (CPU): greedy output with a draft model is the
-output without one, token for token over 300 tokens, on the command line and the server.
+output without one, token for token over 100 tokens, on the command line and the server.
 
 Two drafts: the model itself (every draft should pass) and its first 8 of 30 layers
 exported as an mlx-lm folder (most drafts fail), so both the accepting and the rejecting
-paths of the verification run. The reference is plain greedy decoding.
+paths of the verification run. The reference is plain greedy decoding, from a real
+`mlxcel generate` process; the drafted runs call the same command in-process.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -17,13 +19,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mlxcel.cli import main
+
 from benchmark_scripts import load_benchmark
 from live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 PROMPT = "Write a long, detailed story about a dragon who learns to bake bread."
-NUM_TOKENS = 300
+NUM_TOKENS = 100
 DRAFT_LAYERS = 8
 # Every prefix of a greedy reply is a valid draft, so the model drafting for itself accepts
 # nearly everything; what it rejects comes from arithmetic differences between a verify
@@ -39,11 +43,14 @@ def shallow_draft(smollm2_path, tmp_path_factory) -> Path:
     return export_mlx_lm.export_gguf(smollm2_path, folder, num_layers=DRAFT_LAYERS)
 
 
-def generate(*flags: str) -> tuple[str, str]:
+def command(*flags: str) -> list[str]:
+    return ["generate", "-p", PROMPT, "-n", str(NUM_TOKENS), "--temp", "0", *flags]
+
+
+def generate_in_a_process() -> str:
     """`mlxcel generate` as a user runs it (a process of its own, with OpenBLAS if present)."""
-    argv = ["generate", "-p", PROMPT, "-n", str(NUM_TOKENS), "--temp", "0", *flags]
     result = subprocess.run(
-        [sys.executable, "-m", "mlxcel", *argv],
+        [sys.executable, "-m", "mlxcel", *command()],
         capture_output=True,
         text=True,
         timeout=900,
@@ -51,7 +58,16 @@ def generate(*flags: str) -> tuple[str, str]:
     )
     assert result.returncode == 0, result.stderr
     assert f"generated: {NUM_TOKENS} tokens" in result.stderr
-    return result.stdout, result.stderr
+    return result.stdout
+
+
+def generate(*flags: str) -> tuple[str, str]:
+    """The same command with a draft, in this process: its stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    code = main(command(*flags), environ={}, out=out, err=err)
+    assert code == 0, err.getvalue()
+    assert f"generated: {NUM_TOKENS} tokens" in err.getvalue()
+    return out.getvalue(), err.getvalue()
 
 
 def draft_counts(stderr: str) -> tuple[int, int]:
@@ -62,8 +78,7 @@ def draft_counts(stderr: str) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def reference() -> str:
-    text, _ = generate()
-    return text
+    return generate_in_a_process()
 
 
 def test_the_model_as_its_own_draft_changes_nothing_and_accepts_nearly_all(reference, smollm2_path):

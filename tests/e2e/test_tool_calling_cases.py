@@ -44,11 +44,9 @@ CALL_TOKENS = 48
 ANSWER_TOKENS = 10
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
-    server = LiveServer("-a", MODEL, "-c", "2048", "--temp", "0")
-    yield server
-    assert server.stop() == 0, server.stderr()
+@pytest.fixture
+def server(smollm2_server) -> LiveServer:
+    return smollm2_server
 
 
 @pytest.fixture
@@ -262,9 +260,9 @@ def test_llama_server_and_vllm_fields(client):
     assert cached.usage.completion_tokens < 20
     assert ask(min_tokens=20).usage.completion_tokens >= 20
     long = client.chat.completions.create(
-        model=MODEL, messages=question, max_tokens=64, extra_body={"ignore_eos": True}
+        model=MODEL, messages=question, max_tokens=32, extra_body={"ignore_eos": True}
     )
-    assert long.usage.completion_tokens == 64 and long.choices[0].finish_reason == "length"
+    assert long.usage.completion_tokens == 32 and long.choices[0].finish_reason == "length"
 
 
 def test_replies_cut_at_the_token_limit_finish_with_length(client):

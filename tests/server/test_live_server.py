@@ -91,19 +91,13 @@ def test_a_disconnect_cancels_its_request(tiny_server):
     assert time.monotonic() - start < 20
 
 
-def test_sigterm_shuts_down_cleanly(tiny_gguf):
-    server = LiveServer("-m", str(tiny_gguf))
-    assert server.stop() == 0, server.stderr()
-
-
 @pytest.mark.slow
-def test_smollm2_answers_paris_and_streams_whole_characters(smollm2_path):
-    server = LiveServer("-m", str(smollm2_path), "-c", "512")
-    try:
-        client = server.client()
+def test_smollm2_answers_paris_and_streams_whole_characters(smollm2_server):
+    with smollm2_server.stderr_on_failure():
+        client = smollm2_server.client()
         question = "What is the capital of France? Answer in one sentence."
         answer = client.chat.completions.create(
-            model=smollm2_path.name,
+            model="smollm2",
             messages=[{"role": "user", "content": question}],
             temperature=0,
             max_tokens=16,
@@ -112,12 +106,10 @@ def test_smollm2_answers_paris_and_streams_whole_characters(smollm2_path):
         text = "🦙🔥 日本語テキスト ďábel 👩‍👩‍👧"
         messages = [{"role": "user", "content": f"Repeat exactly: {text}"}]
         fields = {"messages": messages, "temperature": 0, "max_tokens": 40}
-        full = client.chat.completions.create(model=smollm2_path.name, **fields)
+        full = client.chat.completions.create(model="smollm2", **fields)
         deltas = [
             chunk.choices[0].delta.content or ""
-            for chunk in client.chat.completions.create(
-                model=smollm2_path.name, stream=True, **fields
-            )
+            for chunk in client.chat.completions.create(model="smollm2", stream=True, **fields)
             if chunk.choices
         ]
         reply = full.choices[0].message.content
@@ -126,8 +118,6 @@ def test_smollm2_answers_paris_and_streams_whole_characters(smollm2_path):
         # model's own reply has one (invalid bytes it generated), never from a split.
         assert sum(delta.count("\ufffd") for delta in deltas) == reply.count("\ufffd"), reply
         assert "🦙" in reply, reply
-    finally:
-        assert server.stop() == 0, server.stderr()
 
 
 def test_openai_client_responses_streaming_and_store(tiny_server):
@@ -208,3 +198,9 @@ def test_openai_client_sends_tools_and_tool_results(tmp_path):
         assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
     finally:
         assert server.stop() == 0, server.stderr()
+
+
+# Last in the module: it stops the module's server, after the requests above (one of them
+# cancelled by its client).
+def test_sigterm_shuts_down_cleanly(tiny_server):
+    assert tiny_server.stop() == 0, tiny_server.stderr()
