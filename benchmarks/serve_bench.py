@@ -25,7 +25,8 @@ Servers, each started for up to max(concurrency) requests at once:
     mlxcel          `mlxcel serve -np C_max`, which preloads OpenBLAS where the system has it;
     mlx-lm          `python -m mlx_lm server --decode-concurrency C_max --prompt-concurrency
                     C_max`, as installed;
-    mlx-lm+openblas the same with OpenBLAS in LD_PRELOAD.
+    mlx-lm+openblas the same with the OpenBLAS mlxcel preloads (from PyPI, else the
+                    system's) in LD_PRELOAD, with the threads mlxcel gives it.
 
 How mlx_lm.server 0.32.2 serves concurrent requests: a ThreadingHTTPServer thread per
 connection hands each request to one generation thread, which runs mlx-lm's continuous
@@ -74,7 +75,9 @@ from load_gen import (
     summarize_level,
 )
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
+from mlxcel.common.blas import preferred_blas
+from mlxcel.common.blas_threads import THREADS_VARIABLE, process_threads, sets_threads
+
 HOST = "127.0.0.1"
 SERVERS = ("mlxcel", "mlx-lm", "mlx-lm+openblas")
 STOP_SECONDS = 20.0
@@ -169,9 +172,15 @@ def server_command(
     if name == "mlx-lm":
         return command, environ
     if name == "mlx-lm+openblas":
-        if not Path(OPENBLAS).exists():
-            raise ValueError(f"server 'mlx-lm+openblas' needs {OPENBLAS}")
-        return command, {**environ, "LD_PRELOAD": OPENBLAS}
+        # The OpenBLAS the mlxcel command preloads (from PyPI, else the system's), with
+        # the threads it gives it.
+        blas = preferred_blas(environ)
+        if blas.library is None:
+            raise ValueError(f"server 'mlx-lm+openblas' needs OpenBLAS; found {blas.source}")
+        with_blas = blas.environment(environ)
+        if not sets_threads(with_blas):
+            with_blas[THREADS_VARIABLE] = str(process_threads())
+        return command, with_blas
     raise ValueError(f"servers must be among {', '.join(SERVERS)}; got '{name}'")
 
 
