@@ -156,3 +156,16 @@ def test_mlxcel_version_names_the_blas_it_runs_with_and_its_threads():
     off = {**clean, NO_OPENBLAS_VARIABLE: "1"}
     run = subprocess.run(command, capture_output=True, text=True, env=off, timeout=60)
     assert run.stdout.splitlines()[1] == f"BLAS: {BlasSource.OFF}"
+
+
+def test_the_ci_scripts_blas_environment_runs_and_sets_the_threads():
+    # .ci/run gives the test process the BLAS the command would preload; its snippet names
+    # mlxcel's modules, so a module moved without it would leave CI without OpenBLAS.
+    script = (Path(__file__).parents[2] / ".ci" / "run").read_text()
+    snippet = script.split("blas_environment=\"$(.venv/bin/python -c '", 1)[1].split("')\"", 1)[0]
+    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    result = subprocess.run(
+        [sys.executable, "-c", snippet], env=environ, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"export OPENBLAS_NUM_THREADS={process_threads()}" in result.stdout.splitlines()
