@@ -29,6 +29,7 @@ from mlxcel_models.loading.gguf_hybrid import (
     nemotron_h_expert_names,
     qwen3_next,
 )
+from mlxcel_models.loading.gguf_layered import OPENELM_PROJ_1, layered_base_config, openelm
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
     DBRX_EXPERTS,
@@ -419,6 +420,17 @@ _ARCHITECTURES += (
         name_aliases=(("language_model.", ""),),
         extras=configs.llama4,
         install_rope_factors=configs.install_llama4_rope_factors,
+    ),
+)
+# Layers of different sizes, written as per-layer arrays. The converter splits OpenELM's
+# fused feed-forward input `proj_1` into ffn_gate and ffn_up.
+_ARCHITECTURES += (
+    GGUFArchitecture(
+        "openelm",
+        "openelm",
+        base_config=layered_base_config,
+        extras=openelm,
+        tensor_join=OPENELM_PROJ_1,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
