@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from gguf_models import VOCAB_SIZE, ConvertedFamily
+from factories import llama_cpp_permute
+from gguf_expert_families import llama3_rope_freqs
+from gguf_models import VOCAB_SIZE, ConvertedFamily, tiny_config
 
 
 def split_openelm_proj_1(
@@ -23,6 +25,18 @@ def split_openelm_proj_1(
     gate, up = np.split(weight, 2)
     yield f"blk.{match[1]}.ffn_gate.weight", gate
     yield f"blk.{match[1]}.ffn_up.weight", up
+
+
+def permute_nas_rows(
+    name: str, weight: np.ndarray, config: dict[str, Any]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Nemotron-NAS's Q/K rows permuted with each layer's own head count, and the Llama 3
+    RoPE factors as `rope_freqs`."""
+    if name.endswith(("q_proj.weight", "k_proj.weight")):
+        weight = llama_cpp_permute(weight, weight.shape[0] // config["head_dim"])
+    yield name, weight
+    if name == "model.norm.weight":
+        yield "rope_freqs.weight", llama3_rope_freqs(config)
 
 
 _OPENELM = {
@@ -41,6 +55,21 @@ _OPENELM = {
     "hidden_size": 64,
 }
 
+# Layers: grouped attention, attention as one linear map, no attention, no MLP.
+_NAS_BLOCKS = [
+    {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 6.0}},
+    {"attention": {"replace_with_linear": True}, "ffn": {"ffn_mult": 12.0}},
+    {"attention": {"no_op": True}, "ffn": {"ffn_mult": 6.0}},
+    {"attention": {"n_heads_in_group": 4}, "ffn": {"no_op": True}},
+]
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
 LAYERED_FAMILIES = {
     "openelm": ConvertedFamily(
         "openelm",
@@ -56,5 +85,24 @@ LAYERED_FAMILIES = {
             "layer_norm_rms_eps": 1e-6,
         },
         split_tensor=split_openelm_proj_1,
+    ),
+    "nemotron-nas": ConvertedFamily(
+        "deci",
+        tiny_config(
+            "nemotron-nas",
+            num_hidden_layers=4,
+            block_configs=_NAS_BLOCKS,
+            hidden_act="silu",
+            rope_scaling=_LLAMA3_ROPE,
+        ),
+        {
+            "head_count": [4, 4, 0, 4],
+            "head_count_kv": [2, 0, 0, 1],
+            "feed_forward_length": [256, 512, 256, 0],
+            "rope_dimension_count": 16,
+            "layer_norm_rms_eps": 1e-5,
+        },
+        name_aliases=(("self_attn.linear.", "self_attn.linear_attn."),),
+        split_tensor=permute_nas_rows,
     ),
 }

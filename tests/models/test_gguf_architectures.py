@@ -71,7 +71,9 @@ def test_gguf_of_each_recurrent_or_expert_family_holds_the_checkpoint_weights(tm
         np.testing.assert_allclose(np.array(parameters[key]), value, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["jamba", "nemotron_h", "rwkv7", "mamba"])
+@pytest.mark.parametrize(
+    "name", ["jamba", "nemotron_h", "rwkv7", "mamba", "openelm", "nemotron-nas"]
+)
 def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
     """Per-layer metadata arrays survive the header read that skips the vocabulary, and a
     family without attention needs no head counts."""

@@ -29,7 +29,14 @@ from mlxcel_models.loading.gguf_hybrid import (
     nemotron_h_expert_names,
     qwen3_next,
 )
-from mlxcel_models.loading.gguf_layered import OPENELM_PROJ_1, layered_base_config, openelm
+from mlxcel_models.loading.gguf_layered import (
+    OPENELM_PROJ_1,
+    install_nas_rope_factors,
+    layered_base_config,
+    nemotron_nas,
+    openelm,
+    unpermute_nas_rope_rows,
+)
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
     DBRX_EXPERTS,
@@ -431,6 +438,17 @@ _ARCHITECTURES += (
         base_config=layered_base_config,
         extras=openelm,
         tensor_join=OPENELM_PROJ_1,
+    ),
+    # A Nemotron-NAS layer's attention may be one linear map (`linear_attn`, which gguf-py
+    # names as the attention output) or none; its Q/K rows are permuted per layer.
+    GGUFArchitecture(
+        "deci",
+        "nemotron-nas",
+        name_aliases=(("self_attn.linear.", "self_attn.linear_attn."),),
+        base_config=hybrid_base_config,
+        extras=nemotron_nas,
+        restore_tensor=unpermute_nas_rope_rows,
+        install_rope_factors=install_nas_rope_factors,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
