@@ -244,6 +244,18 @@ _ARCHITECTURES = (
         extras=configs.bailing_moe,
         tensor_join=BAILING_QUERY_KEY_VALUE,
     ),
+    # Ling 2.0 keeps the fused `query_key_value` (attn_qkv); the converter renames the
+    # router's `expert_bias` to a bias (`exp_probs_b`).
+    GGUFArchitecture(
+        "bailingmoe2",
+        "bailing_moe",
+        name_aliases=(
+            *_SWITCH,
+            ("gate.gate_proj", "gate"),
+            ("gate.expert_bias", "gate.expert_bias.bias"),
+        ),
+        extras=configs.bailing_moe2,
+    ),
     GGUFArchitecture("xverse", "llama", restore_tensor=unpermute_xverse_rows),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=configs.hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=configs.hunyuan_moe),

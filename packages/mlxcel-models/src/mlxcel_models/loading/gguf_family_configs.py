@@ -296,6 +296,30 @@ def bailing_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# gguf.ExpertGatingFuncType.SIGMOID.
+_SIGMOID_GATING = 2
+
+
+def bailing_moe2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Ling 2.0: QK norm, a sigmoid router with the aux-loss-free expert bias and expert
+    groups; the shared expert's width is `expert_shared_feed_forward_length` per shared
+    expert, as llama.cpp sizes it."""
+    leading = meta.get("leading_dense_block_count", 0)
+    shared_ffn = meta.get("expert_shared_feed_forward_length")
+    return routed_experts(meta, config) | {
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "moe_shared_expert_intermediate_size": None if shared_ffn is None else int(shared_ffn),
+        "use_qkv_bias": meta.has_tensor("blk.0.attn_qkv.bias"),
+        "use_bias": meta.has_tensor("blk.0.attn_output.bias"),
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "moe_router_enable_expert_bias": meta.has_tensor(f"blk.{leading}.exp_probs_b.bias"),
+        "score_function": (
+            "sigmoid" if meta.get("expert_gating_func") == _SIGMOID_GATING else "softmax"
+        ),
+        "norm_head": False,
+    }
+
+
 def minicpm3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     """MiniCPM 3's latent attention sizes, and the scales llama.cpp fixes for it (GGUF
     stores none): embeddings times 12, residuals times 1.4 / sqrt(layers), logits divided by
