@@ -31,7 +31,7 @@ from mlxcel_models.loading.gguf_hybrid import (
 )
 from mlxcel_models.loading.gguf_layered import (
     OPENELM_PROJ_1,
-    install_nas_rope_factors,
+    install_rope_factors_where_rotated,
     layered_base_config,
     nemotron_nas,
     openelm,
@@ -256,6 +256,13 @@ _ARCHITECTURES = (
         ),
         extras=configs.bailing_moe2,
     ),
+    # AFMoE (Trinity): the converter renames the router's `expert_bias` to a bias.
+    GGUFArchitecture(
+        "afmoe",
+        "afmoe",
+        name_aliases=(("mlp.expert_bias", "mlp.expert_bias.bias"),),
+        extras=configs.afmoe,
+    ),
     GGUFArchitecture("xverse", "llama", restore_tensor=unpermute_xverse_rows),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=configs.hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=configs.hunyuan_moe),
@@ -460,7 +467,7 @@ _ARCHITECTURES += (
         base_config=hybrid_base_config,
         extras=nemotron_nas,
         restore_tensor=unpermute_nas_rope_rows,
-        install_rope_factors=install_nas_rope_factors,
+        install_rope_factors=install_rope_factors_where_rotated,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

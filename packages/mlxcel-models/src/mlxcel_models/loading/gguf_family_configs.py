@@ -296,7 +296,8 @@ def bailing_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# gguf.ExpertGatingFuncType.SIGMOID.
+# gguf.ExpertGatingFuncType values.
+_SOFTMAX_GATING = 1
 _SIGMOID_GATING = 2
 
 
@@ -317,6 +318,28 @@ def bailing_moe2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
             "sigmoid" if meta.get("expert_gating_func") == _SIGMOID_GATING else "softmax"
         ),
         "norm_head": False,
+    }
+
+
+def afmoe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """AFMoE (Trinity). llama.cpp fixes what GGUF does not store: 3 sliding-window layers
+    with RoPE to 1 global layer without, and the embeddings scaled by sqrt(hidden) (µP);
+    the router is sigmoid unless the file says otherwise. A file without a window runs the
+    same layers over the whole context."""
+    gating = meta.get("expert_gating_func")
+    return {
+        "layer_types": layer_pattern(
+            config["num_hidden_layers"], 4, local="sliding_attention", full="full_attention"
+        ),
+        "sliding_window": config.get("sliding_window", config["max_position_embeddings"]),
+        "mup_enabled": True,
+        "num_dense_layers": meta.get("leading_dense_block_count", 0),
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "route_norm": bool(meta.get("expert_weights_norm", False)),
+        "route_scale": float(meta.get("expert_weights_scale", 1.0)),
+        "score_func": "softmax" if gating == _SOFTMAX_GATING else "sigmoid",
+        "n_group": meta.get("expert_group_count", 1),
+        "topk_group": meta.get("expert_group_used_count", 1),
     }
 
 

@@ -143,11 +143,13 @@ def unpermute_nas_rope_rows(
     }
 
 
-def install_nas_rope_factors(module: nn.Module, factors: mx.array, config: dict[str, Any]) -> None:
-    """Llama 3's `rope_freqs` on the layers with attention (not the attention-free ones or
-    those whose attention is one linear map)."""
+def install_rope_factors_where_rotated(
+    module: nn.Module, factors: mx.array, config: dict[str, Any]
+) -> None:
+    """Llama 3's `rope_freqs` on the layers whose attention rotates (not Nemotron-NAS's
+    attention-free layers or those whose attention is one linear map)."""
     for layer in module.layers:
-        if hasattr(layer.self_attn, "rope"):
+        if getattr(layer.self_attn, "rope", None) is not None:
             layer.self_attn.rope = FrequencyFactorRoPE(
                 config["head_dim"], config["rope_theta"], factors
             )
