@@ -39,6 +39,28 @@ def permute_nas_rows(
         yield "rope_freqs.weight", llama3_rope_freqs(config)
 
 
+# The offsets the converter adds to PLaMo 3's norm weights, by Hugging Face name ending.
+_PLAMO3_NORM_OFFSETS = {
+    ".pre_mixer_norm.weight": 1.0,
+    ".post_mixer_norm.weight": 1.0 / 5,
+    ".pre_mlp_norm.weight": 1.0,
+    ".post_mlp_norm.weight": 1.0 / 5**1.5,
+    ".mixer.q_norm.weight": 1.0,
+    ".mixer.k_norm.weight": 1.0,
+    "model.norm.weight": 1.0,
+}
+
+
+def offset_plamo3_norms(
+    name: str, weight: np.ndarray, config: dict[str, Any]
+) -> Iterator[tuple[str, np.ndarray]]:
+    for ending, offset in _PLAMO3_NORM_OFFSETS.items():
+        if name.endswith(ending):
+            weight = weight + np.float32(offset)
+            break
+    yield name, weight
+
+
 _OPENELM = {
     "model_type": "openelm",
     "head_dim": 16,
@@ -85,6 +107,27 @@ LAYERED_FAMILIES = {
             "layer_norm_rms_eps": 1e-6,
         },
         split_tensor=split_openelm_proj_1,
+    ),
+    # PLaMo 3: layers 0 and 2 local (window 4, RoPE base 5000), layers 1 and 3 global.
+    "plamo3": ConvertedFamily(
+        "plamo3",
+        tiny_config(
+            "plamo3",
+            num_hidden_layers=4,
+            sliding_window=4,
+            sliding_window_pattern=2,
+            rope_theta=1_000_000.0,
+            rope_local_theta=5000.0,
+            tie_word_embeddings=True,
+        ),
+        {
+            "layer_norm_rms_eps": 1e-5,
+            "sliding_window": 4,
+            "sliding_window_pattern": 2,
+            "rope_freq_base": 1_000_000.0,
+            "rope_freq_base_swa": 5000.0,
+        },
+        split_tensor=offset_plamo3_norms,
     ),
     "nemotron-nas": ConvertedFamily(
         "deci",

@@ -263,6 +263,14 @@ _ARCHITECTURES = (
         name_aliases=(("mlp.expert_bias", "mlp.expert_bias.bias"),),
         extras=configs.afmoe,
     ),
+    # PLaMo 3 keeps its fused qkv_proj (attn_qkv) and gate_up_proj (ffn_up); the converter
+    # adds each norm's run-time offset to its weight.
+    GGUFArchitecture(
+        "plamo3",
+        "plamo3",
+        extras=configs.plamo3,
+        restore_tensor=configs.subtract_plamo3_norm_offsets,
+    ),
     GGUFArchitecture("xverse", "llama", restore_tensor=unpermute_xverse_rows),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=configs.hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=configs.hunyuan_moe),

@@ -343,6 +343,43 @@ def afmoe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def plamo3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """PLaMo 3's local/global layers. Without a window every layer is global; the local
+    RoPE base is `rope.freq_base_swa`, else llama.cpp's default of 10000 (PLaMo 3's own)."""
+    window = meta.get("attention.sliding_window")
+    if not window:
+        return {"sliding_window_pattern": 1, "window_size": config["max_position_embeddings"]}
+    return {
+        "window_size": int(window),
+        "sliding_window_pattern": int(meta.get("attention.sliding_window_pattern", 8)),
+        "rope_local_theta": float(meta.get("rope.freq_base_swa", 10000.0)),
+    }
+
+
+# The offsets PLaMo 3's norms add at run time, which the converter adds to the stored
+# weights (by GGUF name).
+_PLAMO3_NORM_OFFSETS = {
+    "attn_norm": 1.0,
+    "post_attention_norm": 1.0 / 5,
+    "ffn_norm": 1.0,
+    "post_ffw_norm": 1.0 / 5**1.5,
+    "attn_q_norm": 1.0,
+    "attn_k_norm": 1.0,
+    "output_norm": 1.0,
+}
+
+
+def subtract_plamo3_norm_offsets(
+    base: str, arrays: dict[str, mx.array], config: dict[str, Any]
+) -> dict[str, mx.array]:
+    """Take off the offset the converter added to each of PLaMo 3's norm weights."""
+    offset = _PLAMO3_NORM_OFFSETS.get(base)
+    if offset is None:
+        return arrays
+    weight = arrays["weight"]
+    return {"weight": (weight.astype(mx.float32) - offset).astype(weight.dtype)}
+
+
 def minicpm3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     """MiniCPM 3's latent attention sizes, and the scales llama.cpp fixes for it (GGUF
     stores none): embeddings times 12, residuals times 1.4 / sqrt(layers), logits divided by
