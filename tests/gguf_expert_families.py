@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import gguf
 import numpy as np
 
 from gguf_models import VOCAB_SIZE, ConvertedFamily, tiny_config
@@ -116,5 +117,81 @@ EXPERT_FAMILIES = {
         },
         name_aliases=(("language_model.", ""),),
         split_tensor=add_llama4_rope_freqs,
+    ),
+    # AFMoE: layers 0-2 sliding with RoPE, layer 3 global without; one leading dense layer.
+    "afmoe": ConvertedFamily(
+        "afmoe",
+        tiny_config(
+            "afmoe",
+            num_hidden_layers=4,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            sliding_window=4,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            num_shared_experts=1,
+            num_dense_layers=1,
+            route_norm=True,
+            route_scale=2.0,
+            score_func="sigmoid",
+            mup_enabled=True,
+        ),
+        {
+            "layer_norm_rms_eps": 1e-5,
+            "expert_count": 8,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "expert_shared_count": 1,
+            "leading_dense_block_count": 1,
+            "expert_weights_norm": True,
+            "expert_weights_scale": 2.0,
+            "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+            "sliding_window": 4,
+            "rope_dimension_count": 16,
+        },
+        name_aliases=(("mlp.expert_bias", "mlp.expert_bias.bias"),),
+    ),
+    # Ling 2.0: QK norm, half the head rotated, a sigmoid router over expert groups with the
+    # expert bias, a leading dense layer and a shared expert of its own width.
+    "bailing_moe2": ConvertedFamily(
+        "bailingmoe2",
+        tiny_config(
+            "bailing_moe",
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            num_shared_experts=1,
+            moe_shared_expert_intermediate_size=48,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            use_qk_norm=True,
+            partial_rotary_factor=0.5,
+            moe_router_enable_expert_bias=True,
+            routed_scaling_factor=2.5,
+            score_function="sigmoid",
+            n_group=4,
+            topk_group=2,
+        ),
+        {
+            "layer_norm_rms_eps": 1e-5,
+            "expert_count": 8,
+            "expert_used_count": 2,
+            "expert_feed_forward_length": 32,
+            "expert_shared_feed_forward_length": 48,
+            "expert_shared_count": 1,
+            "expert_weights_scale": 2.5,
+            "expert_weights_norm": True,
+            "leading_dense_block_count": 1,
+            "rope_dimension_count": 8,
+            "expert_group_count": 4,
+            "expert_group_used_count": 2,
+            "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+        },
+        name_aliases=(
+            ("switch_mlp", "experts"),
+            ("gate.gate_proj", "gate"),
+            ("gate.expert_bias", "gate.expert_bias.bias"),
+        ),
     ),
 }

@@ -20,11 +20,12 @@ from mlxcel_models.memory.inventory import read_model_inventory
 from gguf_conversions import split_kv_b
 from gguf_expert_families import EXPERT_FAMILIES
 from gguf_families import MORE_FAMILIES
+from gguf_layered_families import LAYERED_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
 from gguf_recurrent_families import RECURRENT_FAMILIES
 
-FAMILIES = BASE_FAMILIES | MORE_FAMILIES | RECURRENT_FAMILIES | EXPERT_FAMILIES
+FAMILIES = BASE_FAMILIES | MORE_FAMILIES | RECURRENT_FAMILIES | EXPERT_FAMILIES | LAYERED_FAMILIES
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
@@ -57,7 +58,7 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
     assert greedy_tokens(loaded.module) == greedy_tokens(reference)
 
 
-@pytest.mark.parametrize("name", sorted(RECURRENT_FAMILIES | EXPERT_FAMILIES))
+@pytest.mark.parametrize("name", sorted(RECURRENT_FAMILIES | EXPERT_FAMILIES | LAYERED_FAMILIES))
 def test_gguf_of_each_recurrent_or_expert_family_holds_the_checkpoint_weights(tmp_path, name):
     """Every layout change undone exactly, including those the logits cannot show (the Q/K
     permutation of attention without RoPE)."""
@@ -70,7 +71,9 @@ def test_gguf_of_each_recurrent_or_expert_family_holds_the_checkpoint_weights(tm
         np.testing.assert_allclose(np.array(parameters[key]), value, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["jamba", "nemotron_h", "rwkv7", "mamba"])
+@pytest.mark.parametrize(
+    "name", ["jamba", "nemotron_h", "rwkv7", "mamba", "openelm", "nemotron-nas"]
+)
 def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
     """Per-layer metadata arrays survive the header read that skips the vocabulary, and a
     family without attention needs no head counts."""
@@ -92,6 +95,8 @@ def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
         ("internlm2", "Q8_0"),
         ("gpt_neox", "Q4_0"),
         ("nemotron_h", "Q8_0"),
+        ("nemotron-nas", "Q8_0"),
+        ("bailing_moe2", "Q8_0"),
     ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):

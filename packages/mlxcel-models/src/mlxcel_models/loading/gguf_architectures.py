@@ -29,6 +29,14 @@ from mlxcel_models.loading.gguf_hybrid import (
     nemotron_h_expert_names,
     qwen3_next,
 )
+from mlxcel_models.loading.gguf_layered import (
+    OPENELM_PROJ_1,
+    install_rope_factors_where_rotated,
+    layered_base_config,
+    nemotron_nas,
+    openelm,
+    unpermute_nas_rope_rows,
+)
 from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
     DBRX_EXPERTS,
@@ -236,6 +244,33 @@ _ARCHITECTURES = (
         extras=configs.bailing_moe,
         tensor_join=BAILING_QUERY_KEY_VALUE,
     ),
+    # Ling 2.0 keeps the fused `query_key_value` (attn_qkv); the converter renames the
+    # router's `expert_bias` to a bias (`exp_probs_b`).
+    GGUFArchitecture(
+        "bailingmoe2",
+        "bailing_moe",
+        name_aliases=(
+            *_SWITCH,
+            ("gate.gate_proj", "gate"),
+            ("gate.expert_bias", "gate.expert_bias.bias"),
+        ),
+        extras=configs.bailing_moe2,
+    ),
+    # AFMoE (Trinity): the converter renames the router's `expert_bias` to a bias.
+    GGUFArchitecture(
+        "afmoe",
+        "afmoe",
+        name_aliases=(("mlp.expert_bias", "mlp.expert_bias.bias"),),
+        extras=configs.afmoe,
+    ),
+    # PLaMo 3 keeps its fused qkv_proj (attn_qkv) and gate_up_proj (ffn_up); the converter
+    # adds each norm's run-time offset to its weight.
+    GGUFArchitecture(
+        "plamo3",
+        "plamo3",
+        extras=configs.plamo3,
+        restore_tensor=configs.subtract_plamo3_norm_offsets,
+    ),
     GGUFArchitecture("xverse", "llama", restore_tensor=unpermute_xverse_rows),
     GGUFArchitecture("hunyuan-dense", "hunyuan_v1_dense", extras=configs.hunyuan_dense),
     GGUFArchitecture("hunyuan-moe", "hunyuan", name_aliases=_SWITCH, extras=configs.hunyuan_moe),
@@ -419,6 +454,28 @@ _ARCHITECTURES += (
         name_aliases=(("language_model.", ""),),
         extras=configs.llama4,
         install_rope_factors=configs.install_llama4_rope_factors,
+    ),
+)
+# Layers of different sizes, written as per-layer arrays. The converter splits OpenELM's
+# fused feed-forward input `proj_1` into ffn_gate and ffn_up.
+_ARCHITECTURES += (
+    GGUFArchitecture(
+        "openelm",
+        "openelm",
+        base_config=layered_base_config,
+        extras=openelm,
+        tensor_join=OPENELM_PROJ_1,
+    ),
+    # A Nemotron-NAS layer's attention may be one linear map (`linear_attn`, which gguf-py
+    # names as the attention output) or none; its Q/K rows are permuted per layer.
+    GGUFArchitecture(
+        "deci",
+        "nemotron-nas",
+        name_aliases=(("self_attn.linear.", "self_attn.linear_attn."),),
+        base_config=hybrid_base_config,
+        extras=nemotron_nas,
+        restore_tensor=unpermute_nas_rope_rows,
+        install_rope_factors=install_rope_factors_where_rotated,
     ),
 )
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}

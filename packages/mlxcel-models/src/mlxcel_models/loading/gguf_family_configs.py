@@ -296,6 +296,90 @@ def bailing_moe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# gguf.ExpertGatingFuncType values.
+_SOFTMAX_GATING = 1
+_SIGMOID_GATING = 2
+
+
+def bailing_moe2(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """Ling 2.0: QK norm, a sigmoid router with the aux-loss-free expert bias and expert
+    groups; the shared expert's width is `expert_shared_feed_forward_length` per shared
+    expert, as llama.cpp sizes it."""
+    leading = meta.get("leading_dense_block_count", 0)
+    shared_ffn = meta.get("expert_shared_feed_forward_length")
+    return routed_experts(meta, config) | {
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "moe_shared_expert_intermediate_size": None if shared_ffn is None else int(shared_ffn),
+        "use_qkv_bias": meta.has_tensor("blk.0.attn_qkv.bias"),
+        "use_bias": meta.has_tensor("blk.0.attn_output.bias"),
+        "use_qk_norm": meta.has_tensor("blk.0.attn_q_norm.weight"),
+        "moe_router_enable_expert_bias": meta.has_tensor(f"blk.{leading}.exp_probs_b.bias"),
+        "score_function": (
+            "sigmoid" if meta.get("expert_gating_func") == _SIGMOID_GATING else "softmax"
+        ),
+        "norm_head": False,
+    }
+
+
+def afmoe(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """AFMoE (Trinity). llama.cpp fixes what GGUF does not store: 3 sliding-window layers
+    with RoPE to 1 global layer without, and the embeddings scaled by sqrt(hidden) (µP);
+    the router is sigmoid unless the file says otherwise. A file without a window runs the
+    same layers over the whole context."""
+    gating = meta.get("expert_gating_func")
+    return {
+        "layer_types": layer_pattern(
+            config["num_hidden_layers"], 4, local="sliding_attention", full="full_attention"
+        ),
+        "sliding_window": config.get("sliding_window", config["max_position_embeddings"]),
+        "mup_enabled": True,
+        "num_dense_layers": meta.get("leading_dense_block_count", 0),
+        "num_shared_experts": meta.get("expert_shared_count", 0),
+        "route_norm": bool(meta.get("expert_weights_norm", False)),
+        "route_scale": float(meta.get("expert_weights_scale", 1.0)),
+        "score_func": "softmax" if gating == _SOFTMAX_GATING else "sigmoid",
+        "n_group": meta.get("expert_group_count", 1),
+        "topk_group": meta.get("expert_group_used_count", 1),
+    }
+
+
+def plamo3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """PLaMo 3's local/global layers. Without a window every layer is global; the local
+    RoPE base is `rope.freq_base_swa`, else llama.cpp's default of 10000 (PLaMo 3's own)."""
+    window = meta.get("attention.sliding_window")
+    if not window:
+        return {"sliding_window_pattern": 1, "window_size": config["max_position_embeddings"]}
+    return {
+        "window_size": int(window),
+        "sliding_window_pattern": int(meta.get("attention.sliding_window_pattern", 8)),
+        "rope_local_theta": float(meta.get("rope.freq_base_swa", 10000.0)),
+    }
+
+
+# The offsets PLaMo 3's norms add at run time, which the converter adds to the stored
+# weights (by GGUF name).
+_PLAMO3_NORM_OFFSETS = {
+    "attn_norm": 1.0,
+    "post_attention_norm": 1.0 / 5,
+    "ffn_norm": 1.0,
+    "post_ffw_norm": 1.0 / 5**1.5,
+    "attn_q_norm": 1.0,
+    "attn_k_norm": 1.0,
+    "output_norm": 1.0,
+}
+
+
+def subtract_plamo3_norm_offsets(
+    base: str, arrays: dict[str, mx.array], config: dict[str, Any]
+) -> dict[str, mx.array]:
+    """Take off the offset the converter added to each of PLaMo 3's norm weights."""
+    offset = _PLAMO3_NORM_OFFSETS.get(base)
+    if offset is None:
+        return arrays
+    weight = arrays["weight"]
+    return {"weight": (weight.astype(mx.float32) - offset).astype(weight.dtype)}
+
+
 def minicpm3(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     """MiniCPM 3's latent attention sizes, and the scales llama.cpp fixes for it (GGUF
     stores none): embeddings times 12, residuals times 1.4 / sqrt(layers), logits divided by
