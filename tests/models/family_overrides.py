@@ -347,13 +347,22 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "nemotron": {"hidden_act": "relu2"},
     "nemotron-nas": {
+        # The middle layer has no attention: mlx-lm makes caches for the other two only.
         "block_configs": [
             {
                 "attention": {"no_op": False, "replace_with_linear": False, "n_heads_in_group": 2},
                 "ffn": {"no_op": False, "replace_with_linear": False, "ffn_mult": 1.5},
-            }
-        ]
-        * 2
+            },
+            {
+                "attention": {"no_op": True, "replace_with_linear": False},
+                "ffn": {"no_op": False, "replace_with_linear": False, "ffn_mult": 1.5},
+            },
+            {
+                "attention": {"no_op": False, "replace_with_linear": False, "n_heads_in_group": 2},
+                "ffn": {"no_op": False, "replace_with_linear": False, "ffn_mult": 1.5},
+            },
+        ],
+        "num_hidden_layers": 3,
     },
     "nemotron_h": {
         "mamba_num_heads": 4,

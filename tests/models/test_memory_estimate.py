@@ -7,6 +7,7 @@ import struct
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from family_configs import write_family_model
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
@@ -114,6 +115,15 @@ def test_kv_geometry_matches_the_engines_profiling_pass(tiny_gguf, options):
     layers = kv_layers(read_model_inventory(tiny_gguf), options)
     profile = profile_model(load_model(tiny_gguf, compute=options).model, 4)
     assert layers == profile.layers
+
+
+def test_a_model_with_layers_without_attention_counts_the_caches_it_keeps(tmp_path):
+    # The tiny Nemotron-NAS's middle layer has no attention: mlx-lm keeps two caches.
+    folder = write_family_model(tmp_path / "nas", "nemotron-nas")
+    options = ComputeOptions(mx.float32)
+    layers = kv_layers(read_model_inventory(folder), options)
+    profile = profile_model(load_model(folder, compute=options).model, 4)
+    assert len(layers) == 2 and layers == profile.layers
 
 
 def test_a_bfloat16_folder_keeps_bfloat16_keys_where_the_files_dtypes_are_kept(tmp_path):

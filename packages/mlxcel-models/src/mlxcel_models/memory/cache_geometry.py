@@ -66,7 +66,9 @@ def model_cache_geometry(
     except UnsupportedCacheError as error:
         raise error.of_model(inventory.source.path, inventory.source.model_type) from error
     layout = model.cache_layout
-    if layout.is_plain:
+    # A model may keep fewer caches than it has layers (Nemotron-NAS layers without
+    # attention keep none): then only a traced pass says which layers' geometry counts.
+    if layout.is_plain and len(layout.layers) == len(plain):
         return ModelCacheGeometry(layout, plain)
     _, traced = trace_cache_geometry(model, 1, layout)
     return ModelCacheGeometry(layout, traced.layers, traced.state_layers)
