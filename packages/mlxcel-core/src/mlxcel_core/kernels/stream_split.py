@@ -21,8 +21,9 @@ from mlxcel_core.threads import side_streams
 MIN_SPLIT_COLUMNS = 256
 # Rows of input above which a product is not split: decode steps gain (a SmolLM2 forward
 # pass of 16 rows with dense float32 weights took 149 ms split against 197 ms whole), but
-# OpenBLAS serializes the GEMMs of a prefill chunk called from two threads at once, so
-# splitting those only adds operations (128 rows: 704 ms split against 650 ms whole).
+# a prefill chunk's OpenBLAS GEMMs called from two threads at once ran no faster than one
+# after the other, so splitting those only adds operations (128 rows: 704 ms split
+# against 650 ms whole).
 MAX_SPLIT_ROWS = 16
 
 # product(block, stream) -> the output columns `block` (None: all of them) computed on
