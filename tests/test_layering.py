@@ -20,7 +20,8 @@ PROJECTS = sorted(
 # The layers inside mlxcel-core, lowest first: each of its top-level modules imports only
 # from its own layer and those below. Errors and the threads' MLX streams are the base;
 # tuned values are read by the kernels; the KV caches, sampler and generation loop run the
-# kernels; the engine runs them all; the searches of `mlxcel tune` drive the engine. Modules not named here sit in the middle layer.
+# kernels; the engine runs them all; the searches of `mlxcel tune` drive the engine.
+# Modules not named here sit in the middle layer.
 CORE_SOURCE = ROOT / "packages/mlxcel-core/src/mlxcel_core"
 CORE_LAYERS = ({"errors", "threads"}, {"tuning"}, {"kernels"}, None, {"engine"}, {"autotune"})
 

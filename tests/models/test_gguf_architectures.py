@@ -8,6 +8,7 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_latent_families import LATENT_FAMILIES
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
@@ -25,7 +26,14 @@ from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
 from gguf_recurrent_families import RECURRENT_FAMILIES
 
-FAMILIES = BASE_FAMILIES | MORE_FAMILIES | RECURRENT_FAMILIES | EXPERT_FAMILIES | LAYERED_FAMILIES
+FAMILIES = (
+    BASE_FAMILIES
+    | MORE_FAMILIES
+    | LATENT_FAMILIES
+    | RECURRENT_FAMILIES
+    | EXPERT_FAMILIES
+    | LAYERED_FAMILIES
+)
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
