@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
+from mlxcel_core.threads import thread_stream
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.cpu_ops import CompiledRMSNorm, RopeTable, TableRoPE, install_cpu_ops
 from mlxcel_models.loading.loader import load_model
@@ -110,3 +113,25 @@ def test_install_counts_what_it_replaces():
     module = nn.Sequential(nn.RMSNorm(8), nn.Linear(8, 8), nn.RoPE(8))
     assert install_cpu_ops(module) == 2
     assert [type(layer) for layer in module.layers] == [CompiledRMSNorm, nn.Linear, TableRoPE]
+
+
+def test_each_thread_keeps_its_own_rope_table_entry():
+    # A prefill rank and an engine sharing one model in one process: the entry one thread
+    # left unevaluated on its stream must not reach the other.
+    table = RopeTable()
+    inv_freqs = mx.array([1.0, 0.5], dtype=mx.float32)
+    mine = table.lookup("rope", 0, 4, inv_freqs)
+    theirs = []
+
+    def other_thread():
+        with thread_stream(mx.Device(mx.cpu)):
+            cos, sin = table.lookup("rope", 0, 4, inv_freqs)
+            mx.eval(cos, sin)
+            theirs.append((cos, sin))
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert theirs and theirs[0][0] is not mine[0]
+    np.testing.assert_allclose(np.array(theirs[0][0]), np.array(mine[0]))
+    assert table.lookup("rope", 0, 4, inv_freqs)[0] is mine[0]

@@ -19,6 +19,7 @@ Both give the same values as the fast functions they replace, computed in the sa
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Hashable
 
 import mlx.core as mx
@@ -70,6 +71,18 @@ class CompiledRMSNorm(nn.Module):
         return _rms_norm(x, self.weight, self.eps)
 
 
+class _HeldEntry(threading.local):
+    """((offset, length, owner), (cos, sin)), one per thread, replaced whole so a reader
+    never sees one pass's key with another's values. Two threads running passes of one
+    model (a prefill rank beside an engine in one process) each hold their own: an entry
+    still being computed on one thread's stream cannot be evaluated on another's."""
+
+    entry: tuple[tuple[int | mx.array, int, Hashable], tuple[mx.array, mx.array]] = (
+        (-1, 0, None),
+        (mx.array(0.0), mx.array(0.0)),
+    )
+
+
 class RopeTable:
     """The cosines and sines of the latest positions asked for, shared by a model's layers.
 
@@ -80,10 +93,7 @@ class RopeTable:
     """
 
     def __init__(self) -> None:
-        # ((offset, length, owner), (cos, sin)), replaced whole so a reader never sees
-        # one pass's key with another's values.
-        self._entry: tuple[tuple[int | mx.array, int, Hashable], tuple[mx.array, mx.array]]
-        self._entry = ((-1, 0, None), (mx.array(0.0), mx.array(0.0)))
+        self._held = _HeldEntry()
 
     def lookup(
         self, owner: Hashable, offset: int | mx.array, length: int, inv_freqs: mx.array
@@ -101,7 +111,7 @@ class RopeTable:
             (cos, sin), each (L, D / 2) for one first position or (B, 1, L, D / 2) for one
             per row.
         """
-        (held_offset, held_length, held_owner), value = self._entry
+        (held_offset, held_length, held_owner), value = self._held.entry
         if (held_length, held_owner) == (length, owner) and (
             held_offset is offset
             or (isinstance(offset, int) and isinstance(held_offset, int) and held_offset == offset)
@@ -115,7 +125,7 @@ class RopeTable:
             positions = (offset[:, None] + mx.arange(length))[:, None, :].astype(mx.float32)
         theta = positions[..., None] * inv_freqs
         value = (mx.cos(theta), mx.sin(theta))
-        self._entry = ((offset, length, owner), value)
+        self._held.entry = ((offset, length, owner), value)
         return value
 
 
