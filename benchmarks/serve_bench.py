@@ -76,7 +76,7 @@ from load_gen import (
 )
 
 from mlxcel.common.blas import preferred_blas
-from mlxcel.common.blas_threads import THREADS_VARIABLE, process_threads, sets_threads
+from mlxcel.common.blas_threads import with_process_threads
 
 HOST = "127.0.0.1"
 SERVERS = ("mlxcel", "mlx-lm", "mlx-lm+openblas")
@@ -177,10 +177,7 @@ def server_command(
         blas = preferred_blas(environ)
         if blas.library is None:
             raise ValueError(f"server 'mlx-lm+openblas' needs OpenBLAS; found {blas.source}")
-        with_blas = blas.environment(environ)
-        if not sets_threads(with_blas):
-            with_blas[THREADS_VARIABLE] = str(process_threads())
-        return command, with_blas
+        return command, with_process_threads(blas.environment(environ))
     raise ValueError(f"servers must be among {', '.join(SERVERS)}; got '{name}'")
 
 

@@ -94,3 +94,10 @@ def test_limiting_this_process_reaches_openblas_when_it_is_loaded():
         assert get_threads() == 1
     finally:
         blas_threads.limit_own_blas_threads(current)
+
+
+def test_a_started_process_gets_the_commands_threads_unless_the_environment_sets_them():
+    threads = str(blas_threads.process_threads())
+    started = blas_threads.with_process_threads({"A": "1"})
+    assert started == {"A": "1", blas_threads.THREADS_VARIABLE: threads}
+    assert blas_threads.with_process_threads({"OMP_NUM_THREADS": "3"}) == {"OMP_NUM_THREADS": "3"}

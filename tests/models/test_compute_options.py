@@ -1,4 +1,5 @@
 import os
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -111,7 +112,7 @@ def test_products_split_over_cpu_streams_give_the_same_logits(tiny_gguf, monkeyp
         mx.float32, dequantize_min_rows=8, dense_weights_max_bytes=2**30 if dense else None
     )
     reference = load_model(tiny_gguf, compute=whole).model
-    split = load_model(tiny_gguf, compute=ComputeOptions(**{**whole.__dict__, "cpu_streams": 2}))
+    split = load_model(tiny_gguf, compute=replace(whole, cpu_streams=2))
     layers = [m for _, m in split.model.module.named_modules()]
     kind = SplitLinear if dense else PrefillDequantizingLinear
     assert sum(isinstance(m, kind) and m.cpu_streams == 2 for m in layers) == 14

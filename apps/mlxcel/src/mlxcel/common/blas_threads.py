@@ -38,6 +38,14 @@ def process_threads() -> int:
     return max(1, (os.cpu_count() or 1) - MLX_CORES)
 
 
+def with_process_threads(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with OpenBLAS given `process_threads()` threads unless it sets a count: for
+    a process started beside the `mlxcel` command that should run its BLAS the same way."""
+    if sets_threads(environ):
+        return dict(environ)
+    return {**environ, THREADS_VARIABLE: str(process_threads())}
+
+
 def limit_process_blas_threads(environ: Mapping[str, str]) -> bool:
     """Give this process's OpenBLAS `process_threads()` threads unless `environ` sets a
     count; whether OpenBLAS is loaded and was limited."""

@@ -25,6 +25,7 @@ MIN_SPLIT_COLUMNS = 256
 # after the other, so splitting those only adds operations (128 rows: 704 ms split
 # against 650 ms whole).
 MAX_SPLIT_ROWS = 16
+_CPU = mx.Device(mx.cpu)
 
 # product(block, stream) -> the output columns `block` (None: all of them) computed on
 # `stream` (None: the current one), from the weight rows `block` selects.
@@ -56,7 +57,7 @@ def split_columns(
     """
     if num_streams <= 1 or columns < MIN_SPLIT_COLUMNS or rows > MAX_SPLIT_ROWS:
         return product(None, None)
-    streams = side_streams(mx.Device(mx.cpu), num_streams)
+    streams = side_streams(_CPU, num_streams)
     bounds = [columns * i // num_streams for i in range(num_streams + 1)]
     blocks = [
         product(slice(start, stop), stream)
