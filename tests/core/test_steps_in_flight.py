@@ -16,9 +16,6 @@ from collections.abc import Sequence
 import pytest
 from test_batching_engine import (
     TIMEOUT,
-    PoisonModel,
-    fake_config,
-    fake_request,
     generate_all,
     generate_alone,
     make_config,
@@ -27,6 +24,7 @@ from test_batching_engine import (
     token_ids,
     wait_until,
 )
+from test_batching_engine_failures import PoisonModel, fake_config, fake_request
 from test_engine import drain
 
 from mlxcel_core.adapters import RowAdapterScales
