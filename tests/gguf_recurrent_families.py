@@ -4,6 +4,8 @@ them; the converter's tensor rewrites for them are in `gguf_recurrent_conversion
 from __future__ import annotations
 
 import gguf
+
+from gguf_models import VOCAB_SIZE, ConvertedFamily, tiny_config
 from gguf_recurrent_conversions import (
     RWKV7_NAMES,
     convert_rwkv7,
@@ -15,8 +17,6 @@ from gguf_recurrent_conversions import (
     store_mamba_tensors,
     store_nemotron_h_moe_tensors,
 )
-
-from gguf_models import VOCAB_SIZE, ConvertedFamily, tiny_config
 
 _MAMBA = {
     "model_type": "mamba",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from reasoning_factories import THINKING_TEMPLATE, SuccessorModel, chain, make_tokenizer
 
 from mlxcel_models.loading.loader import load_model
+
+from reasoning_factories import THINKING_TEMPLATE, SuccessorModel, chain, make_tokenizer
 
 
 @pytest.fixture(scope="module")

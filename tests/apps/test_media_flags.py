@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 
 import pytest
-from red_images import encode, red_data_url, red_image
 
 from mlxcel.cli import main, make_parser
 from mlxcel.common.flags import UsageError, resolve_defaults
@@ -14,6 +13,8 @@ from mlxcel.common.media_flags import MAX_BYTES_FLAG, MEDIA_FLAGS
 from mlxcel.serving.serve_command import FLAGS, settings_from
 from mlxcel_core.errors import InputError
 from mlxcel_vision.inputs.policy import DEFAULT_FETCH_TIMEOUT_SECONDS, DEFAULT_MAX_BYTES
+
+from red_images import encode, red_data_url, red_image
 
 CLOSED_PORT_URL = "http://127.0.0.1:9/red.png"
 

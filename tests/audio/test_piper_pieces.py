@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import soxr
 from speech_clips import SAMPLE_RATE, SENTENCES
-from word_errors import word_error_rate
 
 from mlxcel_audio.piper import PiperVoice, load_voice
 from mlxcel_audio.piper.config import VoiceConfig, read_voice_config
 from mlxcel_audio.piper.phonemes import sentence_phonemes
 from mlxcel_audio.piper.pieces import MAX_PIECE_PHONEMES, split_phonemes
 from mlxcel_audio.whisper import transcribe
+
+from word_errors import word_error_rate
 
 # 52 words, no punctuation: about 300 phonemes, two pieces at the default bound.
 RUN_ON = (

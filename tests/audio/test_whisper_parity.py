@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from ctranslate2_runs import ctranslate2_generate
 from speech_clips import HELLO, SENTENCES, speech
-from word_errors import word_error_rate
 
 from mlxcel_audio.features import N_SAMPLES, log_mel_spectrogram, pad_or_trim
 from mlxcel_audio.whisper import transcribe
 from mlxcel_audio.whisper.decoding import decode_window, encode_window
+
+from word_errors import word_error_rate
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 CLIPS = {"hello": (HELLO,), "sentences": SENTENCES}

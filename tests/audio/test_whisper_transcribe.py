@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from speech_clips import HELLO, LONG_TEXTS, long_speech
 from test_decoding import encoded
-from word_errors import word_error_rate
 
 from mlxcel_audio.decoding import decode_audio
 from mlxcel_audio.errors import AudioInputError
 from mlxcel_audio.whisper import TranscribeOptions, UnsupportedTaskError, transcribe
+
+from word_errors import word_error_rate
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ import soundfile
 from ctranslate2_runs import ctranslate2_align
 from speech_clips import HELLO, SAMPLE_RATE, SENTENCES, speech
 from test_whisper_loading import random_weights, write_hugging_face, write_mlx_whisper
-from word_errors import words
 
 from mlxcel.cli import main
 from mlxcel.speech.speech_models import WhisperSpeechToText
@@ -32,6 +31,8 @@ from mlxcel_audio.whisper.timing import (
 )
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_server.audio_models import TranscriptionRequest
+
+from word_errors import words
 
 PAUSE_SECONDS = 2.0
 SECOND = SENTENCES[2]

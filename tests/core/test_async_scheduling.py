@@ -13,16 +13,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from cache_kind_models import make_model
-from engine_core_runs import (
-    Arrival,
-    assert_same_outputs,
-    comparable,
-    config,
-    prompt,
-    request,
-    run,
-)
 
 from mlxcel_core.engine import (
     EngineCore,
@@ -38,6 +28,17 @@ from mlxcel_core.request import FinishReason
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig
 from mlxcel_models.loading.loader import load_model
+
+from cache_kind_models import make_model
+from engine_core_runs import (
+    Arrival,
+    assert_same_outputs,
+    comparable,
+    config,
+    prompt,
+    request,
+    run,
+)
 
 
 class ThirdsConstraint:

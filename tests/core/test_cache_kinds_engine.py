@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import pytest
-from cache_kind_models import WINDOW, make_model
 from mlx_lm.generate import generate_step
 from test_batching_engine import (
     generate_all,
@@ -45,6 +44,8 @@ from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.language_model import MlxLmLanguageModel
+
+from cache_kind_models import WINDOW, make_model
 
 NUM_TOKENS = 32
 CONTEXT_SIZE = 64

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from reasoning_factories import SuccessorModel, chain
 from test_batching_engine import generate_all, make_config, running_engine, token_ids
 
 from mlxcel_core.engine import EngineRequest
@@ -13,6 +12,8 @@ from mlxcel_core.reasoning import ReasoningPhase, ReasoningTokens, ReasoningTrac
 from mlxcel_core.request import GenerationConfig
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
+
+from reasoning_factories import SuccessorModel, chain
 
 VOCAB = 40
 EOS = 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from cache_kind_models import WINDOW, make_model
 from test_batching_engine import generate_all, make_request, running_engine, token_ids
 from test_cache_kinds_engine import (
     BLOCK_SIZE,
@@ -38,6 +37,8 @@ from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.request import GenerationConfig
 from mlxcel_core.speculative import SpeculativeConfig, SpeculativeMethod
 from mlxcel_models.language_model import MlxLmLanguageModel
+
+from cache_kind_models import WINDOW, make_model
 
 ONE_TOKEN = GenerationConfig(context_size=CONTEXT_SIZE, max_tokens=1)
 

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 import pytest
-from cache_kind_models import make_model
 
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.engine import (
@@ -31,6 +30,8 @@ from mlxcel_core.sampling import SamplingParams
 from mlxcel_core.threads import thread_stream
 from mlxcel_distributed import PrefillWorker, block_layout, pack_blocks, unpack_blocks
 from mlxcel_models.loading.loader import load_model
+
+from cache_kind_models import make_model
 
 TIMEOUT = 30.0
 CONTEXT_SIZE = 64

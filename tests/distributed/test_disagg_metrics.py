@@ -16,7 +16,6 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 import pytest
-from metric_samples import metric_samples
 
 from mlxcel.distributed.disaggregate_flags import DisaggregatedRank
 from mlxcel.distributed.stage_faults import guard_prefill
@@ -35,6 +34,7 @@ from mlxcel_models.loading.loader import load_model
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
 
 from factories import TinyConfig
+from metric_samples import metric_samples
 
 # Bounds every wait on another thread, so a broken path fails instead of hanging.
 WAIT_SECONDS = 10.0

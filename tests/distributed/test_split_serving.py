@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from metric_samples import metric_samples
 
 from live_server import LiveServer
+from metric_samples import metric_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

@@ -16,9 +16,9 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-from word_errors import word_error_rate
 
 from live_server import LiveServer
+from word_errors import word_error_rate
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_core_runs import Arrival, assert_same_outputs, prompt, request
 from family_configs import write_family_model
 from family_overrides import VOCAB_SIZE
 
 from mlxcel_core.engine import RequestCancelledError
 from mlxcel_core.sampling import SamplingParams
 from mlxcel_models.loading.loader import load_model
+
+from engine_core_runs import Arrival, assert_same_outputs, prompt, request
 
 
 @pytest.mark.parametrize("model_type", ["gemma2", "llama4"])

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from cache_kind_models import CONFIGS, make_model
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
@@ -46,6 +45,8 @@ from mlxcel_models.memory import (
 )
 from mlxcel_models.memory.estimate import cache_geometry
 from mlxcel_models.metadata import FamilyMetadata, ModelKind, WeightFormat
+
+from cache_kind_models import CONFIGS, make_model
 
 ATTENTION = LayerCacheKind.attention()
 

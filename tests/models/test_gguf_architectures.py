@@ -8,7 +8,6 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf_latent_families import LATENT_FAMILIES
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
@@ -21,6 +20,7 @@ from mlxcel_models.memory.inventory import read_model_inventory
 from gguf_conversions import split_kv_b
 from gguf_expert_families import EXPERT_FAMILIES
 from gguf_families import MORE_FAMILIES
+from gguf_latent_families import LATENT_FAMILIES
 from gguf_layered_families import LAYERED_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf

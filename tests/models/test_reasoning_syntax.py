@@ -1,13 +1,6 @@
 """Recognising reasoning markers from chat templates and vocabularies."""
 
 import pytest
-from reasoning_factories import (
-    HARMONY_TEMPLATE,
-    HARMONY_TOKENS,
-    OPEN_THINKING_TEMPLATE,
-    THINKING_TEMPLATE,
-    make_tokenizer,
-)
 
 from mlxcel_core.reasoning import ReasoningPhase
 from mlxcel_models.tokenizer import BUILTIN_CHAT_TEMPLATES
@@ -17,6 +10,14 @@ from mlxcel_models.tokenizer.reasoning import (
     find_reasoning_markers,
     find_reasoning_syntax,
     opening_phase,
+)
+
+from reasoning_factories import (
+    HARMONY_TEMPLATE,
+    HARMONY_TOKENS,
+    OPEN_THINKING_TEMPLATE,
+    THINKING_TEMPLATE,
+    make_tokenizer,
 )
 
 ASK = [{"role": "user", "content": "Hi"}]

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import pytest
 from reasoning_clients import scripted_engine, with_tokenizer
-from reasoning_factories import THINKING_TEMPLATE
 from replay_engine import TWO_CALLS, ScriptedEngine
 from werkzeug.datastructures import Headers
 
@@ -20,6 +19,7 @@ from mlxcel_models.tokenizer import Tokenizer
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
 
 from factories import HERMES_TEMPLATE
+from reasoning_factories import THINKING_TEMPLATE
 
 
 @dataclass(frozen=True)

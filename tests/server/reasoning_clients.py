@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from reasoning_factories import SuccessorModel, chain, make_tokenizer
-
 from mlxcel_core.engine import Engine
 from mlxcel_models.tokenizer import Tokenizer
+
+from reasoning_factories import SuccessorModel, chain, make_tokenizer
 
 ASK = [{"role": "user", "content": "Hi"}]
 REASONING = "Plan"

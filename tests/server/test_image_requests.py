@@ -10,11 +10,12 @@ import functools
 import httpx
 import openai
 import pytest
-from red_images import data_url, red_data_url
 
 from mlxcel_core.engine import Engine
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
 from mlxcel_vision.inputs import MediaPolicy, decode_image
+
+from red_images import data_url, red_data_url
 
 RED_PNG = red_data_url("PNG")
 CORRUPT = "data:image/png;base64,iVBORw0K!!!!"

@@ -9,16 +9,17 @@ from collections.abc import Sequence
 
 import pytest
 from reasoning_clients import ANSWER, ASK, REASONING, joined, scripted_engine, with_tokenizer
+from test_chat_tools import WEATHER_TOOL
+
+from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
+from mlxcel_core.request import FinishReason, GenerationStats
+
 from reasoning_factories import (
     HARMONY_TEMPLATE,
     HARMONY_TOKENS,
     OPEN_THINKING_TEMPLATE,
     make_tokenizer,
 )
-from test_chat_tools import WEATHER_TOOL
-
-from mlxcel_core.engine import EngineOutput, EngineRequest, OutputSink, RequestHandle
-from mlxcel_core.request import FinishReason, GenerationStats
 
 CHAT = "/v1/chat/completions"
 

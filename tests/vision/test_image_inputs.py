@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from red_images import RED, SIZE, data_url, encode, red_data_url, red_image
 
 from mlxcel_vision.inputs import ImageInputError, MediaPolicy, decode_image, read_image_file
+
+from red_images import RED, SIZE, data_url, encode, red_data_url, red_image
 
 OPEN = MediaPolicy()
 

@@ -11,13 +11,14 @@ import io
 import httpx
 import openai
 import pytest
-from red_images import encode, red_data_url, red_image
 
 from mlxcel.cli import main
 from mlxcel_core.engine import Engine, EngineConfig
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
 from mlxcel_vision.inputs import MediaPolicy, decode_image
 from mlxcel_vision.loading import load_vision_model
+
+from red_images import encode, red_data_url, red_image
 
 QUESTION = "What colour is this?"
 MAX_TOKENS = 6

@@ -10,7 +10,6 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from red_images import encode, red_image
 
 from mlxcel_core.engine import Engine, EngineConfig
 from mlxcel_server import ServerSettings, ServerState, ServingModel, create_app
@@ -18,6 +17,7 @@ from mlxcel_vision.inputs import MediaPolicy, decode_image
 from mlxcel_vision.loading import load_vision_model
 
 from browser import AppServer, chromium, require_browser, screenshot_on_failure, wait_for
+from red_images import encode, red_image
 
 QUESTION = "What colour is this?"
 
