@@ -60,13 +60,14 @@ step() {
 
 # The suite's own options (addopts) spread it over pytest-xdist workers, which this machine's
 # Python lacks: the checks run in one process, without them.
-pytest=(python3 -m pytest -q -p no:cacheprovider -p no:xdist -o addopts= --continue-on-collection-errors)
+pytest=(python3 -m pytest -q -p no:cacheprovider -p no:xdist -o addopts=
+  --continue-on-collection-errors)
 if [ "${CHECKS:-kernels}" = core ]; then
   step checks 300 "${pytest[@]}" -m "not slow and not long" tests/core
 else
-  step checks 100 "${pytest[@]}" tests/core/test_quantized_matvec.py tests/core/test_paged_decode_kernel.py \
-    tests/core/test_turbo_kernels.py tests/core/test_kernels.py \
-    tests/core/test_kernel_backends.py
+  step checks 100 "${pytest[@]}" tests/core/test_quantized_matvec.py \
+    tests/core/test_paged_decode_kernel.py tests/core/test_turbo_kernels.py \
+    tests/core/test_kernels.py tests/core/test_kernel_backends.py
 fi
 step matvec 50 python3 benchmarks/quantized_matmul.py --rows 1,2,4,8 --repeats 3
 step targets 200 python3 benchmarks/gpu_targets.py --quick --out "$OUT/targets.md"
