@@ -11,5 +11,4 @@ from llava_factory import write_llava_model
 @pytest.fixture(scope="session")
 def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny LLaVA folder as transformers' `save_pretrained` writes it."""
-    pytest.importorskip("torch")
     return write_llava_model(tmp_path_factory.mktemp("llava") / "tiny-llava")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from factories import SPECIAL_TOKENS, byte_level_vocab
@@ -110,8 +111,9 @@ def _write_preprocessor_config(folder: Path, config: TinyLlava) -> None:
 
 def make_torch_llava(config: TinyLlava):
     """transformers' `LlavaForConditionalGeneration` (`LlavaNextForConditionalGeneration`
-    with `grid_pinpoints`) with seeded random weights, float32."""
-    import torch
+    with `grid_pinpoints`) with seeded random weights, float32; the calling test is skipped
+    where PyTorch is not installed (it is no project dependency)."""
+    torch = pytest.importorskip("torch")
     from transformers import (
         AutoConfig,
         CLIPVisionConfig,
