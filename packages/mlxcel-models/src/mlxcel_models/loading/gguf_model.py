@@ -22,7 +22,8 @@ from mlx_lm.models.switch_layers import SwitchLinear
 
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import TypeConversion
-from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES, GGUFArchitecture
+from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
+from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES
 from mlxcel_models.loading.gguf_config import GGUFMetadata
 from mlxcel_models.loading.gguf_file import GGUFHeader, GGUFTensorData
 from mlxcel_models.loading.gguf_layouts import TensorJoin, unpermute_rope_rows

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gguf
 
-from mlxcel_models.loading.gguf_architectures import GGUFArchitecture
+from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
 
 _SUFFIXES = (".weight", ".bias")
 # Tensors that configure the model rather than hold a parameter (llama.cpp's RoPE factors).
