@@ -4,10 +4,15 @@ against MLX's `quantized_matmul`, dequantizing then multiplying, and the bf16 pr
 The weights are the Llama-3.1-8B layers' shapes, 4-bit with group size 64 (as
 `random_model.py --bits 4` writes them), bf16 activations. Each figure is the median over
 `--repeats` groups of `--calls` calls evaluated together, per call, cycling through
-`COPIES` copies of the weight so that no call finds it in L2. "GB/s" is the bytes of the
-weight as the tactic stores it (packed levels, scales and biases; bf16 for the bf16
-product) over that time. The kernel's largest error against the exact product of the
-dequantized weight, relative to the largest output, is printed once per shape.
+`COPIES` copies of the weight so that no call finds it in L2. Building a call's graph is
+timed apart ("host µs", the median over `--repeats` groups of building `--calls` graphs
+that are not evaluated): the group's evaluation follows its building, so the device's
+share of a call is the difference. "GB/s" is the bytes of the weight as the tactic stores
+it (packed levels, scales and biases; bf16 for the bf16 product) over that device share.
+The kernel runs with 2, 4 and 8 outputs per block and with 32, 64 or 128 threads a block
+(the threads walk a weight row's 16-byte chunks that many apart). The kernel's largest
+error against the exact product of the dequantized weight, relative to the largest
+output, is printed once per shape.
 
     python benchmarks/quantized_matmul.py --rows 1,2,4,8,16,32,64
 """
@@ -15,6 +20,8 @@ dequantized weight, relative to the largest output, is printed once per shape.
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
@@ -59,9 +66,15 @@ def tactics_for(x: mx.array, dense: list[mx.array], quantized: list[tuple]) -> d
     def dequantized(q):
         return x @ mx.dequantize(*q, group_size=GROUP_SIZE, bits=BITS).astype(x.dtype).T
 
-    def kernel(q, per_block):
+    def kernel(q, per_block, threads):
         return quantized_matvec_kernel(
-            x, *q, group_size=GROUP_SIZE, bits=BITS, backend=CUDA, rows_per_block=per_block
+            x,
+            *q,
+            group_size=GROUP_SIZE,
+            bits=BITS,
+            backend=CUDA,
+            rows_per_block=per_block,
+            threads=threads,
         )
 
     quantized_bytes = sum(a.nbytes for a in quantized[0])
@@ -75,10 +88,11 @@ def tactics_for(x: mx.array, dense: list[mx.array], quantized: list[tuple]) -> d
     }
     if x.shape[0] <= MAX_ROWS:
         for per_block in (2, 4, 8):
-            tactics[f"kernel, {per_block} outputs per block"] = (
-                [lambda q=q, r=per_block: kernel(q, r) for q in quantized],
-                quantized_bytes,
-            )
+            for threads in (32, 64, 128):
+                tactics[f"kernel, {per_block} outputs, {threads} threads a block"] = (
+                    [lambda q=q, r=per_block, t=threads: kernel(q, r, t) for q in quantized],
+                    quantized_bytes,
+                )
     return tactics
 
 
@@ -93,6 +107,17 @@ def kernel_error(x: mx.array, quantized: tuple) -> float:
     return (mx.abs(out - exact).max() / mx.abs(exact).max()).item()
 
 
+def build_seconds(function: Callable[[], mx.array], calls: int, repeats: int) -> float:
+    """Median seconds per call of building `function`'s graph, never evaluated."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
 def time_shape(name: str, rows: Sequence[int], calls: int, repeats: int) -> list[str]:
     N, K = SHAPES[name]
     dense = [
@@ -105,12 +130,14 @@ def time_shape(name: str, rows: Sequence[int], calls: int, repeats: int) -> list
         x = mx.random.normal((M, K)).astype(mx.bfloat16)
         if M <= MAX_ROWS:
             error = kernel_error(x, quantized[0])
-            lines.append(f"| {name} ({N}x{K}) | {M} | kernel error vs exact | {error:.2e} | |")
+            lines.append(f"| {name} ({N}x{K}) | {M} | kernel error vs exact | {error:.2e} | | |")
         for tactic, (functions, nbytes) in tactics_for(x, dense, quantized).items():
             seconds = time_call(cycling(functions), calls, repeats)
+            host = build_seconds(cycling(functions), calls, repeats)
+            device = max(seconds - host, 1e-9)
             lines.append(
                 f"| {name} ({N}x{K}) | {M} | {tactic} | {seconds * 1e6:,.1f} | "
-                f"{nbytes / seconds / 1e9:,.0f} |"
+                f"{host * 1e6:,.1f} | {nbytes / device / 1e9:,.0f} |"
             )
             print(lines[-1], flush=True)
     return lines
@@ -128,8 +155,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines = []
     for name in args.shapes.split(","):
         lines += time_shape(name, rows, args.calls, args.repeats)
-    print("| weight | rows | tactic | µs per call | GB/s of weight |")
-    print("|---|---|---|---|---|")
+    print("| weight | rows | tactic | µs per call | host µs | GB/s of weight |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(lines))
 
 

@@ -219,9 +219,11 @@ def check_arguments(
     group_size: int,
     bits: int,
     rows_per_block: int,
+    threads: int | None = None,
 ) -> None:
     """Raise `ValueError` for arguments the kernels do not take: a layout `supports`
-    refuses, too many rows, shapes that disagree, or `rows_per_block` < 1."""
+    refuses, too many rows, shapes that disagree, `rows_per_block` < 1, or `threads` not
+    a whole number of warps up to `MAX_THREADS`."""
     num_rows = x.size // x.shape[-1]
     if not supports(x.dtype, bits, group_size, num_rows):
         raise ValueError(
@@ -242,6 +244,8 @@ def check_arguments(
         )
     if rows_per_block < 1:
         raise ValueError(f"rows_per_block must be >= 1, got {rows_per_block}")
+    if threads is not None and (threads % 32 or not 32 <= threads <= MAX_THREADS):
+        raise ValueError(f"threads must be a multiple of 32 up to {MAX_THREADS}, got {threads}")
 
 
 def quantized_matvec_kernel(
@@ -254,9 +258,10 @@ def quantized_matvec_kernel(
     bits: int,
     backend: Backend,
     rows_per_block: int = ROWS_PER_BLOCK,
+    threads: int | None = None,
 ) -> mx.array:
     """`x @ W.T` for a weight W in MLX's affine quantization, by `backend`'s kernel: one
-    block of `threads_for(K, bits)` threads per `rows_per_block` outputs.
+    block of `threads` threads per `rows_per_block` outputs.
 
     Args:
         x: (..., K) activations, float16, bfloat16 or float32, at most `MAX_ROWS` rows
@@ -268,6 +273,8 @@ def quantized_matvec_kernel(
         bits: 4 or 8.
         backend: `CUDA` or `METAL`, the default device's GPU backend.
         rows_per_block: outputs each thread block computes.
+        threads: threads per block, a multiple of 32 up to `MAX_THREADS`; each walks the
+            weight rows' chunks `threads` apart. None: `threads_for(K, bits)`.
 
     Returns:
         (..., N) in x's dtype; sums are accumulated in float32.
@@ -283,11 +290,12 @@ def quantized_matvec_kernel(
         group_size=group_size,
         bits=bits,
         rows_per_block=rows_per_block,
+        threads=threads,
     )
     K = x.shape[-1]
     N = weight.shape[0]
     M = x.size // K
-    threads = threads_for(K, bits)
+    threads = threads or threads_for(K, bits)
     blocks = -(-N // rows_per_block)
     (y,) = kernel(backend)(
         inputs=[x.reshape(M, K), weight, scales, biases],
