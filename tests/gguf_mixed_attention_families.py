@@ -1,5 +1,6 @@
 """Tiny mlx-lm families whose layers mix attention kinds, written as llama.cpp's converter
-writes them: MiMo-V2-Flash and Step 3.5 (sliding and global layers of different sizes)."""
+writes them: MiMo-V2-Flash and Step 3.5 (sliding and global layers of different sizes),
+Kimi Linear (Kimi delta attention and latent attention)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,67 @@ def add_step3p5_rope_freqs(
         yield "rope_freqs.weight", np.pad(factors, (0, dims // 2), constant_values=1.0)
 
 
+# Kimi Linear: KDA layers 0, 1 and 3 (4 heads of 16), an MLA layer 2 (latent rank 32, 8
+# RoPE-less "rope" features); a dense first layer, then experts with a shared one.
+_KIMI = tiny_config(
+    "kimi_linear",
+    num_hidden_layers=4,
+    num_key_value_heads=4,
+    linear_attn_config={
+        "kda_layers": [1, 2, 4],
+        "full_attn_layers": [3],
+        "num_heads": 4,
+        "head_dim": 16,
+        "short_conv_kernel_size": 4,
+    },
+    model_max_length=256,
+    num_experts=4,
+    num_experts_per_token=2,
+    moe_intermediate_size=32,
+    num_shared_experts=1,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    mla_use_nope=True,
+    moe_router_activation_func="sigmoid",
+    moe_renormalize=True,
+    routed_scaling_factor=2.5,
+    first_k_dense_replace=1,
+)
+_KIMI_KEYS = {
+    "head_count_kv": [0, 0, 1, 0],
+    "key_length": 32 + 8,
+    "value_length": 32,
+    "key_length_mla": 16 + 8,
+    "value_length_mla": 16,
+    "kv_lora_rank": 32,
+    "rope_dimension_count": 8,
+    "kda_head_dim": 16,
+    "ssm_conv_kernel": 4,
+    "layer_norm_rms_eps": 1e-5,
+    "expert_count": 4,
+    "expert_used_count": 2,
+    "expert_feed_forward_length": 32,
+    "expert_shared_count": 1,
+    "leading_dense_block_count": 1,
+    "expert_weights_scale": 2.5,
+    "expert_gating_func": _SIGMOID,
+}
+
+
+def convert_kimi_linear(
+    name: str, weight: np.ndarray, config: dict[str, Any]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The KDA convolutions as (1, channels, 1, width) and the decay as -exp(A_log)."""
+    if name.endswith("_conv1d.weight"):
+        channels, width, _ = weight.shape
+        weight = weight.reshape(1, channels, 1, width)
+    elif name.endswith(".A_log"):
+        weight = -np.exp(weight)
+    yield name, weight
+
+
 MIXED_ATTENTION_FAMILIES = {
     "mimo_v2_flash": ConvertedFamily(
         "mimo2",
@@ -149,5 +211,20 @@ MIXED_ATTENTION_FAMILIES = {
             ("mlp.share_expert.", "share_expert."),
         ),
         split_tensor=add_step3p5_rope_freqs,
+    ),
+    # mlx-lm's embed_q / unembed_out are the converter's per-head split of kv_b_proj.
+    "kimi_linear": ConvertedFamily(
+        "kimi-linear",
+        _KIMI,
+        _KIMI_KEYS,
+        name_aliases=(
+            ("switch_mlp", "experts"),
+            ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction.bias"),
+            ("_conv.conv.", "_conv1d."),
+            ("self_attn.dt_bias", "self_attn.dt_proj.bias"),
+            ("self_attn.embed_q", "self_attn.k_b_proj"),
+            ("self_attn.unembed_out", "self_attn.v_b_proj"),
+        ),
+        split_tensor=convert_kimi_linear,
     ),
 }

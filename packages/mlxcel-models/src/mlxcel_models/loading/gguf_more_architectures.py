@@ -1,16 +1,23 @@
 """GGUF architectures whose layers mix attention kinds: sliding and global attention of
-different sizes (MiMo-V2-Flash, Step 3.5). `gguf_architectures` adds them to its table.
+different sizes (MiMo-V2-Flash, Step 3.5), Kimi delta attention and latent attention
+(Kimi Linear). `gguf_architectures` adds them to its table.
 """
 
 from __future__ import annotations
 
 from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
 from mlxcel_models.loading.gguf_hybrid import hybrid_base_config
+from mlxcel_models.loading.gguf_kimi_linear import (
+    KDA_RESHAPED,
+    KIMI_LATENT_ATTENTION,
+    kimi_linear,
+)
 from mlxcel_models.loading.gguf_local_global import (
     install_step3p5_rope_factors,
     mimo_v2_flash,
     step3p5,
 )
+from mlxcel_models.loading.gguf_recurrent import restore_ssm_decay
 
 MORE_ARCHITECTURES = (
     # The converter renames the router's `e_score_correction_bias` to a bias; mlx-lm
@@ -40,5 +47,23 @@ MORE_ARCHITECTURES = (
         base_config=hybrid_base_config,
         extras=step3p5,
         install_rope_factors=install_step3p5_rope_factors,
+    ),
+    # mlx-lm keeps Kimi Linear's experts under `mlp` (the checkpoint under
+    # `block_sparse_moe`) and its router bias beside the router; the converter names the
+    # KDA convolutions `*_conv1d` and `dt_bias` a time-step projection's bias.
+    GGUFArchitecture(
+        "kimi-linear",
+        "kimi_linear",
+        name_aliases=(
+            ("switch_mlp", "experts"),
+            ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction.bias"),
+            ("_conv.conv.", "_conv1d."),
+            ("self_attn.dt_bias", "self_attn.dt_proj.bias"),
+        ),
+        base_config=hybrid_base_config,
+        extras=kimi_linear,
+        tensor_join=KIMI_LATENT_ATTENTION,
+        restore_tensor=restore_ssm_decay,
+        reshaped_tensors=KDA_RESHAPED,
     ),
 )
