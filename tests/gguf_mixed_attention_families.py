@@ -1,6 +1,6 @@
 """Tiny mlx-lm families whose layers mix attention kinds, written as llama.cpp's converter
 writes them: MiMo-V2-Flash and Step 3.5 (sliding and global layers of different sizes),
-Kimi Linear (Kimi delta attention and latent attention)."""
+Kimi Linear (Kimi delta attention and latent attention), PLaMo 2 (Mamba and attention)."""
 
 from __future__ import annotations
 
@@ -189,6 +189,53 @@ def convert_kimi_linear(
     yield name, weight
 
 
+# PLaMo 2: Mamba layers 0 and 2 (8 heads of 16), attention layers 1 and 3 (mamba_step 2).
+_PLAMO2 = tiny_config(
+    "plamo2",
+    num_hidden_layers=4,
+    hidden_size_per_head=16,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_num_heads=8,
+    mamba_step=2,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+_PLAMO2_KEYS = {
+    "head_count": [0, 4, 0, 4],
+    "head_count_kv": [0, 2, 0, 2],
+    "layer_norm_rms_eps": 1e-6,
+    "ssm_state_size": 16,
+    "ssm_conv_kernel": 4,
+    "ssm_time_step_rank": 8,
+    "ssm_inner_size": 128,
+    "ssm_group_count": 0,
+}
+# The offsets the converter adds to PLaMo 2's norm weights, by Hugging Face name ending.
+_PLAMO2_NORM_OFFSETS = {
+    ".pre_mixer_norm.weight": 1.0,
+    ".post_mixer_norm.weight": 1.0 / 5,
+    ".pre_mlp_norm.weight": 1.0,
+    ".post_mlp_norm.weight": 1.0 / 5**1.5,
+    "model.norm.weight": 1.0,
+}
+
+
+def convert_plamo2(
+    name: str, weight: np.ndarray, config: dict[str, Any]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The decay as -exp(A_log), the kernel squeezed to (channels, width), the norms'
+    offsets added."""
+    if name.endswith(".A_log"):
+        weight = -np.exp(weight)
+    elif name.endswith(".conv1d.weight"):
+        weight = weight.squeeze(-1)
+    for ending, offset in _PLAMO2_NORM_OFFSETS.items():
+        if name.endswith(ending):
+            weight = weight + np.float32(offset)
+    yield name, weight
+
+
 MIXED_ATTENTION_FAMILIES = {
     "mimo_v2_flash": ConvertedFamily(
         "mimo2",
@@ -226,5 +273,17 @@ MIXED_ATTENTION_FAMILIES = {
             ("self_attn.unembed_out", "self_attn.v_b_proj"),
         ),
         split_tensor=convert_kimi_linear,
+    ),
+    "plamo2": ConvertedFamily(
+        "plamo2",
+        _PLAMO2,
+        _PLAMO2_KEYS,
+        name_aliases=(
+            ("mixer.dt_bias", "mixer.dt_proj.bias"),
+            ("_norm_weight", "_norm.weight"),
+            ("mixer.q_weight", "mixer.q.weight"),
+            ("mixer.k_weight", "mixer.k.weight"),
+        ),
+        split_tensor=convert_plamo2,
     ),
 }

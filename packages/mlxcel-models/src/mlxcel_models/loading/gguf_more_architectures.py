@@ -1,6 +1,7 @@
-"""GGUF architectures whose layers mix attention kinds: sliding and global attention of
+"""GGUF architectures whose layers are of mixed kinds: sliding and global attention of
 different sizes (MiMo-V2-Flash, Step 3.5), Kimi delta attention and latent attention
-(Kimi Linear). `gguf_architectures` adds them to its table.
+(Kimi Linear), Mamba and attention under PLaMo's own names (PLaMo 2). `gguf_architectures`
+adds them to its table.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from mlxcel_models.loading.gguf_local_global import (
     mimo_v2_flash,
     step3p5,
 )
-from mlxcel_models.loading.gguf_recurrent import restore_ssm_decay
+from mlxcel_models.loading.gguf_plamo2 import plamo2, restore_plamo2_tensor
+from mlxcel_models.loading.gguf_recurrent import SSM_RESHAPED, restore_ssm_decay
 
 MORE_ARCHITECTURES = (
     # The converter renames the router's `e_score_correction_bias` to a bias; mlx-lm
@@ -65,5 +67,22 @@ MORE_ARCHITECTURES = (
         tensor_join=KIMI_LATENT_ATTENTION,
         restore_tensor=restore_ssm_decay,
         reshaped_tensors=KDA_RESHAPED,
+    ),
+    # PLaMo 2's Mamba norms, Q/K norm weights and time-step bias are parameters of the mixer
+    # without a `.weight` of their own in mlx-lm; the converter gives them one (and the
+    # time-step bias the name of a projection's bias).
+    GGUFArchitecture(
+        "plamo2",
+        "plamo2",
+        name_aliases=(
+            ("mixer.dt_bias", "mixer.dt_proj.bias"),
+            ("_norm_weight", "_norm.weight"),
+            ("mixer.q_weight", "mixer.q.weight"),
+            ("mixer.k_weight", "mixer.k.weight"),
+        ),
+        base_config=hybrid_base_config,
+        extras=plamo2,
+        restore_tensor=restore_plamo2_tensor,
+        reshaped_tensors=SSM_RESHAPED,
     ),
 )
