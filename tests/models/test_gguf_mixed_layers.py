@@ -88,6 +88,22 @@ def test_mimo2_refuses_kv_heads_that_differ_within_a_kind():
         mimo_v2_flash(meta, config)
 
 
+def test_mimo2_reads_the_value_scale_and_refuses_rope_scaling():
+    keys = {
+        "block_count": 2,
+        "attention__sliding_window_pattern": [True, False],
+        "attention__head_count_kv": [1, 2],
+        "attention__sliding_window": 4,
+    }
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16}
+    config |= {"rms_norm_eps": 1e-5}
+    extras = mimo_v2_flash(metadata("mimo2", attention__value_scale=0.5, **keys), config)
+    assert extras["attention_value_scale"] == 0.5
+    scaled = config | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    with pytest.raises(ModelLoadError, match=r"RoPE scaling \(yarn\) is not supported"):
+        mimo_v2_flash(metadata("mimo2", **keys), scaled)
+
+
 def test_kimi_linear_refuses_expert_layers_after_a_dense_one():
     routers = {"blk.1.ffn_gate_inp.weight", "blk.3.ffn_gate_inp.weight"}
     meta = metadata(

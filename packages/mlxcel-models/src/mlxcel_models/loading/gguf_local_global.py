@@ -72,6 +72,17 @@ def _expert_layers(meta: GGUFMetadata, num_layers: int) -> list[bool]:
     return [meta.has_tensor(f"blk.{i}.ffn_gate_inp.weight") for i in range(num_layers)]
 
 
+def _check_no_rope_scaling(meta: GGUFMetadata, config: dict[str, Any]) -> None:
+    """Refuse `rope.scaling.*`: mlx-lm's MiMo-V2-Flash rotates without scaling, and its
+    Step 3.5 scales only the layers of `yarn_only_types`, which GGUF does not store."""
+    scaling = config.get("rope_scaling")
+    if scaling is not None:
+        raise ModelLoadError(
+            f"{meta.where}: {meta.architecture} with RoPE scaling ({scaling['rope_type']}) "
+            "is not supported"
+        )
+
+
 def _check_sigmoid_router(meta: GGUFMetadata) -> None:
     gating = meta.get("expert_gating_func", _SIGMOID_GATING)
     if gating != _SIGMOID_GATING:
@@ -85,10 +96,16 @@ def mimo_v2_flash(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     """MiMo-V2-Flash. The converter asserts that sliding and global layers share query heads
     and head sizes, so only their KV heads and RoPE bases differ. llama.cpp fixes what GGUF
     does not store: a sigmoid router whose top-k weights are normalized and not scaled, no
-    shared experts, and the sinks' presence, which the `attn_sinks` tensors show."""
+    shared experts, and the sinks' presence, which the `attn_sinks` tensors show.
+
+    Raises:
+        ModelLoadError: a layer pattern or per-layer KV heads mlx-lm cannot express, a
+            router other than sigmoid, or RoPE scaling.
+    """
     num_layers = config["num_hidden_layers"]
     sliding = sliding_layers(meta, num_layers)
     kv_heads, swa_kv_heads = _sizes_by_kind(meta, "attention.head_count_kv", sliding)
+    _check_no_rope_scaling(meta, config)
     for heads in (kv_heads, swa_kv_heads):
         if config["num_attention_heads"] % heads:
             raise ModelLoadError(
@@ -134,13 +151,15 @@ def step3p5(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
     per-layer arrays (0: none), the shared one also clamping the dense layers.
 
     Raises:
-        ModelLoadError: no expert layers, a router other than sigmoid, or a layer pattern
-            or per-layer head counts mlx-lm cannot express.
+        ModelLoadError: no expert layers, a router other than sigmoid, RoPE scaling other
+            than Llama 3's factors, or a layer pattern or per-layer head counts mlx-lm
+            cannot express.
     """
     num_layers = config["num_hidden_layers"]
     sliding = sliding_layers(meta, num_layers)
     heads, swa_heads = _sizes_by_kind(meta, "attention.head_count", sliding)
     kv_heads, swa_kv_heads = _sizes_by_kind(meta, "attention.head_count_kv", sliding)
+    _check_no_rope_scaling(meta, config)
     _check_sigmoid_router(meta)
     experts = [i for i, is_expert in enumerate(_expert_layers(meta, num_layers)) if is_expert]
     if not experts:
