@@ -22,6 +22,7 @@ from gguf_expert_families import EXPERT_FAMILIES
 from gguf_families import MORE_FAMILIES
 from gguf_latent_families import LATENT_FAMILIES
 from gguf_layered_families import LAYERED_FAMILIES
+from gguf_mixed_attention_families import MIXED_ATTENTION_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
 from gguf_recurrent_families import RECURRENT_FAMILIES
@@ -33,6 +34,7 @@ FAMILIES = (
     | RECURRENT_FAMILIES
     | EXPERT_FAMILIES
     | LAYERED_FAMILIES
+    | MIXED_ATTENTION_FAMILIES
 )
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
@@ -66,7 +68,10 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
     assert greedy_tokens(loaded.module) == greedy_tokens(reference)
 
 
-@pytest.mark.parametrize("name", sorted(RECURRENT_FAMILIES | EXPERT_FAMILIES | LAYERED_FAMILIES))
+@pytest.mark.parametrize(
+    "name",
+    sorted(RECURRENT_FAMILIES | EXPERT_FAMILIES | LAYERED_FAMILIES | MIXED_ATTENTION_FAMILIES),
+)
 def test_gguf_of_each_recurrent_or_expert_family_holds_the_checkpoint_weights(tmp_path, name):
     """Every layout change undone exactly, including those the logits cannot show (the Q/K
     permutation of attention without RoPE)."""

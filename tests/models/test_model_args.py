@@ -65,3 +65,13 @@ def test_a_sliding_window_must_be_positive():
     config = {**family_config("gemma3_text"), "sliding_window": 0}
     with pytest.raises(ModelLoadError, match="sliding_window must be a positive integer, got 0"):
         make_mlx_lm_model(config, where="x")
+
+
+def test_step3p5_takes_a_rope_base_per_layer_which_other_families_refuse():
+    step = {"model_type": "step3p5", "hidden_size": 64, "num_hidden_layers": 2}
+    step |= {"vocab_size": 32, "num_attention_heads": 4, "num_attention_groups": 2}
+    step |= {"head_dim": 16, "intermediate_size": 96}
+    args = make_model_args({**step, "rope_theta": [1e6, 1e4]}, where="x")
+    assert args.rope_theta == [1e6, 1e4]
+    with pytest.raises(ModelLoadError, match="rope_theta must be a number"):
+        make_model_args({**family_config("llama"), "rope_theta": [1e6, 1e4]}, where="x")

@@ -34,6 +34,9 @@ _EXPERT_COUNTS = (
                              "moe_num_experts")),
     ("num_experts_per_token", ("num_experts", "num_local_experts")),
 )  # fmt: skip
+# Fields a family annotates as one value but also reads as a list, one per layer (Step 3.5's
+# RoPE bases, which mlx-lm indexes by layer), by mlx-lm module.
+_PER_LAYER_LISTS = {"step3p5": frozenset({"rope_theta"})}
 # What a value of each annotated type is called in a message.
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                list: "a list", tuple: "a list", dict: "an object"}  # fmt: skip
@@ -104,11 +107,14 @@ def check_model_args(config: Mapping[str, Any], *, where: str | Path) -> type:
         if name in fields and config.get(name) is not None:
             positive_int(config[name], name, where)
     hints = _type_hints(args_class)
+    per_layer_lists = _PER_LAYER_LISTS.get(mlx_lm_module_name(config), frozenset())
     for name, value in config.items():
         if name not in fields or name not in hints:
             continue
         # Null stands for "the default" in Hugging Face configs; the family's code decides.
         if value is None:
+            continue
+        if name in per_layer_lists and isinstance(value, list):
             continue
         expected = _expected_type(value, hints[name])
         if expected is not None:

@@ -42,6 +42,7 @@ from mlxcel_models.loading.gguf_layouts import (
     unshuffle_plamo_heads,
 )
 from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
+from mlxcel_models.loading.gguf_more_architectures import MORE_ARCHITECTURES
 from mlxcel_models.loading.gguf_recurrent import (
     SSM_RESHAPED,
     falcon_h1,
@@ -392,6 +393,7 @@ _ARCHITECTURES += (
         install_rope_factors=install_rope_factors_where_rotated,
     ),
 )
+_ARCHITECTURES += MORE_ARCHITECTURES
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
 
 
