@@ -13,6 +13,10 @@ by the build time when the device is the bottleneck (mlx-lm's `generate_step` do
 with `mx.async_eval`). `--ab` runs both modes back to back per level and prints the ratio.
 
     python benchmarks/engine_step_split.py /tmp/l1b --concurrency 1,64 --ab
+    python benchmarks/engine_step_split.py 8b4 --concurrency 1 --ab --gen-tokens 64
+
+A model named `1b`, `8b` or `8b4` is `gpu_targets.py`'s random-weight shape, drawn on the
+device (`target_models.ModelShelf`) instead of loaded from a folder.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 from batched_decode import Run, random_prompts, run_mlxcel
+from target_models import ModelShelf
 
 from mlxcel_core.engine import EngineCore
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
+
+TARGET_SHAPES = ("1b", "8b", "8b4")
 
 
 class StepTimes:
@@ -88,7 +95,9 @@ def measure(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="an mlx-lm / Hugging Face safetensors folder")
+    parser.add_argument(
+        "model", help="an mlx-lm / Hugging Face safetensors folder, or 1b, 8b or 8b4"
+    )
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--gen-tokens", type=int, default=128)
@@ -105,7 +114,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = ComputeOptions.for_device(mx.default_device())
     if args.plain_ops:
         options = dataclasses.replace(options, cpu_ops=False)
-    loaded = load_model(args.model, compute=options)
+    if args.model in TARGET_SHAPES:
+        if args.plain_ops:
+            parser.error("--plain-ops takes a model folder, not a target shape")
+        loaded = ModelShelf("llama-3.2-1b", "llama-3.1-8b").get(args.model).ours
+    else:
+        loaded = load_model(args.model, compute=options)
     vocab_size = loaded.tokenizer.vocab_size
     run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)  # warm-up
     print("| N | mode | step ms | launch ms | collect ms | rest ms | decode tok/s |")
