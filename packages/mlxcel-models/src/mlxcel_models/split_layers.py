@@ -12,7 +12,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from mlxcel_core.kernels.stream_split import split_dense_product, split_quantized_product
+from mlxcel_core.kernels.quantized_linear import quantized_linear
+from mlxcel_core.kernels.stream_split import split_dense_product
 
 
 class SplitLinear(nn.Linear):
@@ -54,7 +55,8 @@ class SplitEmbedding(nn.Embedding):
 
 class SplitQuantizedEmbedding(nn.QuantizedEmbedding):
     """An affine `nn.QuantizedEmbedding` whose output projection (`as_linear`, tied
-    weights) is split over `cpu_streams` CPU streams."""
+    weights) is `quantized_linear`'s: the CPU kernel at decode rows, else split over
+    `cpu_streams` CPU streams."""
 
     cpu_streams: int
 
@@ -70,14 +72,14 @@ class SplitQuantizedEmbedding(nn.QuantizedEmbedding):
         return replacement
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return split_quantized_product(
+        return quantized_linear(
             x,
             self["weight"],
             self["scales"],
             self["biases"],
             group_size=self.group_size,
             bits=self.bits,
-            num_streams=self.cpu_streams,
+            cpu_streams=self.cpu_streams,
         )
 
 

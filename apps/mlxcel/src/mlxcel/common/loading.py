@@ -12,6 +12,7 @@ import mlx.core as mx
 from tqdm import tqdm
 
 from mlxcel.common.blas import loaded_openblas
+from mlxcel_core.kernels.cpu_matvec import describe_cpu_kernels
 from mlxcel_models.attach_lora import apply_adapters
 from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions, CpuBlas
@@ -112,7 +113,8 @@ def compute_options(max_batch: int | None) -> ComputeOptions:
 def describe_weights(loaded: LoadedModel) -> str:
     """How the loaded weights are held, for the stats on stderr: quantized as the file
     has them, or dense (and in which dtype); for a GGUF file, what each of its tensor
-    types became in memory; on the CPU, the BLAS running the matrix products."""
+    types became in memory; on the CPU, the BLAS running the matrix products and, for
+    quantized weights, what runs their decode products."""
     config = loaded.config
     if config.quantized:
         held = "quantized, as in the file"
@@ -125,7 +127,9 @@ def describe_weights(loaded: LoadedModel) -> str:
         )
         held += ": " + ", ".join(map(str, forms))
     if mx.default_device().type == mx.DeviceType.cpu:
-        return f"weights: {held}; matrix products on {process_blas()}"
+        held += f"; matrix products on {process_blas()}"
+        if config.quantized:
+            held += f"; decode products on {describe_cpu_kernels()}"
     return f"weights: {held}"
 
 

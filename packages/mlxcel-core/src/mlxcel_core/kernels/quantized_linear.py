@@ -1,10 +1,11 @@
-"""Linear layers over affine-quantized weights: a kernel for decode rows on a GPU, a dense
-tactic for prefill."""
+"""Linear layers over affine-quantized weights: a kernel for decode rows on a GPU and on an
+x86-64 CPU, a dense tactic for prefill."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxcel_core.kernels import cpu_matvec
 from mlxcel_core.kernels.quantized_matvec import (
     quantized_matvec_backend,
     quantized_matvec_kernel,
@@ -32,10 +33,13 @@ def quantized_linear(
 ) -> mx.array:
     """`x @ W.T (+ bias)` for a weight W stored with MLX affine quantization.
 
-    Three tactics, by the rows of x (all leading axes together):
+    Four tactics, by the rows of x (all leading axes together):
     - where `quantized_matvec_backend` names a backend (a CUDA GPU; an Apple GPU with
       the Metal kernels on), up to `KERNEL_MAX_ROWS` rows (decode) of a supported
       layout: `quantized_matvec_kernel`, which reads each packed weight once;
+    - on the CPU, where the C kernels are built (`cpu_matvec.available`), up to
+      `cpu_matvec.MAX_ROWS` rows of a layout it takes: `cpu_quantized_matvec`, several
+      times faster than MLX's CPU product at decode rows;
     - at least `dequantize_min_rows` rows (a prefill chunk): W is dequantized once to x's
       dtype and multiplied as a dense matrix, a BLAS GEMM on the CPU and a cuBLAS one on
       CUDA, where MLX's `quantized_matmul` is several times slower at many rows;
@@ -66,6 +70,10 @@ def quantized_linear(
         y = quantized_matvec_kernel(
             x, weight, scales, biases, group_size=group_size, bits=bits, backend=backend
         )
+    elif _takes_cpu_kernel(x, scales, biases, bits, group_size):
+        y = cpu_matvec.cpu_quantized_matvec(
+            x, weight, scales, biases, group_size=group_size, bits=bits
+        )
     elif dequantize_min_rows is not None and rows >= dequantize_min_rows:
         y = split_dequantized_product(
             x, weight, scales, biases, group_size=group_size, bits=bits, num_streams=cpu_streams
@@ -75,3 +83,13 @@ def quantized_linear(
             x, weight, scales, biases, group_size=group_size, bits=bits, num_streams=cpu_streams
         )
     return y if bias is None else y + bias
+
+
+def _takes_cpu_kernel(
+    x: mx.array, scales: mx.array, biases: mx.array, bits: int, group_size: int
+) -> bool:
+    return (
+        mx.default_device().type == mx.DeviceType.cpu
+        and cpu_matvec.supports(x, scales, biases, bits, group_size)
+        and cpu_matvec.available()
+    )

@@ -1,0 +1,139 @@
+"""The CPU quantized matvec kernel against MLX's `quantized_matmul`, its place among
+`quantized_linear`'s tactics, and how its C library is built, cached and refused."""
+
+import platform
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcel_core.kernels import cpu_matvec, quantized_linear
+from mlxcel_core.kernels.cpu_matvec import cpu_quantized_matvec
+from mlxcel_core.kernels.cpu_matvec.native import SOURCE, cache_directory, load_native_library
+
+needs_kernel = pytest.mark.skipif(
+    not cpu_matvec.available(),
+    reason=f"CPU kernels not built here: {cpu_matvec.native.native_library().reason}",
+)
+can_build = pytest.mark.skipif(
+    platform.machine() not in {"x86_64", "AMD64"} or shutil.which("cc") is None,
+    reason="needs an x86-64 CPU and a C compiler",
+)
+
+
+def quantized_weight(rows: int, columns: int, bits: int, group_size: int, seed: int = 0):
+    weight = mx.random.normal((rows, columns), key=mx.random.key(seed))
+    return mx.quantize(weight, group_size=group_size, bits=bits)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+def test_the_kernel_computes_what_quantized_matmul_computes(bits, group_size, rows):
+    columns = 384
+    packed, scales, biases = quantized_weight(72, columns, bits, group_size)
+    x = mx.random.normal((rows, columns), key=mx.random.key(rows))
+    expected = mx.quantized_matmul(
+        x, packed, scales, biases, transpose=True, group_size=group_size, bits=bits
+    )
+    got = cpu_quantized_matvec(x, packed, scales, biases, group_size=group_size, bits=bits)
+    assert got.shape == expected.shape and got.dtype == mx.float32
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_leading_axes_are_kept_and_a_lazy_input_is_evaluated():
+    packed, scales, biases = quantized_weight(40, 256, 4, 32)
+    x = mx.random.normal((2, 1, 256)) * 0.5 + 1.0  # lazy until the kernel evaluates it
+    got = cpu_quantized_matvec(x, packed, scales, biases, group_size=32, bits=4)
+    expected = mx.quantized_matmul(x, packed, scales, biases, transpose=True, group_size=32)
+    assert got.shape == (2, 1, 40)
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_a_column_slice_of_the_activations_is_read_in_order():
+    packed, scales, biases = quantized_weight(16, 128, 8, 64)
+    wide = mx.random.normal((3, 256))
+    x = wide[:, 64:192]  # not contiguous rows
+    got = cpu_quantized_matvec(x, packed, scales, biases, group_size=64, bits=8)
+    expected = mx.quantized_matmul(x, packed, scales, biases, transpose=True, group_size=64, bits=8)
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("rows", "dtype", "bits", "group_size"),
+    [
+        (9, mx.float32, 4, 32),  # more rows than a decode batch
+        (1, mx.float16, 4, 32),
+        (1, mx.float32, 3, 32),
+        (1, mx.float32, 4, 40),
+    ],
+)
+def test_products_the_kernel_does_not_take_are_refused(rows, dtype, bits, group_size):
+    packed, scales, biases = quantized_weight(8, 160 if group_size == 40 else 128, bits, 32)
+    x = mx.zeros((rows, packed.shape[1] * 32 // bits), dtype=dtype)
+    assert not cpu_matvec.supports(x, scales, biases, bits, group_size)
+    with pytest.raises(ValueError, match="CPU quantized matvec kernel takes"):
+        cpu_quantized_matvec(x, packed, scales, biases, group_size=group_size, bits=bits)
+
+
+@needs_kernel
+def test_quantized_linear_takes_the_kernel_for_decode_rows_only(monkeypatch):
+    packed, scales, biases = quantized_weight(64, 256, 4, 64)
+    calls = []
+    kernel = cpu_matvec.cpu_quantized_matvec
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_matvec, "cpu_quantized_matvec", counted)
+    for rows in (1, 8, 9):
+        x = mx.random.normal((rows, 256))
+        got = quantized_linear(x, packed, scales, biases, group_size=64, bits=4)
+        expected = mx.quantized_matmul(x, packed, scales, biases, transpose=True, group_size=64)
+        np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-4, atol=1e-4)
+    assert calls == [(1, 256), (8, 256)]
+
+
+def test_turned_off_by_the_environment(tmp_path):
+    library = load_native_library({"MLXCEL_NO_CPU_KERNELS": "1", "XDG_CACHE_HOME": str(tmp_path)})
+    assert library.library is None
+    assert "MLXCEL_NO_CPU_KERNELS" in library.reason
+    assert not (tmp_path / "mlxcel").exists()
+
+
+@can_build
+def test_a_missing_compiler_leaves_the_kernels_out(tmp_path):
+    library = load_native_library({"CC": "no-such-cc", "XDG_CACHE_HOME": str(tmp_path)})
+    assert library.library is None
+    assert library.reason == "no C compiler (no-such-cc) found"
+
+
+@can_build
+def test_a_failing_build_leaves_no_library_behind(tmp_path):
+    source = tmp_path / "broken.c"
+    source.write_text("int f(void) { return }\n")
+    cache = tmp_path / "cache"
+    library = load_native_library({"XDG_CACHE_HOME": str(cache)}, source=source)
+    assert library.library is None
+    assert library.reason.startswith("build failed: ")
+    assert list(cache_directory({"XDG_CACHE_HOME": str(cache)}).iterdir()) == []
+
+
+@can_build
+def test_the_library_is_built_once_and_then_loaded_from_the_cache(tmp_path):
+    environ = {"XDG_CACHE_HOME": str(tmp_path)}
+    first = load_native_library(environ)
+    assert first.library is not None, first.reason
+    (built,) = cache_directory(environ).iterdir()
+    stamp = built.stat().st_mtime_ns
+    second = load_native_library(environ)
+    assert second.library is not None
+    assert [Path(p) for p in cache_directory(environ).iterdir()] == [built]
+    assert built.stat().st_mtime_ns == stamp
+    assert built.name.startswith(SOURCE.stem)
