@@ -63,8 +63,10 @@ def glm_dsa_config(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]
         "index_topk": meta.size("attention.indexer.top_k"),
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
-        # llama.cpp runs experts in every layer after the leading dense ones.
+        # llama.cpp runs experts in every layer after the leading dense ones, and ropes the
+        # indexer's heads as the attention's, pairs interleaved (LLAMA_ROPE_TYPE_NORM).
         "moe_layer_freq": 1,
+        "indexer_rope_interleave": True,
         "rope_parameters": scaling | {"rope_theta": config["rope_theta"]},
     }
 
