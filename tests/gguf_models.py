@@ -19,6 +19,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from mlxcel_models.plain_kernels import route_plain_kernels
+
 from factories import CHATML_TEMPLATE, byte_level_vocab, llama_cpp_permute
 
 TensorSplit = Callable[[str, np.ndarray, dict[str, Any]], Iterable[tuple[str, np.ndarray]]]
@@ -59,14 +61,21 @@ class ConvertedFamily:
 
 
 def make_reference(config: dict[str, Any], seed: int = 0):
-    """mlx-lm's model for `config` with seeded random weights, and those weights (float32)."""
+    """mlx-lm's model for `config` with seeded random weights, and those weights (float32;
+    BitLinear's packed ternary codes uint8), its Metal-only kernels run as mlxcel runs them
+    on a device without Metal (`route_plain_kernels`)."""
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
+    route_plain_kernels(model)
     rng = np.random.default_rng(seed)
     weights = {}
     for name, value in tree_flatten(model.parameters()):
-        if name.endswith("norm.weight") or ".norms." in name or "layernorm" in name:
+        if value.dtype == mx.uint8:
+            # Four ternary weights a byte, each stored as the weight + 1 (0, 1 or 2).
+            codes = rng.integers(0, 3, size=(4, *value.shape), dtype=np.uint8)
+            weights[name] = sum(codes[i] << (2 * i) for i in range(4)).astype(np.uint8)
+        elif name.endswith("norm.weight") or ".norms." in name or "layernorm" in name:
             weights[name] = (1 + 0.1 * rng.standard_normal(value.shape)).astype(np.float32)
         else:
             scale = 1 / np.sqrt(value.shape[-1]) if value.ndim > 1 else 0.1
@@ -131,7 +140,12 @@ def write_converted_gguf(
     if family.weight_metadata is not None:
         hyperparameters |= family.weight_metadata(weights)
     for method, value in (hyperparameters | family.metadata).items():
-        getattr(writer, f"add_{method}")(value)
+        add = getattr(writer, f"add_{method}", None)
+        if add is None and isinstance(value, str):
+            # A key newer than this gguf-py's writer (BitNet's `hidden_activation`).
+            writer.add_string(f"{family.gguf_arch}.{method}", value)
+        else:
+            getattr(writer, f"add_{method}")(value)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)

@@ -23,6 +23,7 @@ from gguf_families import MORE_FAMILIES
 from gguf_latent_families import LATENT_FAMILIES
 from gguf_layered_families import LAYERED_FAMILIES
 from gguf_mixed_attention_families import MIXED_ATTENTION_FAMILIES
+from gguf_mla_families import MLA_GROUP_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
 from gguf_recurrent_families import RECURRENT_FAMILIES
@@ -35,6 +36,7 @@ FAMILIES = (
     | EXPERT_FAMILIES
     | LAYERED_FAMILIES
     | MIXED_ATTENTION_FAMILIES
+    | MLA_GROUP_FAMILIES
 )
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"

@@ -5,8 +5,9 @@ llama.cpp's converter writes DeepSeek V2/V3 as multi-query attention over the la
 under `key_length_mla` / `value_length_mla`. Its `kv_b_proj`, (heads * (nope + v), rank),
 is split per head into `attn_k_b` (heads, rank, nope), transposed, and `attn_v_b`
 (heads, v, rank); files from converters before that split hold `attn_kv_b` as it was.
-mlx-lm's DeepSeek V2 wants `kv_b_proj` whole, its V3 wants the split halves as `embed_q`
-and `unembed_out`; `latent_attention_weights` gives either from either.
+mlx-lm's DeepSeek V2 wants `kv_b_proj` whole; its later latent-attention families (DeepSeek
+V3, GLM-5's `glm_moe_dsa`, `mistral4`) want the split halves as `embed_q` and
+`unembed_out`; `latent_attention_weights` gives either from either.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def latent_attention_weights(
 
     Returns:
         {"self_attn.kv_b_proj.weight"} (heads * (nope + v), rank) for `deepseek_v2`,
-        {"self_attn.embed_q.weight", "self_attn.unembed_out.weight"} for `deepseek_v3`;
-        None while a half of the split pair is still to come.
+        {"self_attn.embed_q.weight", "self_attn.unembed_out.weight"} for the families
+        that absorb it (`deepseek_v3`, `glm_moe_dsa`, `mistral4`); None while a half of
+        the split pair is still to come.
     """
     heads = config["num_attention_heads"]
     nope = config["qk_nope_head_dim"]
@@ -93,10 +95,10 @@ def latent_attention_weights(
         k_b, v_b = tensors["attn_k_b.weight"], tensors["attn_v_b.weight"]
     else:
         return None
-    if config["model_type"] == "deepseek_v3":
-        return {"self_attn.embed_q.weight": k_b, "self_attn.unembed_out.weight": v_b}
-    kv_b = mx.concatenate([k_b.swapaxes(1, 2), v_b], axis=1)
-    return {"self_attn.kv_b_proj.weight": kv_b.reshape(-1, kv_b.shape[-1])}
+    if config["model_type"] == "deepseek_v2":
+        kv_b = mx.concatenate([k_b.swapaxes(1, 2), v_b], axis=1)
+        return {"self_attn.kv_b_proj.weight": kv_b.reshape(-1, kv_b.shape[-1])}
+    return {"self_attn.embed_q.weight": k_b, "self_attn.unembed_out.weight": v_b}
 
 
 LATENT_ATTENTION = TensorJoin(
