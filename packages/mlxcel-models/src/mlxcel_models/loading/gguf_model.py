@@ -126,6 +126,15 @@ def load_gguf_model(
             layer[within] = convert_tensor(data.blocks(name), info.type_name, form)["weight"]
             weights |= _join_layer(path, arch.tensor_join, block, joined, config, parameters)
             continue
+        routed = arch.route_tensor(name, config) if arch.route_tensor is not None else None
+        if routed is not None:
+            if routed:
+                quantizable = _routed_rows(path, name, info.shape, routed, parameters, layers)
+                form = _plan(path, name, info.type_name, info.shape, quantizable, dequant)
+                seen[info.type_name, form.label] += 1
+                arrays = convert_tensor(data.blocks(name), info.type_name, form)
+                _add_rows(routed, arrays, form, weights, quantized)
+            continue
         target = names.get(name)
         if target is None:
             raise ModelLoadError(
@@ -192,6 +201,63 @@ def _reshapes_to(
     """Whether a tensor the converter squeezed or unsqueezed holds the parameter's values."""
     same_size = int(np.prod(shape)) == int(np.prod(expected))
     return _tensor_base(name) in arch.reshaped_tensors and same_size
+
+
+def _routed_rows(
+    path: Path,
+    name: str,
+    shape: tuple[int, ...],
+    targets: tuple[str, ...],
+    parameters: dict[str, mx.array],
+    layers: dict[str, nn.Module],
+) -> bool:
+    """Whether a tensor whose rows `route_tensor` splits among `targets` can stay
+    quantized (all targets are weights of quantizable layers), after checking that its
+    shape is theirs with the rows (axis -2) stacked.
+
+    Raises:
+        ModelLoadError: a target is not a parameter, or the shapes do not stack to it.
+    """
+    missing = [target for target in targets if target not in parameters]
+    if missing:
+        raise ModelLoadError(f"{path}: GGUF tensor '{name}' is routed to no parameter {missing}")
+    shapes = {tuple(parameters[target].shape) for target in targets}
+    part = next(iter(shapes))
+    if len(targets) == 1:
+        stacked: tuple[int, ...] | None = part
+    else:
+        stacked = (*part[:-2], part[-2] * len(targets), part[-1]) if len(part) >= 2 else None
+    if len(shapes) != 1 or shape != stacked:
+        raise ModelLoadError(
+            f"{path}: GGUF tensor '{name}' has shape {list(shape)}, which does not split "
+            f"by rows into {', '.join(targets)} of shapes {sorted(map(list, shapes))}"
+        )
+    return all(
+        suffix == "weight" and isinstance(layers.get(layer_path), _QUANTIZABLE_LAYERS)
+        for layer_path, suffix in (target.rsplit(".", 1) for target in targets)
+    )
+
+
+def _add_rows(
+    targets: tuple[str, ...],
+    arrays: dict[str, mx.array],
+    form: TensorForm,
+    weights: dict[str, mx.array],
+    quantized: dict[str, dict[str, Any]],
+) -> None:
+    """Split a converted tensor's rows (axis -2, packed codes, scales and biases alike)
+    equally among `targets`, into `weights` (and `quantized` when it stays packed)."""
+    parts = {
+        key: mx.split(value, len(targets), axis=-2) if len(targets) > 1 else [value]
+        for key, value in arrays.items()
+    }
+    for index, target in enumerate(targets):
+        if form.is_quantized:
+            layer_path = target.rsplit(".", 1)[0]
+            quantized[layer_path] = form.quantization()
+            weights |= {f"{layer_path}.{key}": value[index] for key, value in parts.items()}
+        else:
+            weights[target] = parts["weight"][index]
 
 
 def _plan(
