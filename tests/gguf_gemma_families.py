@@ -1,11 +1,16 @@
-"""Tiny Gemma 4 models (mlx-lm `gemma4_text`) written as llama.cpp's converter
-(`Gemma4Model`) writes them: the global layers' head size and KV heads under their own
-keys, double-wide MLP widths as an array, the proportional RoPE as `rope_freqs` factors,
-fused gate/up experts, the router's scales renamed, and the K/V projections the layers
-sharing an earlier layer's cache still carry in the checkpoint."""
+"""Tiny Gemma 4 and Gemma 3n models written as llama.cpp's converter writes them.
+
+Gemma 4 (`Gemma4Model`, mlx-lm `gemma4_text`): the global layers' head size and KV heads
+under their own keys, double-wide MLP widths as an array, the proportional RoPE as
+`rope_freqs` factors, fused gate/up experts, the router's scales renamed, and the K/V
+projections the layers sharing an earlier layer's cache still carry in the checkpoint.
+Gemma 3n (`Gemma3NModel`, mlx-lm `gemma3n`): the AltUp projections stacked, the activation
+sparsity as normal quantiles.
+"""
 
 from __future__ import annotations
 
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -153,3 +158,69 @@ GEMMA_FAMILIES = {
         merge_tensors=convert_gemma4(_EXPERTS),
     ),
 }
+
+
+def stack_altup_projections(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Gemma 3n's AltUp projections stacked into one tensor each, and the AltUp output
+    scale named as a weight, as `Gemma3NModel` writes them."""
+    prefix = "model.language_model"
+    converted = {}
+    for name, weight in weights.items():
+        if ".altup_projections." in name or ".altup_unembed_projections." in name:
+            continue
+        suffix = ".weight" if name.endswith(".correct_output_scale") else ""
+        converted[name + suffix] = weight
+    for kind in ("altup_projections", "altup_unembed_projections"):
+        count = len([name for name in weights if f".{kind}." in name])
+        stacked = [weights[f"{prefix}.{kind}.{index}.weight"] for index in range(count)]
+        converted[f"{prefix}.{kind}.weight"] = np.stack(stacked)
+    return converted
+
+
+_GEMMA3N_TEXT = tiny_config(
+    "gemma3n_text",
+    num_hidden_layers=4,
+    layer_types=[_SLIDING, _FULL] * 2,
+    sliding_window=6,
+    num_kv_shared_layers=2,
+    vocab_size_per_layer_input=VOCAB_SIZE,
+    rope_theta=1_000_000.0,
+    rope_local_base_freq=5000.0,
+    final_logit_softcapping=30.0,
+    activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+    hidden_size_per_layer_input=8,
+    altup_num_inputs=4,
+    altup_coef_clip=120.0,
+    altup_correct_scale=True,
+    altup_active_idx=0,
+    # llama.cpp requires a LAuReL rank of 64.
+    laurel_rank=64,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+# The test writer reads the decoder sizes at the top level; mlx-lm's gemma3n reads text_config.
+_GEMMA3N = _GEMMA3N_TEXT | {"model_type": "gemma3n", "text_config": _GEMMA3N_TEXT}
+_GEMMA3N_METADATA = {
+    "layer_norm_rms_eps": 1e-6,
+    "rope_freq_base_swa": 5000.0,
+    "sliding_window": 6,
+    "sliding_window_pattern": [kind == _SLIDING for kind in _GEMMA3N_TEXT["layer_types"]],
+    "shared_kv_layers": 2,
+    "embedding_length_per_layer_input": 8,
+    "altup_active_idx": 0,
+    "altup_num_inputs": 4,
+    "final_logit_softcapping": 30.0,
+    # torch's Normal(0, 1).icdf, -inf for p = 0.
+    "activation_sparsity_scale": [
+        NormalDist().inv_cdf(p) if p > 0 else float("-inf")
+        for p in _GEMMA3N_TEXT["activation_sparsity_pattern"]
+    ],
+}
+
+GEMMA_FAMILIES["gemma3n"] = ConvertedFamily(
+    "gemma3n",
+    _GEMMA3N,
+    _GEMMA3N_METADATA,
+    name_aliases=(("model.language_model.", "model."),),
+    merge_tensors=stack_altup_projections,
+)

@@ -119,6 +119,7 @@ def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
         ("nemotron-nas", "Q8_0"),
         ("bailing_moe2", "Q8_0"),
         ("gemma4_text_experts", "Q4_0"),
+        ("gemma3n", "Q8_0"),
     ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):

@@ -65,8 +65,9 @@ class GGUFArchitecture:
             llama layout.
         route_tensor: from a GGUF tensor's full name and the config, the mlx-lm parameter
             paths it holds where gguf-py's table cannot say: () leaves it out (Gemma 4's
-            unused K/V of layers that share another's cache), several split its rows
-            (axis -2) equally among them (a converter's fused gate/up experts), in any
+            unused K/V of layers that share another's cache); several take one index each
+            of its leading axis where it stacks them (Gemma 3n's `altup_proj`), else an
+            equal share of its rows, axis -2 (a converter's fused gate/up experts), in any
             packing; None for the table's answer.
     """
 

@@ -1,4 +1,5 @@
-"""Gemma 4 GGUF files as mlx-lm's `gemma4_text`.
+"""Gemma 4 GGUF files as mlx-lm's `gemma4_text`; `GEMMA_ARCHITECTURES` also holds Gemma 3n
+(`gguf_gemma3n`).
 
 llama.cpp's converter (`Gemma4Model`, `conversion/gemma.py`) stores the norms as they are
 (no `1 + w`), and writes the two layer kinds' sizes under separate keys: `key_length` is a
@@ -22,6 +23,7 @@ import mlx.nn as nn
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
+from mlxcel_models.loading.gguf_gemma3n import GEMMA3N, sliding_layers
 from mlxcel_models.loading.gguf_hybrid import per_layer
 from mlxcel_models.rope import FrequencyFactorRoPE
 
@@ -30,22 +32,6 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 _DEFAULT_SLIDING_ROPE_BASE = 10000.0
 # A layer's K/V tensors, which layers reading an earlier layer's cache do not use.
 _KV_TENSORS = frozenset({"attn_k.weight", "attn_v.weight", "attn_k_norm.weight"})
-
-
-def sliding_layers(meta: GGUFMetadata) -> list[bool]:
-    """`attention.sliding_window_pattern`: per layer, whether it is a sliding one.
-
-    Raises:
-        ModelLoadError: the key is missing or not one boolean per layer.
-    """
-    pattern = meta.required("attention.sliding_window_pattern")
-    layers = meta.size("block_count")
-    if not isinstance(pattern, list) or len(pattern) != layers:
-        raise ModelLoadError(
-            f"{meta.where}: {meta.architecture}.attention.sliding_window_pattern must hold "
-            f"one boolean per layer ({layers}), got {pattern!r}"
-        )
-    return [bool(value) for value in pattern]
 
 
 def gemma4_base_config(meta: GGUFMetadata) -> dict[str, Any]:
@@ -223,4 +209,5 @@ GEMMA_ARCHITECTURES = (
         route_tensor=route_gemma4_tensor,
         install_rope_factors=install_global_rope_factors,
     ),
+    GEMMA3N,
 )
