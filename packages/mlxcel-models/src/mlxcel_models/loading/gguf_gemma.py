@@ -23,13 +23,16 @@ import mlx.nn as nn
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
-from mlxcel_models.loading.gguf_gemma3n import GEMMA3N, sliding_layers
+from mlxcel_models.loading.gguf_gemma3n import (
+    DEFAULT_SLIDING_ROPE_BASE,
+    FULL,
+    GEMMA3N,
+    SLIDING,
+    sliding_layers,
+)
 from mlxcel_models.loading.gguf_hybrid import per_layer
 from mlxcel_models.rope import FrequencyFactorRoPE
 
-_SLIDING, _FULL = "sliding_attention", "full_attention"
-# llama.cpp's `rope_freq_base_train_swa` when the file has no `rope.freq_base_swa`.
-_DEFAULT_SLIDING_ROPE_BASE = 10000.0
 # A layer's K/V tensors, which layers reading an earlier layer's cache do not use.
 _KV_TENSORS = frozenset({"attn_k.weight", "attn_v.weight", "attn_k_norm.weight"})
 
@@ -91,7 +94,7 @@ def gemma4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "attention_k_eq_v": keys_are_values,
         "num_kv_shared_layers": shared,
         "use_double_wide_mlp": _double_wide(meta, config, num_layers - shared),
-        "layer_types": [_SLIDING if is_sliding else _FULL for is_sliding in sliding],
+        "layer_types": [SLIDING if is_sliding else FULL for is_sliding in sliding],
         "sliding_window": meta.size("attention.sliding_window"),
         "hidden_size_per_layer_input": int(meta.get("embedding_length_per_layer_input", 0)),
         # llama.cpp sizes the per-layer embedding by the vocabulary.
@@ -99,10 +102,10 @@ def gemma4(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         "final_logit_softcapping": float(meta.get("final_logit_softcapping", 0.0)) or None,
         "partial_rotary_factor": 1.0,
         "rope_parameters": {
-            _FULL: {"rope_type": "default", "rope_theta": config["rope_theta"]},
-            _SLIDING: {
+            FULL: {"rope_type": "default", "rope_theta": config["rope_theta"]},
+            SLIDING: {
                 "rope_type": "default",
-                "rope_theta": float(meta.get("rope.freq_base_swa", _DEFAULT_SLIDING_ROPE_BASE)),
+                "rope_theta": float(meta.get("rope.freq_base_swa", DEFAULT_SLIDING_ROPE_BASE)),
             },
         },
     } | _experts(meta, config)
@@ -190,13 +193,13 @@ def install_global_rope_factors(
         ModelLoadError: the factors are not one per pair of the global head size.
     """
     head_dim = config["global_head_dim"]
-    base = config["rope_parameters"][_FULL]["rope_theta"]
+    base = config["rope_parameters"][FULL]["rope_theta"]
     try:
         rope = FrequencyFactorRoPE(head_dim, base, factors)
     except ValueError as error:
         raise ModelLoadError(f"rope_freqs.weight: {error}") from error
     for layer in module.model.layers:
-        if layer.layer_type == _FULL:
+        if layer.layer_type == FULL:
             layer.self_attn.rope = rope
 
 

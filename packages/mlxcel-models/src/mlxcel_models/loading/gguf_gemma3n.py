@@ -21,12 +21,13 @@ from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata, common_config
 from mlxcel_models.loading.gguf_hybrid import per_layer
 
-_SLIDING, _FULL = "sliding_attention", "full_attention"
+SLIDING, FULL = "sliding_attention", "full_attention"
+# llama.cpp's `rope_freq_base_train_swa` when the file has no `rope.freq_base_swa`.
+DEFAULT_SLIDING_ROPE_BASE = 10000.0
 # What llama.cpp fixes where the file is silent (`llama_model_gemma3n`, `llama_hparams`).
 _LAUREL_RANK = 64
 _KV_LAYERS = 20
 _SPARSE_LAYERS, _SPARSITY = 10, 0.95
-_DEFAULT_SLIDING_ROPE_BASE = 10000.0
 _DEFAULT_SOFTCAP = 30.0
 _LANGUAGE_MODEL = "model.language_model"
 
@@ -94,10 +95,10 @@ def gemma3n(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
         # llama.cpp sizes the per-layer embedding by the (padded) vocabulary.
         "vocab_size_per_layer_input": config["vocab_size"],
         "sliding_window": meta.size("attention.sliding_window"),
-        "rope_local_base_freq": float(meta.get("rope.freq_base_swa", _DEFAULT_SLIDING_ROPE_BASE)),
+        "rope_local_base_freq": float(meta.get("rope.freq_base_swa", DEFAULT_SLIDING_ROPE_BASE)),
         "final_logit_softcapping": float(meta.get("final_logit_softcapping", _DEFAULT_SOFTCAP)),
         "layer_types": [
-            _SLIDING if is_sliding else _FULL for is_sliding in sliding_layers(meta)[:num_layers]
+            SLIDING if is_sliding else FULL for is_sliding in sliding_layers(meta)[:num_layers]
         ],
         "activation_sparsity_pattern": _sparsity(meta, num_layers),
         "hidden_size_per_layer_input": meta.size("embedding_length_per_layer_input"),
