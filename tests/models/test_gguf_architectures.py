@@ -20,6 +20,7 @@ from mlxcel_models.memory.inventory import read_model_inventory
 from gguf_conversions import split_kv_b
 from gguf_expert_families import EXPERT_FAMILIES
 from gguf_families import MORE_FAMILIES
+from gguf_gemma_families import GEMMA_FAMILIES
 from gguf_latent_families import LATENT_FAMILIES
 from gguf_layered_families import LAYERED_FAMILIES
 from gguf_mixed_attention_families import MIXED_ATTENTION_FAMILIES
@@ -37,6 +38,7 @@ FAMILIES = (
     | LAYERED_FAMILIES
     | MIXED_ATTENTION_FAMILIES
     | MLA_GROUP_FAMILIES
+    | GEMMA_FAMILIES
 )
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"
@@ -72,7 +74,13 @@ def test_gguf_of_each_family_matches_mlx_lm_on_the_same_weights(tmp_path, name):
 
 @pytest.mark.parametrize(
     "name",
-    sorted(RECURRENT_FAMILIES | EXPERT_FAMILIES | LAYERED_FAMILIES | MIXED_ATTENTION_FAMILIES),
+    sorted(
+        RECURRENT_FAMILIES
+        | EXPERT_FAMILIES
+        | LAYERED_FAMILIES
+        | MIXED_ATTENTION_FAMILIES
+        | GEMMA_FAMILIES
+    ),
 )
 def test_gguf_of_each_recurrent_or_expert_family_holds_the_checkpoint_weights(tmp_path, name):
     """Every layout change undone exactly, including those the logits cannot show (the Q/K
@@ -112,6 +120,8 @@ def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
         ("nemotron_h", "Q8_0"),
         ("nemotron-nas", "Q8_0"),
         ("bailing_moe2", "Q8_0"),
+        ("gemma4_text_experts", "Q4_0"),
+        ("gemma3n", "Q8_0"),
     ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):

@@ -20,6 +20,7 @@ ConfigExtras = Callable[[GGUFMetadata, dict[str, Any]], dict[str, Any]]
 RestoreTensor = Callable[[str, dict[str, mx.array], dict[str, Any]], dict[str, mx.array]]
 MetadataWeights = Callable[[GGUFMetadata, dict[str, Any]], dict[str, mx.array]]
 InstallRopeFactors = Callable[[nn.Module, mx.array, dict[str, Any]], None]
+RouteTensor = Callable[[str, dict[str, Any]], tuple[str, ...] | None]
 
 
 def _none(meta: GGUFMetadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +63,12 @@ class GGUFArchitecture:
         install_rope_factors: puts the `rope_freqs` factors on the model's attention
             layers where the family's RoPE differs from llama's (Llama 4); None for the
             llama layout.
+        route_tensor: from a GGUF tensor's full name and the config, the mlx-lm parameter
+            paths it holds where gguf-py's table cannot say: () leaves it out (Gemma 4's
+            unused K/V of layers that share another's cache); several take one index each
+            of its leading axis where it stacks them (Gemma 3n's `altup_proj`), else an
+            equal share of its rows, axis -2 (a converter's fused gate/up experts), in any
+            packing; None for the table's answer.
     """
 
     name: str
@@ -81,6 +88,7 @@ class GGUFArchitecture:
     reshaped_tensors: frozenset[str] = frozenset()
     rename_parameter: Callable[[str], str] | None = None
     install_rope_factors: InstallRopeFactors | None = None
+    route_tensor: RouteTensor | None = None
 
     def model_type_for(self, metadata: Mapping[str, Any]) -> str:
         """The mlx-lm `model_type` of a file with this architecture."""

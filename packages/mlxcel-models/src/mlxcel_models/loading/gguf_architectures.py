@@ -13,6 +13,7 @@ from typing import Any
 
 from mlxcel_models.loading import gguf_family_configs as configs
 from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
+from mlxcel_models.loading.gguf_gemma import GEMMA_ARCHITECTURES
 from mlxcel_models.loading.gguf_hybrid import (
     GATED_DELTA_IN_PROJ,
     GRANITE_SHARED_INPUT,
@@ -396,6 +397,7 @@ _ARCHITECTURES += (
 )
 _ARCHITECTURES += MORE_ARCHITECTURES
 _ARCHITECTURES += MLA_GROUP_ARCHITECTURES
+_ARCHITECTURES += GEMMA_ARCHITECTURES
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
 
 

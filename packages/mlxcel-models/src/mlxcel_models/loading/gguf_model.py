@@ -126,6 +126,15 @@ def load_gguf_model(
             layer[within] = convert_tensor(data.blocks(name), info.type_name, form)["weight"]
             weights |= _join_layer(path, arch.tensor_join, block, joined, config, parameters)
             continue
+        routed = arch.route_tensor(name, config) if arch.route_tensor is not None else None
+        if routed is not None:
+            if routed:
+                layout = _routed_layout(path, name, info.shape, routed, parameters, layers)
+                form = _plan(path, name, info.type_name, info.shape, layout[0], dequant)
+                seen[info.type_name, form.label] += 1
+                arrays = convert_tensor(data.blocks(name), info.type_name, form)
+                _add_routed(routed, arrays, form, layout[1], weights, quantized)
+            continue
         target = names.get(name)
         if target is None:
             raise ModelLoadError(
@@ -192,6 +201,67 @@ def _reshapes_to(
     """Whether a tensor the converter squeezed or unsqueezed holds the parameter's values."""
     same_size = int(np.prod(shape)) == int(np.prod(expected))
     return _tensor_base(name) in arch.reshaped_tensors and same_size
+
+
+def _routed_layout(
+    path: Path,
+    name: str,
+    shape: tuple[int, ...],
+    targets: tuple[str, ...],
+    parameters: dict[str, mx.array],
+    layers: dict[str, nn.Module],
+) -> tuple[bool, bool]:
+    """How a tensor `route_tensor` sends to `targets` holds them: (whether it can stay
+    quantized, all targets being weights of quantizable layers; whether it stacks them on
+    a leading axis rather than on its rows, axis -2).
+
+    Raises:
+        ModelLoadError: a target is not a parameter, or the shapes do not stack to it.
+    """
+    missing = [target for target in targets if target not in parameters]
+    if missing:
+        raise ModelLoadError(f"{path}: GGUF tensor '{name}' is routed to no parameter {missing}")
+    shapes = {tuple(parameters[target].shape) for target in targets}
+    part = next(iter(shapes))
+    count = len(targets)
+    stacked = len(targets) > 1 and shape == (count, *part)
+    by_rows = len(part) >= 2 and shape == (*part[:-2], part[-2] * count, part[-1])
+    if len(shapes) != 1 or not (shape == part if count == 1 else stacked or by_rows):
+        raise ModelLoadError(
+            f"{path}: GGUF tensor '{name}' has shape {list(shape)}, which does not stack "
+            f"{', '.join(targets)} of shapes {sorted(map(list, shapes))}"
+        )
+    quantizable = all(
+        suffix == "weight" and isinstance(layers.get(layer_path), _QUANTIZABLE_LAYERS)
+        for layer_path, suffix in (target.rsplit(".", 1) for target in targets)
+    )
+    return quantizable, stacked
+
+
+def _add_routed(
+    targets: tuple[str, ...],
+    arrays: dict[str, mx.array],
+    form: TensorForm,
+    stacked: bool,
+    weights: dict[str, mx.array],
+    quantized: dict[str, dict[str, Any]],
+) -> None:
+    """Give each of `targets` its part of a converted tensor (packed codes, scales and
+    biases alike): its index on the leading axis where `stacked`, else an equal share of
+    the rows (axis -2); into `weights`, and `quantized` when it stays packed."""
+    if len(targets) == 1:
+        parts = {key: [value] for key, value in arrays.items()}
+    elif stacked:
+        parts = {key: list(value) for key, value in arrays.items()}
+    else:
+        parts = {key: mx.split(value, len(targets), axis=-2) for key, value in arrays.items()}
+    for index, target in enumerate(targets):
+        if form.is_quantized:
+            layer_path = target.rsplit(".", 1)[0]
+            quantized[layer_path] = form.quantization()
+            weights |= {f"{layer_path}.{key}": value[index] for key, value in parts.items()}
+        else:
+            weights[target] = parts["weight"][index]
 
 
 def _plan(

@@ -11,6 +11,9 @@ SentencePiece scores, and names the pre-tokenizer. This module turns those back 
   `tokenizer.json` of Llama 2: spaces become `▁` (with one prepended when
   `tokenizer.ggml.add_space_prefix`), and merges are recovered from the vocabulary and scores as
   transformers' SentencePiece extractor does.
+- `tokenizer.ggml.model == "gemma4"`: BPE over UTF-8 characters with the stored merges and byte
+  fallback: spaces become `▁` (none prepended), and the text is split only into runs of newlines
+  and runs of everything else (llama.cpp's `LLAMA_VOCAB_PRE_TYPE_GEMMA4`, no byte encoding).
 
 Control and unknown tokens become special added tokens and user-defined ones plain added tokens,
 so both are matched whole in the text instead of being split.
@@ -169,14 +172,17 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     model = metadata.get("tokenizer.ggml.model")
     tokens = list(_required(metadata, "tokenizer.ggml.tokens"))
     types = _token_types(metadata, len(tokens))
-    if model not in ("gpt2", "llama"):
+    if model not in ("gpt2", "llama", "gemma4"):
         raise ModelLoadError(
             f"unsupported GGUF tokenizer model {model!r} (tokenizer.ggml.model); "
-            "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
+            "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece), "
+            "'gemma4' (BPE over characters)"
         )
     try:
         if model == "gpt2":
             tokenizer = _build_byte_level_bpe(metadata, tokens)
+        elif model == "gemma4":
+            tokenizer = _build_gemma4_bpe(metadata, tokens)
         else:
             tokenizer = _build_sentencepiece_bpe(metadata, tokens, types)
     # The tokenizers library reports an inconsistent vocabulary as a bare Exception.
@@ -311,4 +317,15 @@ def _build_sentencepiece_bpe(
     else:
         tokenizer.normalizer = replace_spaces
     tokenizer.decoder = decoders.Sequence(steps)
+    return tokenizer
+
+
+def _build_gemma4_bpe(metadata: Mapping[str, Any], tokens: Sequence[str]) -> Tokenizer:
+    merges = [_split_merge(merge) for merge in _required(metadata, "tokenizer.ggml.merges")]
+    tokenizer = Tokenizer(models.BPE(vocab=_vocabulary(tokens), merges=merges, byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", _SPIECE_SPACE)
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
     return tokenizer
