@@ -116,16 +116,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "gemma4": {
         "text_config": {
-            "layer_types": _SLIDING_THEN_FULL,
-            "num_kv_shared_layers": 0,
+            "num_hidden_layers": 4,
+            "layer_types": _SLIDING_THEN_FULL * 2,
+            "num_kv_shared_layers": 2,
             "vocab_size_per_layer_input": VOCAB_SIZE,
             "hidden_size_per_layer_input": 8,
             "global_head_dim": 32,
         }
     },
     "gemma4_text": {
-        "layer_types": _SLIDING_THEN_FULL,
-        "num_kv_shared_layers": 0,
+        "num_hidden_layers": 4,
+        "layer_types": _SLIDING_THEN_FULL * 2,
+        "num_kv_shared_layers": 2,
         "vocab_size_per_layer_input": VOCAB_SIZE,
         "hidden_size_per_layer_input": 8,
         "global_head_dim": 32,

@@ -8,7 +8,9 @@ cache is an `AttentionCache` and to mlx-lm's own function otherwise, so mlx-lm's
 and every other user of those modules see no change. The cache declines (and mlx-lm's
 function attends) where the model passes keys or values other than those the cache
 returned: multi-head latent attention (DeepSeek V2/V3, Kimi, GLM-4-MoE-Lite, MiniCPM3)
-stores its compressed latent and attends over projections of it.
+stores its compressed latent and attends over projections of it. A layer without a cache
+that attends over keys and values a paged layer cache returned as the new positions alone
+(Gemma 4's KV-shared layers) attends through that cache, which holds their context.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models import base
 
 from mlxcel_core.cache import AttentionCache, AttentionMask
+from mlxcel_core.cache.paged.layer_cache import deferred_context_owner
 
 _MLX_LM_ATTENTION = base.scaled_dot_product_attention
 
@@ -38,6 +41,8 @@ def cache_scaled_dot_product_attention(
     Args and result as `mlx_lm.models.base.scaled_dot_product_attention`; attention with
     sinks always goes to mlx-lm's function.
     """
+    if cache is None:
+        cache = deferred_context_owner(keys, values)
     if sinks is None and isinstance(cache, AttentionCache):
         attended = cache.attention(queries, keys, values, scale=scale, mask=mask)
         if attended is not None:

@@ -37,15 +37,15 @@ def quantized_linear(
     - where `quantized_matvec_backend` names a backend (a CUDA GPU; an Apple GPU with
       the Metal kernels on), up to `KERNEL_MAX_ROWS` rows (decode) of a supported
       layout: `quantized_matvec_kernel`, which reads each packed weight once;
-    - on the CPU, where the C kernels are built (`cpu_matvec.available`), up to
-      `cpu_matvec.MAX_ROWS` rows of a layout it takes: `cpu_quantized_matvec`, several
-      times faster than MLX's CPU product at decode rows;
     - at least `dequantize_min_rows` rows (a prefill chunk): W is dequantized once to x's
       dtype and multiplied as a dense matrix, a BLAS GEMM on the CPU and a cuBLAS one on
       CUDA, where MLX's `quantized_matmul` is several times slower at many rows;
+    - on the CPU, where the C kernels are built (`cpu_matvec.available`), fewer rows, up
+      to `cpu_matvec.MAX_ROWS`, of a layout it takes: `cpu_quantized_matvec`, several
+      times faster than MLX's CPU product at decode rows;
     - otherwise `mx.quantized_matmul`, which reads 4-8x fewer bytes than a dense product.
-    On the CPU, the last two split their output columns over `cpu_streams` streams, one
-    core each (`mlxcel_core.kernels.stream_split`).
+    On the CPU, the dense tactic and `mx.quantized_matmul` split their output columns over
+    `cpu_streams` streams, one core each (`mlxcel_core.kernels.stream_split`).
 
     Args:
         x: (..., K) activations, float.
@@ -70,13 +70,13 @@ def quantized_linear(
         y = quantized_matvec_kernel(
             x, weight, scales, biases, group_size=group_size, bits=bits, backend=backend
         )
-    elif _takes_cpu_kernel(x, scales, biases, bits, group_size):
-        y = cpu_matvec.cpu_quantized_matvec(
-            x, weight, scales, biases, group_size=group_size, bits=bits
-        )
     elif dequantize_min_rows is not None and rows >= dequantize_min_rows:
         y = split_dequantized_product(
             x, weight, scales, biases, group_size=group_size, bits=bits, num_streams=cpu_streams
+        )
+    elif _takes_cpu_kernel(x, scales, biases, bits, group_size):
+        y = cpu_matvec.cpu_quantized_matvec(
+            x, weight, scales, biases, group_size=group_size, bits=bits
         )
     else:
         y = split_quantized_product(

@@ -3,6 +3,7 @@ and attention, through the gather or a decode kernel reading the pools."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
@@ -25,6 +26,24 @@ from mlxcel_core.kernels.paged_attention import (
     turbo_decode_attention_kernel,
     turbo_decode_kernel_backend,
 )
+
+# The layer caches whose last `update_and_fetch` returned only the new positions, by the id
+# of the keys they returned (`deferred_context_owner`).
+_DEFERRED_CONTEXTS: weakref.WeakValueDictionary[int, PagedLayerCache] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def deferred_context_owner(keys: mx.array, values: mx.array) -> PagedLayerCache | None:
+    """The layer cache whose `update_and_fetch` returned `keys` and `values` as the new
+    positions alone, or None: a layer that attends over another layer's keys and values
+    without a cache of its own (Gemma 4's KV-shared layers, which mlx-lm hands the
+    earlier layer's `update_and_fetch` result) attends through that cache."""
+    owner = _DEFERRED_CONTEXTS.get(id(keys))
+    if owner is None or owner._returned is None or owner._context_fetched:
+        return None
+    returned_keys, returned_values = owner._returned
+    return owner if returned_keys is keys and returned_values is values else None
 
 
 class PagedLayerCache:
@@ -81,6 +100,7 @@ class PagedLayerCache:
         ):
             self._context_fetched = False
             self._returned = (keys, values)
+            _DEFERRED_CONTEXTS[id(keys)] = self
         else:
             self._returned = self._fetch_context()
         return self._returned
