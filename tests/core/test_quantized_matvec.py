@@ -19,7 +19,7 @@ from cuda_emulation import COMPILER, CudaEmulator
 from kernel_caches import kernels_built_by
 from metal_emulation import MetalEmulator
 
-from mlxcel_core.kernels import CUDA, METAL, quantized_linear
+from mlxcel_core.kernels import CUDA, METAL, cpu_matvec, quantized_linear
 from mlxcel_core.kernels.quantized_matvec import (
     quantized_matvec_backend,
     quantized_matvec_kernel,
@@ -177,8 +177,9 @@ def test_arguments_are_checked_before_launch():
             kernel(x, weight, scales, biases, group_size=64, bits=4, rows_per_block=0)
 
 
-def test_the_cpu_keeps_quantized_matmul():
+def test_the_cpu_takes_no_gpu_kernel_and_without_its_own_keeps_quantized_matmul(monkeypatch):
     assert quantized_matvec_backend(mx.Device(mx.cpu), mx.bfloat16, 4, 64, 1) is None
+    monkeypatch.setattr(cpu_matvec, "available", lambda: False)
     x, weight, scales, biases, _ = make_product(2, 8, 128, bits=4, group_size=64, dtype=mx.float32)
     with mx.stream(mx.cpu):
         out = quantized_linear(x, weight, scales, biases, group_size=64, bits=4)
