@@ -1,7 +1,11 @@
 """Tiny Qwen3.5 mlx-lm models (`qwen3_5`, `qwen3_5_moe`) written as llama.cpp's converter
 writes them (`Qwen3_5TextModel`, `Qwen3_5MoeTextModel`): the gated-delta value heads
 reordered from grouped per key head to tiled, Qwen3-Next's decay and convolution changes,
-the MRoPE sections, and a multi-token-prediction layer after the decoder's."""
+the MRoPE sections, and a multi-token-prediction layer after the decoder's.
+
+Every tensor outside the prediction layer is what llama.cpp's own `convert_hf_to_gguf.py`
+(llama-cpp-python 0.3.36's copy) writes for the same weights, checked tensor for tensor; the
+converter also writes `attention.recurrent_layers`, which gguf 0.19's writer cannot."""
 
 from __future__ import annotations
 

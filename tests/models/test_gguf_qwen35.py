@@ -1,8 +1,14 @@
 """Qwen3.5 GGUF files (`qwen35`, `qwen35moe`): the converter's tiled value heads put back
-exactly, in quantized files too, the multi-token-prediction layer left out, and what mlx-lm's
-layout cannot hold refused. (Logits and greedy tokens against mlx-lm on the same weights are
-checked with every family in `test_gguf_architectures`.)"""
+exactly, in quantized files too, the multi-token-prediction layer left out, logits and greedy
+tokens as llama.cpp computes them, and what mlx-lm's layout cannot hold refused. (Logits and
+greedy tokens against mlx-lm on the same weights are checked with every family in
+`test_gguf_architectures`.)"""
 
+import dataclasses
+import json
+from pathlib import Path
+
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -23,6 +29,9 @@ from gguf_models import make_reference, stored_weights, write_converted_gguf
 from gguf_qwen35_families import QWEN35_FAMILIES, tile_value_heads
 
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
+LLAMA_CPP = json.loads(
+    (Path(__file__).parent / "data" / "qwen35_llama_cpp_logits.json").read_text()
+)
 
 
 def load(path):
@@ -42,6 +51,51 @@ def test_qwen35_gguf_holds_the_checkpoint_weights(tmp_path, name):
     assert parameters.keys() == weights.keys()
     for key, value in weights.items():
         np.testing.assert_allclose(np.array(parameters[key]), value, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(QWEN35_FAMILIES))
+def test_qwen35_gguf_matches_llama_cpp_on_the_same_file(tmp_path, name):
+    """The file the test writes is, tensor for tensor, what llama.cpp's converter writes for
+    these weights; llama.cpp's logits and greedy tokens on it were recorded."""
+    family = QWEN35_FAMILIES[name]
+    loaded = load(
+        write_converted_gguf(tmp_path / "m.gguf", family, make_reference(family.config)[1])
+    )
+    recorded = LLAMA_CPP["models"][name]
+    assert LLAMA_CPP["prompt"] == PROMPT
+    np.testing.assert_allclose(
+        np.array(loaded.module(mx.array([PROMPT]))[0]), recorded["logits"], atol=2e-3, rtol=0
+    )
+    assert greedy_tokens(loaded.module) == recorded["greedy"]
+
+
+@pytest.mark.parametrize("name", sorted(QWEN35_FAMILIES))
+def test_qwen35_gguf_with_the_converters_recurrent_layer_flags(tmp_path, monkeypatch, name):
+    """Newer converters also write `attention.recurrent_layers` (from `layer_types`, false
+    for the prediction layer); gguf 0.19's writer has no method for it."""
+    family = QWEN35_FAMILIES[name]
+    layers, interval = family.config["num_hidden_layers"], family.config["full_attention_interval"]
+    flags = [(i + 1) % interval != 0 for i in range(layers)] + [False]
+
+    def add_recurrent_layers(writer: gguf.GGUFWriter, value: list[bool]) -> None:
+        writer.add_array(f"{writer.arch}.attention.recurrent_layers", value)
+
+    monkeypatch.setattr(
+        gguf.GGUFWriter, "add_recurrent_layers", add_recurrent_layers, raising=False
+    )
+    flagged = dataclasses.replace(family, metadata=family.metadata | {"recurrent_layers": flags})
+    reference, weights = make_reference(family.config)
+    loaded = load(write_converted_gguf(tmp_path / "m.gguf", flagged, weights))
+    assert (
+        read_gguf_header(tmp_path / "m.gguf").metadata[
+            f"{family.gguf_arch}.attention.recurrent_layers"
+        ]
+        == flags
+    )
+    tokens = mx.array([PROMPT])
+    np.testing.assert_allclose(
+        np.array(loaded.module(tokens)), np.array(reference(tokens)), atol=1e-4, rtol=1e-4
+    )
 
 
 @pytest.mark.parametrize(("name", "matrix_type"), [("qwen3_5", "Q8_0"), ("qwen3_5_moe", "Q4_0")])
