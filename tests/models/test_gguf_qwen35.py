@@ -98,6 +98,25 @@ def test_qwen35_gguf_with_the_converters_recurrent_layer_flags(tmp_path, monkeyp
     )
 
 
+def test_qwen35moe_gguf_requantized_by_llama_cpp_loads_its_squeezed_shared_expert_gate(tmp_path):
+    """llama.cpp's quantizer writes every tensor with its trailing size-one axes dropped: the
+    shared expert's gate, (1, hidden) from the converter, becomes (hidden,)."""
+    family = QWEN35_FAMILIES["qwen3_5_moe"]
+
+    def squeeze_shared_gate(name, weight, config):
+        for gguf_name, tensor in family.split_tensor(name, weight, config):
+            yield gguf_name, tensor.reshape(-1) if "shared_expert_gate" in gguf_name else tensor
+
+    squeezed = dataclasses.replace(family, split_tensor=squeeze_shared_gate)
+    reference, weights = make_reference(family.config)
+    path = write_converted_gguf(tmp_path / "m.gguf", squeezed, weights)
+    assert read_gguf_header(path).tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (64,)
+    tokens = mx.array([PROMPT])
+    np.testing.assert_allclose(
+        np.array(load(path).module(tokens)), np.array(reference(tokens)), atol=1e-4, rtol=1e-4
+    )
+
+
 @pytest.mark.parametrize(("name", "matrix_type"), [("qwen3_5", "Q8_0"), ("qwen3_5_moe", "Q4_0")])
 def test_quantized_qwen35_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):
     """The value heads are reordered on the packed rows and, a head being whole groups,

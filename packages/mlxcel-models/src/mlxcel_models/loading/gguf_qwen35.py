@@ -36,6 +36,9 @@ _QWEN35_NAMES = (
     ("switch_mlp", "experts"),
     ("linear_attn.dt_bias", "linear_attn.dt_proj.bias"),
 )
+# llama.cpp's quantizer drops the size-one axis of the shared expert's gate (the converter
+# writes it (1, hidden)), as it writes every tensor with its trailing ones dropped.
+_QWEN35_RESHAPED = SSM_RESHAPED | {"ffn_gate_inp_shexp"}
 # GGUF base name → (the axis holding the value heads, whether the queries' and keys' rows
 # come first on it).
 _TILED = {
@@ -145,7 +148,7 @@ QWEN35_ARCHITECTURES = (
         base_config=hybrid_base_config,
         extras=qwen3_5,
         restore_tensor=untile_value_heads,
-        reshaped_tensors=SSM_RESHAPED,
+        reshaped_tensors=_QWEN35_RESHAPED,
     ),
     GGUFArchitecture(
         "qwen35moe",
@@ -154,6 +157,6 @@ QWEN35_ARCHITECTURES = (
         base_config=hybrid_base_config,
         extras=qwen3_5,
         restore_tensor=untile_value_heads,
-        reshaped_tensors=SSM_RESHAPED,
+        reshaped_tensors=_QWEN35_RESHAPED,
     ),
 )
