@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_architectures import GGUF_ARCHITECTURES
@@ -114,6 +115,46 @@ def test_qwen35moe_gguf_requantized_by_llama_cpp_loads_its_squeezed_shared_exper
     tokens = mx.array([PROMPT])
     np.testing.assert_allclose(
         np.array(load(path).module(tokens)), np.array(reference(tokens)), atol=1e-4, rtol=1e-4
+    )
+
+
+def fuse_gate_up_experts(family):
+    """`family` as `--fuse-gate-up-exps` converts it: each layer's expert gate and up
+    projections (experts, ffn, hidden) concatenated on the rows into `ffn_gate_up_exps`."""
+    gates = {}
+
+    def fuse(name, weight, config):
+        for hf_name, tensor in family.split_tensor(name, weight, config):
+            if ".mlp.experts.gate_proj." in hf_name:
+                gates[hf_name.split(".")[2]] = tensor
+            elif ".mlp.experts.up_proj." in hf_name and not hf_name.startswith("blk."):
+                layer = hf_name.split(".")[2]
+                fused = np.concatenate([gates.pop(layer), tensor], axis=1)
+                yield f"blk.{layer}.ffn_gate_up_exps.weight", fused
+            else:
+                yield hf_name, tensor
+
+    return dataclasses.replace(family, split_tensor=fuse)
+
+
+@pytest.mark.parametrize("matrix_type", ["F32", "Q8_0"])
+def test_qwen35moe_gguf_with_fused_gate_up_experts(tmp_path, matrix_type):
+    """The fused experts split back by rows, quantized ones in their packing."""
+    family = QWEN35_FAMILIES["qwen3_5_moe"]
+    _, weights = make_reference(family.config)
+    path = write_converted_gguf(
+        tmp_path / "m.gguf", fuse_gate_up_experts(family), weights, matrix_type
+    )
+    assert "blk.0.ffn_gate_up_exps.weight" in read_gguf_header(path).tensors
+    reference = make_reference(family.config)[0]
+    stored = stored_weights(weights, matrix_type)
+    reference.load_weights([(k, mx.array(v)) for k, v in stored.items()], strict=True)
+    loaded = load(path)
+    gate = loaded.module.language_model.model.layers[0].mlp.switch_mlp.gate_proj
+    assert isinstance(gate, QuantizedSwitchLinear) == (matrix_type == "Q8_0")
+    tokens = mx.array([PROMPT])
+    np.testing.assert_allclose(
+        np.array(loaded.module(tokens)), np.array(reference(tokens)), atol=2e-3, rtol=2e-3
     )
 
 

@@ -14,7 +14,9 @@ gated-delta layers, where a key head has several, from grouped per key head
 heads without an interleaved repeat. It does so in the value rows of `attn_qkv` and of the
 convolution kernel, the rows of `attn_gate` (z), `ssm_alpha` and `ssm_beta`, the vectors
 `ssm_a` and `ssm_dt`, and the input columns of `ssm_out`; the loader puts them back.
-Multi-token-prediction layers it appends (`nextn_predict_layers`) are left out.
+Multi-token-prediction layers it appends (`nextn_predict_layers`) are left out. With
+`--fuse-gate-up-exps` the MoE model's expert gate and up projections come as one
+`ffn_gate_up_exps` (gate rows first), split back in their packing.
 """
 
 from __future__ import annotations
@@ -140,6 +142,15 @@ def _untile(value: mx.array, axis: int, skip: int, key_heads: int, per_key: int)
     return mx.concatenate([value[:skip], grouped]) if skip else grouped
 
 
+def route_fused_experts(name: str, config: dict[str, Any]) -> tuple[str, ...] | None:
+    """`switch_mlp`'s gate and up projections for the fused `ffn_gate_up_exps` (experts,
+    2 * ffn, hidden) that `--fuse-gate-up-exps` writes; None (gguf-py's table) otherwise."""
+    if not name.startswith("blk.") or not name.endswith(".ffn_gate_up_exps.weight"):
+        return None
+    experts = f"language_model.model.layers.{name.split('.')[1]}.mlp.switch_mlp"
+    return (f"{experts}.gate_proj.weight", f"{experts}.up_proj.weight")
+
+
 QWEN35_ARCHITECTURES = (
     GGUFArchitecture(
         "qwen35",
@@ -158,5 +169,6 @@ QWEN35_ARCHITECTURES = (
         extras=qwen3_5,
         restore_tensor=untile_value_heads,
         reshaped_tensors=_QWEN35_RESHAPED,
+        route_tensor=route_fused_experts,
     ),
 )
