@@ -27,6 +27,7 @@ from gguf_mixed_attention_families import MIXED_ATTENTION_FAMILIES
 from gguf_mla_families import MLA_GROUP_FAMILIES
 from gguf_models import FAMILIES as BASE_FAMILIES
 from gguf_models import make_reference, stored_weights, write_converted_gguf
+from gguf_qwen35_families import QWEN35_FAMILIES
 from gguf_recurrent_families import RECURRENT_FAMILIES
 
 FAMILIES = (
@@ -39,6 +40,7 @@ FAMILIES = (
     | MIXED_ATTENTION_FAMILIES
     | MLA_GROUP_FAMILIES
     | GEMMA_FAMILIES
+    | QWEN35_FAMILIES
 )
 
 MODELS_DOC = Path(__file__).parents[2] / "docs" / "models.md"

@@ -45,6 +45,7 @@ from mlxcel_models.loading.gguf_layouts import (
 from mlxcel_models.loading.gguf_mla import LATENT_ATTENTION, deepseek_config, deepseek_model_type
 from mlxcel_models.loading.gguf_mla_group import MLA_GROUP_ARCHITECTURES
 from mlxcel_models.loading.gguf_more_architectures import MORE_ARCHITECTURES
+from mlxcel_models.loading.gguf_qwen35 import QWEN35_ARCHITECTURES
 from mlxcel_models.loading.gguf_recurrent import (
     SSM_RESHAPED,
     falcon_h1,
@@ -398,6 +399,7 @@ _ARCHITECTURES += (
 _ARCHITECTURES += MORE_ARCHITECTURES
 _ARCHITECTURES += MLA_GROUP_ARCHITECTURES
 _ARCHITECTURES += GEMMA_ARCHITECTURES
+_ARCHITECTURES += QWEN35_ARCHITECTURES
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {arch.name: arch for arch in _ARCHITECTURES}
 
 

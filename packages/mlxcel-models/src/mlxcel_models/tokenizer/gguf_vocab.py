@@ -49,6 +49,11 @@ _QWEN2_SPLIT = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5's: Qwen 2's with combining marks (`\p{M}`) kept with the letters before them.
+_QWEN35_SPLIT = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _TEKKEN_SPLIT = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
@@ -113,6 +118,7 @@ PRE_TOKENIZER_RULES: Mapping[str, PreTokenizerRule] = MappingProxyType(
         "dbrx": PreTokenizerRule((_LLAMA3_SPLIT,)),
         "smaug-bpe": PreTokenizerRule((_LLAMA3_SPLIT,)),
         "qwen2": _QWEN2_RULE,
+        "qwen35": PreTokenizerRule((_QWEN35_SPLIT,)),
         "deepseek-r1-qwen": _QWEN2_RULE,
         "stablelm2": _QWEN2_RULE,
         "megrez": _QWEN2_RULE,
