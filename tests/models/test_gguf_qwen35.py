@@ -26,8 +26,9 @@ from mlxcel_models.loading.loader import load_model
 from mlxcel_models.memory.inventory import read_model_inventory
 from mlxcel_models.tokenizer import build_gguf_tokenizer
 
-from gguf_models import make_reference, stored_weights, write_converted_gguf
+from gguf_models import FAMILIES, make_reference, stored_weights, write_converted_gguf
 from gguf_qwen35_families import QWEN35_FAMILIES, tile_value_heads
+from gguf_recurrent_families import RECURRENT_FAMILIES
 
 PROMPT = [5, 80, 81, 200, 17, 42, 9, 260, 33, 7]
 LLAMA_CPP = json.loads(
@@ -99,19 +100,24 @@ def test_qwen35_gguf_with_the_converters_recurrent_layer_flags(tmp_path, monkeyp
     )
 
 
-def test_qwen35moe_gguf_requantized_by_llama_cpp_loads_its_squeezed_shared_expert_gate(tmp_path):
+@pytest.mark.parametrize(
+    "family",
+    [QWEN35_FAMILIES["qwen3_5_moe"], FAMILIES["qwen2_moe"], RECURRENT_FAMILIES["qwen3_next"]],
+    ids=lambda family: family.gguf_arch,
+)
+def test_gguf_requantized_by_llama_cpp_loads_its_squeezed_shared_expert_gate(tmp_path, family):
     """llama.cpp's quantizer writes every tensor with its trailing size-one axes dropped: the
     shared expert's gate, (1, hidden) from the converter, becomes (hidden,)."""
-    family = QWEN35_FAMILIES["qwen3_5_moe"]
 
     def squeeze_shared_gate(name, weight, config):
-        for gguf_name, tensor in family.split_tensor(name, weight, config):
-            yield gguf_name, tensor.reshape(-1) if "shared_expert_gate" in gguf_name else tensor
+        split = family.split_tensor(name, weight, config) if family.split_tensor else None
+        for written, tensor in split if split is not None else [(name, weight)]:
+            yield written, tensor.reshape(-1) if "shared_expert_gate" in written else tensor
 
     squeezed = dataclasses.replace(family, split_tensor=squeeze_shared_gate)
     reference, weights = make_reference(family.config)
     path = write_converted_gguf(tmp_path / "m.gguf", squeezed, weights)
-    assert read_gguf_header(path).tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (64,)
+    assert len(read_gguf_header(path).tensors["blk.0.ffn_gate_inp_shexp.weight"].shape) == 1
     tokens = mx.array([PROMPT])
     np.testing.assert_allclose(
         np.array(load(path).module(tokens)), np.array(reference(tokens)), atol=1e-4, rtol=1e-4

@@ -38,6 +38,7 @@ from mlxcel_models.loading.gguf_layouts import (
     BAILING_QUERY_KEY_VALUE,
     DBRX_EXPERTS,
     INTERNLM2_WQKV,
+    SHARED_EXPERT_GATE,
     interleave_neox_qkv,
     unpermute_xverse_rows,
     unshuffle_plamo_heads,
@@ -93,7 +94,9 @@ _ARCHITECTURES = (
     ),
     GGUFArchitecture("qwen2", "qwen2"),
     GGUFArchitecture("qwen3", "qwen3"),
-    GGUFArchitecture("qwen2moe", "qwen2_moe", name_aliases=_SWITCH),
+    GGUFArchitecture(
+        "qwen2moe", "qwen2_moe", name_aliases=_SWITCH, reshaped_tensors=SHARED_EXPERT_GATE
+    ),
     GGUFArchitecture("qwen3moe", "qwen3_moe", name_aliases=_SWITCH, extras=configs.qwen3_moe),
     GGUFArchitecture("gemma", "gemma", norm_offset=1.0),
     GGUFArchitecture("gemma2", "gemma2", norm_offset=1.0, extras=configs.gemma2),
@@ -349,7 +352,7 @@ _ARCHITECTURES += (
         extras=qwen3_next,
         tensor_join=GATED_DELTA_IN_PROJ,
         restore_tensor=restore_ssm_decay,
-        reshaped_tensors=SSM_RESHAPED,
+        reshaped_tensors=SSM_RESHAPED | SHARED_EXPERT_GATE,
     ),
     GGUFArchitecture(
         "rwkv7",

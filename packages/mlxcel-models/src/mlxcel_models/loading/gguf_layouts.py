@@ -17,6 +17,10 @@ import mlx.core as mx
 
 JoinFunction = Callable[[Mapping[str, mx.array], Mapping[str, Any]], dict[str, mx.array] | None]
 
+# llama.cpp's quantizer drops the size-one axis of a shared expert's gate, (1, hidden): the
+# loader reshapes it back (`GGUFArchitecture.reshaped_tensors`).
+SHARED_EXPERT_GATE = frozenset({"ffn_gate_inp_shexp"})
+
 
 @dataclass(frozen=True)
 class TensorJoin:

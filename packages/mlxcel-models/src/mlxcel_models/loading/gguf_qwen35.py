@@ -29,6 +29,7 @@ from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loading.gguf_architecture import GGUFArchitecture
 from mlxcel_models.loading.gguf_config import GGUFMetadata
 from mlxcel_models.loading.gguf_hybrid import hybrid_base_config, qwen3_next
+from mlxcel_models.loading.gguf_layouts import SHARED_EXPERT_GATE
 from mlxcel_models.loading.gguf_recurrent import SSM_RESHAPED, restore_ssm_decay
 
 # mlx-lm keeps the text model under `language_model`; the converter names the value heads'
@@ -40,7 +41,7 @@ _QWEN35_NAMES = (
 )
 # llama.cpp's quantizer drops the size-one axis of the shared expert's gate (the converter
 # writes it (1, hidden)), as it writes every tensor with its trailing ones dropped.
-_QWEN35_RESHAPED = SSM_RESHAPED | {"ffn_gate_inp_shexp"}
+_QWEN35_RESHAPED = SSM_RESHAPED | SHARED_EXPERT_GATE
 # GGUF base name → (the axis holding the value heads, whether the queries' and keys' rows
 # come first on it).
 _TILED = {
