@@ -2,7 +2,8 @@
 `quantized_matmul`, at the default model's shapes.
 
 SmolLM2-135M's weights (576 wide, 1536 in the MLP, a 49152-row tied output projection),
-float32 activations and scales as the CPU path holds them, each product on one core. Each
+float32 activations and scales as the CPU path holds them; MLX's product on one core, the
+kernel on the threads `threads_for` gives it on two cores (the output projection on two). Each
 figure is the median over `--repeats` groups of `--calls` calls, per call, the MLX
 product evaluated call by call as a decode step does, in milliseconds and nanoseconds per
 weight and row.
@@ -20,7 +21,12 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from mlxcel_core.kernels.cpu_matvec import available, cpu_quantized_matvec, describe_cpu_kernels
+from mlxcel_core.kernels.cpu_matvec import (
+    available,
+    cpu_quantized_matvec,
+    describe_cpu_kernels,
+    threads_for,
+)
 
 # (outputs, inputs, bits, group size): the MLP's gate/up and down, q/o, k/v, the output.
 SHAPES = (
@@ -65,9 +71,17 @@ def time_shape(
             calls,
             repeats,
         )  # fmt: skip
+        threads = threads_for(count, N, K, cpu_streams=2)
         ours = per_call(
             functools.partial(
-                cpu_quantized_matvec, x, packed, scales, biases, group_size=group, bits=bits
+                cpu_quantized_matvec,
+                x,
+                packed,
+                scales,
+                biases,
+                group_size=group,
+                bits=bits,
+                threads=threads,
             ),
             calls,
             repeats,

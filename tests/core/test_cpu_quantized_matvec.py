@@ -45,6 +45,28 @@ def test_the_kernel_computes_what_quantized_matmul_computes(bits, group_size, ro
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("outputs", [1, 77])
+def test_two_threads_compute_what_one_computes(rows, outputs):
+    packed, scales, biases = quantized_weight(outputs, 256, 8, 32, seed=outputs)
+    x = mx.random.normal((rows, 256), key=mx.random.key(rows))
+    one = cpu_quantized_matvec(x, packed, scales, biases, group_size=32, bits=8)
+    two = cpu_quantized_matvec(x, packed, scales, biases, group_size=32, bits=8, threads=2)
+    assert mx.array_equal(one, two)
+    with pytest.raises(ValueError, match="refused K=256, group 32, 3 threads"):
+        cpu_quantized_matvec(x, packed, scales, biases, group_size=32, bits=8, threads=3)
+
+
+def test_only_large_products_split_and_only_with_a_second_core():
+    large = -(-cpu_matvec.SPLIT_MIN_WEIGHTS // 576)  # the fewest outputs that split
+    assert cpu_matvec.threads_for(1, 49152, 576, cpu_streams=2) == 2
+    assert cpu_matvec.threads_for(1, large, 576, cpu_streams=2) == 2
+    assert cpu_matvec.threads_for(1, large - 1, 576, cpu_streams=2) == 1
+    assert cpu_matvec.threads_for(8, 1536, 576, cpu_streams=2) == 2
+    assert cpu_matvec.threads_for(1, 49152, 576, cpu_streams=1) == 1
+
+
+@needs_kernel
 def test_leading_axes_are_kept_and_a_lazy_input_is_evaluated():
     packed, scales, biases = quantized_weight(40, 256, 4, 32)
     x = mx.random.normal((2, 1, 256)) * 0.5 + 1.0  # lazy until the kernel evaluates it

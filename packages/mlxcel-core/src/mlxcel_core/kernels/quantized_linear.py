@@ -45,7 +45,8 @@ def quantized_linear(
       times faster than MLX's CPU product at decode rows;
     - otherwise `mx.quantized_matmul`, which reads 4-8x fewer bytes than a dense product.
     On the CPU, the dense tactic and `mx.quantized_matmul` split their output columns over
-    `cpu_streams` streams, one core each (`mlxcel_core.kernels.stream_split`).
+    `cpu_streams` streams, one core each (`mlxcel_core.kernels.stream_split`); the C
+    kernel splits a large product's outputs over two threads (`cpu_matvec.threads_for`).
 
     Args:
         x: (..., K) activations, float.
@@ -75,8 +76,9 @@ def quantized_linear(
             x, weight, scales, biases, group_size=group_size, bits=bits, num_streams=cpu_streams
         )
     elif _takes_cpu_kernel(x, scales, biases, bits, group_size):
+        threads = cpu_matvec.threads_for(rows, weight.shape[0], x.shape[-1], cpu_streams)
         y = cpu_matvec.cpu_quantized_matvec(
-            x, weight, scales, biases, group_size=group_size, bits=bits
+            x, weight, scales, biases, group_size=group_size, bits=bits, threads=threads
         )
     else:
         y = split_quantized_product(

@@ -21,6 +21,9 @@ from mlxcel_core.kernels.cpu_matvec.native import NativeLibrary, native_library
 MAX_ROWS = 8
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
+# Products of at least this many weights (times rows) split their outputs over two threads:
+# starting and joining one costs tens of microseconds, a few percent of such a product.
+SPLIT_MIN_WEIGHTS = 4 * 2**20
 
 
 def supports(x: mx.array, scales: mx.array, biases: mx.array, bits: int, group_size: int) -> bool:
@@ -35,6 +38,13 @@ def supports(x: mx.array, scales: mx.array, biases: mx.array, bits: int, group_s
         and bits in BITS
         and group_size in GROUP_SIZES
     )
+
+
+def threads_for(rows: int, outputs: int, inputs: int, cpu_streams: int) -> int:
+    """Threads for a product of `rows` rows and an (outputs, inputs) weight, where the
+    caller may use `cpu_streams` cores: 2 from `SPLIT_MIN_WEIGHTS` on, else 1."""
+    large = rows * outputs * inputs >= SPLIT_MIN_WEIGHTS
+    return 2 if large and cpu_streams >= 2 else 1
 
 
 def available() -> bool:
@@ -54,7 +64,7 @@ def describe_cpu_kernels() -> str:
 def _function(library: NativeLibrary):
     function = library.library.mlxcel_quantized_matvec
     function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+    function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
     return function
 
 
@@ -73,6 +83,7 @@ def cpu_quantized_matvec(
     *,
     group_size: int,
     bits: int,
+    threads: int = 1,
 ) -> mx.array:
     """`x @ W.T` for a weight W in MLX's affine quantization, by the C kernel.
 
@@ -85,6 +96,7 @@ def cpu_quantized_matvec(
         biases: (N, K / group_size) float32 per-group offsets.
         group_size: 32, 64 or 128.
         bits: 4 or 8.
+        threads: 1, or 2 to compute half of the outputs on a second thread.
 
     Returns:
         (..., N) float32, a new array.
@@ -116,11 +128,20 @@ def cpu_quantized_matvec(
     y = np.empty((M, N), dtype=np.float32)
     pointers = [_address(array) for array in (rows, weight, scales, biases)]
     status = _function(library)(
-        *(pointer for pointer, _ in pointers), y.ctypes.data, M, N, K, bits, group_size
+        *(pointer for pointer, _ in pointers), y.ctypes.data, M, N, K, bits, group_size, threads
     )
     if status != 0:
-        raise ValueError(f"the CPU quantized matvec kernel refused K={K}, group {group_size}")
+        raise ValueError(
+            f"the CPU quantized matvec kernel refused K={K}, group {group_size}, {threads} threads"
+        )
     return mx.array(y).reshape(*x.shape[:-1], N)
 
 
-__all__ = ["MAX_ROWS", "available", "cpu_quantized_matvec", "describe_cpu_kernels", "supports"]
+__all__ = [
+    "MAX_ROWS",
+    "available",
+    "cpu_quantized_matvec",
+    "describe_cpu_kernels",
+    "supports",
+    "threads_for",
+]

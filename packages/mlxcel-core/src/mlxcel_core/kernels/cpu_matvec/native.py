@@ -25,7 +25,7 @@ from pathlib import Path
 
 NO_CPU_KERNELS_VARIABLE = "MLXCEL_NO_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("quantized_matvec.c")
-FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-pthread")
 BUILD_TIMEOUT_SECONDS = 120
 X86_64 = frozenset({"x86_64", "AMD64", "amd64"})
 

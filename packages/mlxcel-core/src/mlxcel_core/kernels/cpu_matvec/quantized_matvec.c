@@ -6,9 +6,11 @@
  * Per group, sum_i w_i x_i = scale * sum_i level_i x_i + bias * sum_i x_i: the levels are
  * widened eight at a time into float lanes and multiplied with x, the bias term uses the
  * group's sum of x, computed once per call. Each packed weight is read once for all rows.
- * AVX2 and FMA only: the library is not built for other CPUs.
+ * The outputs may be split over two threads (the caller's and one more), each computing
+ * half of them. AVX2 and FMA only: the library is not built for other CPUs.
  */
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -36,16 +38,18 @@ static inline __m256 levels8(const uint32_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 
-/* Outputs [0, n) for `block` rows of x at once (block <= MAX_BLOCK_ROWS, a constant where
- * inlined), two accumulators a row so consecutive chunks do not wait on each other. */
+/* Outputs [first, last) of n for `block` rows of x at once (block <= MAX_BLOCK_ROWS, a
+ * constant where inlined), two accumulators a row so consecutive chunks do not wait on each
+ * other. */
 static inline __attribute__((always_inline)) void rows_block(
     const int bits, const int block, const float* x, const float* xsum, const uint32_t* w,
-    const float* scales, const float* biases, float* y, int n, int k, int group_size) {
+    const float* scales, const float* biases, float* y, int first, int last, int n, int k,
+    int group_size) {
   const int groups = k / group_size;
   const int chunks = group_size / 8;
   const int words_per_chunk = bits / 4;
   const int words_per_row = k * bits / 32;
-  for (int o = 0; o < n; ++o) {
+  for (int o = first; o < last; ++o) {
     const uint32_t* row = w + (size_t)o * words_per_row;
     const float* scale = scales + (size_t)o * groups;
     const float* bias = biases + (size_t)o * groups;
@@ -80,7 +84,7 @@ static inline __attribute__((always_inline)) void rows_block(
 
 #define BLOCK_CASE(BITS, ROWS, GROUP)                                                    \
   case ROWS:                                                                              \
-    rows_block(BITS, ROWS, x, xsum, w, scales, biases, y, n, k, GROUP);                   \
+    rows_block(BITS, ROWS, x, xsum, w, scales, biases, y, first, last, n, k, GROUP);      \
     return;
 
 #define BLOCKS(BITS, GROUP)                                                                \
@@ -99,7 +103,7 @@ static inline __attribute__((always_inline)) void rows_block(
 
 static void block_of(int bits, int block, const float* x, const float* xsum,
                      const uint32_t* w, const float* scales, const float* biases, float* y,
-                     int n, int k, int group_size) {
+                     int first, int last, int n, int k, int group_size) {
   if (bits == 4) {
     GROUPS(4)
   } else {
@@ -107,13 +111,38 @@ static void block_of(int bits, int block, const float* x, const float* xsum,
   }
 }
 
+/* One thread's share of a product: outputs [first, last) for every row of x. */
+typedef struct {
+  const float* x;
+  const float* xsum;
+  const uint32_t* w;
+  const float* scales;
+  const float* biases;
+  float* y;
+  int rows, first, last, n, k, bits, group_size;
+} Share;
+
+static void* compute_share(void* argument) {
+  const Share* s = argument;
+  const int groups = s->k / s->group_size;
+  for (int m = 0; m < s->rows; m += MAX_BLOCK_ROWS) {
+    const int block = s->rows - m < MAX_BLOCK_ROWS ? s->rows - m : MAX_BLOCK_ROWS;
+    block_of(s->bits, block, s->x + (size_t)m * s->k, s->xsum + (size_t)m * groups, s->w,
+             s->scales, s->biases, s->y + (size_t)m * s->n, s->first, s->last, s->n, s->k,
+             s->group_size);
+  }
+  return NULL;
+}
+
 /* Returns 0, or -1 for a layout the kernel does not take (bits other than 4 and 8, a group
- * size other than 32, 64 and 128, k not a whole number of groups, rows < 1) or no memory. */
+ * size other than 32, 64 and 128, k not a whole number of groups, rows < 1, threads other
+ * than 1 and 2) or no memory. With two threads, one is started for the second half of the
+ * outputs (the caller's thread computes the first), or none if it cannot be. */
 int mlxcel_quantized_matvec(const float* x, const uint32_t* w, const float* scales,
                             const float* biases, float* y, int rows, int n, int k, int bits,
-                            int group_size) {
+                            int group_size, int threads) {
   if ((bits != 4 && bits != 8) || (group_size != 32 && group_size != 64 && group_size != 128) ||
-      k % group_size || rows < 1 || n < 0)
+      k % group_size || rows < 1 || n < 0 || (threads != 1 && threads != 2))
     return -1;
   const int groups = k / group_size;
   float* xsum = malloc(sizeof(float) * (size_t)rows * groups);
@@ -124,11 +153,18 @@ int mlxcel_quantized_matvec(const float* x, const uint32_t* w, const float* scal
       for (int i = 0; i < group_size; ++i) s += x[(size_t)m * k + g * group_size + i];
       xsum[(size_t)m * groups + g] = s;
     }
-  for (int first = 0; first < rows; first += MAX_BLOCK_ROWS) {
-    const int block = rows - first < MAX_BLOCK_ROWS ? rows - first : MAX_BLOCK_ROWS;
-    block_of(bits, block, x + (size_t)first * k, xsum + (size_t)first * groups, w, scales,
-             biases, y + (size_t)first * n, n, k, group_size);
-  }
+  const int half = threads == 2 ? n / 2 : n;
+  Share first = {x, xsum, w, scales, biases, y, rows, 0, half, n, k, bits, group_size};
+  Share second = first;
+  second.first = half;
+  second.last = n;
+  pthread_t helper;
+  const int started = half < n && pthread_create(&helper, NULL, compute_share, &second) == 0;
+  compute_share(&first);
+  if (started)
+    pthread_join(helper, NULL);
+  else if (half < n)
+    compute_share(&second);
   free(xsum);
   return 0;
 }
