@@ -8,6 +8,7 @@ import sys
 import mlx.core as mx
 import pytest
 
+from mlxcel import cli
 from mlxcel.cli import main, make_parser
 from mlxcel.common import loading
 from mlxcel.common.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
@@ -229,6 +230,18 @@ def test_bench_rejects_bad_sizes(tiny_gguf):
 def test_help_and_version_return_zero():
     assert run_cli("generate", "--help")[0] == 0
     assert run_cli("--version")[0] == 0
+
+
+def test_only_version_makes_the_version_text(monkeypatch, capsys):
+    """The text imports MLX and may build the CPU kernels: no other command waits for it."""
+    made = []
+    monkeypatch.setattr(cli, "_version_text", lambda: made.append(1) or "mlxcel 9.9")
+    make_parser("list").parse_args(["list"])
+    assert made == []
+    with pytest.raises(SystemExit) as exit_:
+        make_parser().parse_args(["--version"])
+    assert exit_.value.code == 0 and made == [1]
+    assert capsys.readouterr().out == "mlxcel 9.9\n"
 
 
 def test_repeatable_dry_breakers_from_flags_and_environment():

@@ -3,14 +3,15 @@
 
 import platform
 import shutil
-from pathlib import Path
+import subprocess
+import sys
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from mlxcel_core.kernels import cpu_matvec, quantized_linear
-from mlxcel_core.kernels.cpu_matvec import cpu_quantized_matvec
+from mlxcel_core.kernels.cpu_matvec import cpu_quantized_matvec, native
 from mlxcel_core.kernels.cpu_matvec.native import SOURCE, cache_directory, load_native_library
 
 needs_kernel = pytest.mark.skipif(
@@ -123,39 +124,76 @@ def test_quantized_linear_takes_the_kernel_for_decode_rows_only(monkeypatch):
 
 
 def test_turned_off_by_the_environment(tmp_path):
-    library = load_native_library({"MLXCEL_NO_CPU_KERNELS": "1", "XDG_CACHE_HOME": str(tmp_path)})
+    library = load_native_library({"MLXCEL_NO_CPU_KERNELS": "1", "MLXCEL_CACHE_DIR": str(tmp_path)})
     assert library.library is None
     assert "MLXCEL_NO_CPU_KERNELS" in library.reason
-    assert not (tmp_path / "mlxcel").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 @can_build
 def test_a_missing_compiler_leaves_the_kernels_out(tmp_path):
-    library = load_native_library({"CC": "no-such-cc", "XDG_CACHE_HOME": str(tmp_path)})
+    library = load_native_library({"CC": "no-such-cc", "MLXCEL_CACHE_DIR": str(tmp_path)})
     assert library.library is None
     assert library.reason == "no C compiler (no-such-cc) found"
 
 
 @can_build
-def test_a_failing_build_leaves_no_library_behind(tmp_path):
-    source = tmp_path / "broken.c"
-    source.write_text("int f(void) { return }\n")
-    cache = tmp_path / "cache"
-    library = load_native_library({"XDG_CACHE_HOME": str(cache)}, source=source)
-    assert library.library is None
-    assert library.reason.startswith("build failed: ")
-    assert list(cache_directory({"XDG_CACHE_HOME": str(cache)}).iterdir()) == []
+def test_a_compiler_named_with_arguments_builds(tmp_path):
+    library = load_native_library({"CC": "cc -Wall", "MLXCEL_CACHE_DIR": str(tmp_path)})
+    assert library.library is not None, library.reason
 
 
 @can_build
-def test_the_library_is_built_once_and_then_loaded_from_the_cache(tmp_path):
-    environ = {"XDG_CACHE_HOME": str(tmp_path)}
+def test_a_cache_that_cannot_be_written_leaves_the_kernels_out_without_raising(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    library = load_native_library({"MLXCEL_CACHE_DIR": str(blocker)})
+    assert library.library is None
+    assert library.reason.startswith("build failed: ")
+
+
+@can_build
+def test_a_failed_build_is_remembered_and_leaves_no_library_behind(tmp_path, monkeypatch):
+    source = tmp_path / "broken.c"
+    source.write_text("int f(void) { return }\n")
+    environ = {"MLXCEL_CACHE_DIR": str(tmp_path / "cache")}
+    first = load_native_library(environ, source=source)
+    assert first.library is None and first.reason.startswith("build failed: ")
+    (remembered,) = cache_directory(environ).iterdir()
+    assert remembered.name.endswith(native.FAILED_SUFFIX)
+
+    def no_second_build(*args):
+        raise AssertionError("the failed build ran again")
+
+    monkeypatch.setattr(native, "_build", no_second_build)
+    assert load_native_library(environ, source=source).reason == first.reason
+
+
+@can_build
+def test_the_library_is_built_once_then_loaded_and_rebuilt_when_damaged(tmp_path):
+    environ = {"MLXCEL_CACHE_DIR": str(tmp_path)}
     first = load_native_library(environ)
     assert first.library is not None, first.reason
     (built,) = cache_directory(environ).iterdir()
+    assert built.name.startswith(SOURCE.stem) and built.suffix == ".so"
     stamp = built.stat().st_mtime_ns
-    second = load_native_library(environ)
-    assert second.library is not None
-    assert [Path(p) for p in cache_directory(environ).iterdir()] == [built]
+    assert load_native_library(environ).library is not None
+    assert list(cache_directory(environ).iterdir()) == [built]
     assert built.stat().st_mtime_ns == stamp
-    assert built.name.startswith(SOURCE.stem)
+    built.write_bytes(b"cut short")
+    # A process that has loaded a library gets it again by path: a new one reads the file.
+    loaded = subprocess.run(
+        [sys.executable, "-c", LOAD_IN_A_NEW_PROCESS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.startswith("built with "), loaded.stdout + loaded.stderr
+    assert built.stat().st_size > len(b"cut short")
+
+
+LOAD_IN_A_NEW_PROCESS = """
+import sys
+from mlxcel_core.kernels.cpu_matvec.native import load_native_library
+print(load_native_library({"MLXCEL_CACHE_DIR": sys.argv[1]}).reason)
+"""

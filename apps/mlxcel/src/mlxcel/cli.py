@@ -88,7 +88,9 @@ def make_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="LLM inference on MLX.",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the version's lines
     )
-    parser.add_argument("--version", action="version", version=_version_text())
+    parser.add_argument(
+        "--version", action=_VersionAction, help="show the version, BLAS and CPU kernels"
+    )
     subparsers = parser.add_subparsers(title="commands", required=True, parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         if name == command:
@@ -100,6 +102,20 @@ def make_parser(command: str | None = None) -> argparse.ArgumentParser:
         else:
             subparsers.add_parser(name, help=help_text)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """argparse's `version` action with the text made only when `--version` is given: it
+    imports MLX and may build the CPU kernels, which no other command should wait for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        formatter = parser._get_formatter()
+        formatter.add_text(_version_text())
+        parser._print_message(formatter.format_help(), sys.stdout)
+        parser.exit()
 
 
 def _version_text() -> str:

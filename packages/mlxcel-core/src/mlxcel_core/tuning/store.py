@@ -20,14 +20,14 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcel_core.cache_dir import mlxcel_cache_dir
+
 FORMAT_VERSION = 1
-CACHE_DIR_VARIABLE = "MLXCEL_CACHE_DIR"
-DEFAULT_CACHE_DIR = "~/.cache/mlxcel"
 
 
 def autotune_dir(environ: Mapping[str, str]) -> Path:
     """`${MLXCEL_CACHE_DIR:-~/.cache/mlxcel}/autotune`, the user's home expanded."""
-    return Path(environ.get(CACHE_DIR_VARIABLE) or DEFAULT_CACHE_DIR).expanduser() / "autotune"
+    return mlxcel_cache_dir(environ) / "autotune"
 
 
 @dataclass(frozen=True)

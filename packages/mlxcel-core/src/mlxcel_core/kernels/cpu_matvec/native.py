@@ -1,21 +1,24 @@
 """The CPU kernels' C library: built once per machine with the system's C compiler, for
-the machine's own instruction set (`-march=native`), kept in a cache and loaded with
+the machine's own instruction set (`-march=native`), kept in mlxcel's cache and loaded with
 ctypes.
 
 MLX has no way to add a CPU kernel from Python, and its wheels cannot carry code compiled
 for each CPU, so the library is built where it runs, as MLX builds its own fused CPU
-kernels. Where there is no compiler, the CPU is not x86-64, the build fails or
-`MLXCEL_NO_CPU_KERNELS=1` is set, nothing is built and callers keep MLX's products;
-`NativeLibrary.reason` says why.
+kernels. Where there is no compiler, the CPU is not x86-64, the build fails, the cache
+cannot be written or `MLXCEL_NO_CPU_KERNELS=1` is set, callers keep MLX's products and
+`NativeLibrary.reason` says why. A failed build is remembered beside the library it would
+have made, so later processes do not pay for it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -23,11 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxcel_core.cache_dir import mlxcel_cache_dir
+
 NO_CPU_KERNELS_VARIABLE = "MLXCEL_NO_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("quantized_matvec.c")
 FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-pthread")
 BUILD_TIMEOUT_SECONDS = 120
 X86_64 = frozenset({"x86_64", "AMD64", "amd64"})
+FAILED_SUFFIX = ".failed"
 
 
 @dataclass(frozen=True)
@@ -39,10 +45,8 @@ class NativeLibrary:
 
 
 def cache_directory(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where built libraries are kept: `$XDG_CACHE_HOME/mlxcel/kernels`, by default
-    `~/.cache/mlxcel/kernels`."""
-    cache_home = Path(environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
-    return cache_home / "mlxcel" / "kernels"
+    """Where built libraries are kept: `${MLXCEL_CACHE_DIR:-~/.cache/mlxcel}/kernels`."""
+    return mlxcel_cache_dir(environ) / "kernels"
 
 
 def _cpu_identity() -> str:
@@ -55,21 +59,23 @@ def _cpu_identity() -> str:
     return "\n".join(next((line for line in lines if line.startswith(key)), "") for key in wanted)
 
 
-def _library_name(compiler: str, source: bytes) -> str:
-    identity = "\0".join((compiler, " ".join(FLAGS), _cpu_identity()))
+def _library_name(command: list[str], source: bytes) -> str:
+    identity = "\0".join((*command, *FLAGS, _cpu_identity()))
     digest = hashlib.sha256(source + identity.encode()).hexdigest()[:20]
     return f"{SOURCE.stem}-{digest}.so"
 
 
-def _build(compiler: str, source: Path, target: Path) -> str | None:
+def _build(command: list[str], source: Path, target: Path) -> str | None:
     """Compile `source` into `target` (atomically: concurrent processes may build the same
-    library); None, or the compiler's first line of complaint."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(handle)
+    library); None, or why not: the compiler's first line of complaint, or the error that
+    kept the cache from being written."""
+    partial = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(suffix=".so.partial", dir=target.parent)
+        os.close(handle)
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", partial, str(source)],
+            [*command, *FLAGS, "-o", partial, str(source)],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_SECONDS,
@@ -77,13 +83,36 @@ def _build(compiler: str, source: Path, target: Path) -> str | None:
         )
         if result.returncode != 0:
             complaint = (result.stderr.strip() or result.stdout.strip()).splitlines()
-            return complaint[0] if complaint else f"{compiler} exited {result.returncode}"
+            return complaint[0] if complaint else f"{command[0]} exited {result.returncode}"
         os.replace(partial, target)
         return None
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"{compiler}: {error}"
+    except subprocess.TimeoutExpired:
+        return f"{command[0]} took over {BUILD_TIMEOUT_SECONDS} s"
+    except OSError as error:
+        return f"{error.strerror or error}: {error.filename or target.parent}"
     finally:
-        Path(partial).unlink(missing_ok=True)
+        if partial is not None:
+            Path(partial).unlink(missing_ok=True)
+
+
+def _remember_failure(target: Path, reason: str) -> None:
+    # A cache that cannot be written is tried again next time.
+    with contextlib.suppress(OSError):
+        target.with_name(target.name + FAILED_SUFFIX).write_text(reason + "\n")
+
+
+def _compiler(environ: Mapping[str, str]) -> list[str] | str:
+    """The compiler's command line (`CC`, which may carry arguments, else `cc`), or why
+    there is none."""
+    named = environ.get("CC") or "cc"
+    try:
+        words = shlex.split(named)
+    except ValueError:
+        words = []
+    found = shutil.which(words[0]) if words else None
+    if found is None:
+        return f"no C compiler ({named}) found"
+    return [found, *words[1:]]
 
 
 def load_native_library(
@@ -93,30 +122,40 @@ def load_native_library(
 
     Args:
         environ: the process environment: `MLXCEL_NO_CPU_KERNELS` (anything but "" or "0")
-            turns the kernels off, `CC` names the compiler (`cc` by default),
-            `XDG_CACHE_HOME` moves the cache.
+            turns the kernels off, `CC` names the compiler (`cc` by default; arguments
+            allowed), `MLXCEL_CACHE_DIR` moves the cache.
         source: the C source to build.
 
     Returns:
-        The library, or None with the reason; never raises for a missing or failing
-        compiler.
+        The library, or None with the reason. Never raises: a missing or failing compiler,
+        a cache that cannot be written or a library that cannot be loaded each leave the
+        kernels out.
     """
     if environ.get(NO_CPU_KERNELS_VARIABLE, "") not in ("", "0"):
         return NativeLibrary(None, f"turned off by {NO_CPU_KERNELS_VARIABLE}")
     if platform.machine() not in X86_64:
         return NativeLibrary(None, f"no kernels for {platform.machine()} CPUs")
-    compiler = shutil.which(environ.get("CC") or "cc")
-    if compiler is None:
-        return NativeLibrary(None, f"no C compiler ({environ.get('CC') or 'cc'}) found")
-    target = cache_directory(environ) / _library_name(compiler, source.read_bytes())
-    if not target.exists():
-        complaint = _build(compiler, source, target)
-        if complaint is not None:
-            return NativeLibrary(None, f"build failed: {complaint}")
-    try:
-        return NativeLibrary(ctypes.CDLL(str(target)), f"built with {compiler}")
-    except OSError as error:
-        return NativeLibrary(None, f"could not load {target}: {error}")
+    command = _compiler(environ)
+    if isinstance(command, str):
+        return NativeLibrary(None, command)
+    target = cache_directory(environ) / _library_name(command, source.read_bytes())
+    failed = target.with_name(target.name + FAILED_SUFFIX)
+    if failed.exists():
+        return NativeLibrary(None, f"build failed: {failed.read_text().strip()}")
+    for _ in range(2):
+        if not target.exists():
+            complaint = _build(command, source, target)
+            if complaint is not None:
+                _remember_failure(target, complaint)
+                return NativeLibrary(None, f"build failed: {complaint}")
+        try:
+            return NativeLibrary(ctypes.CDLL(str(target)), f"built with {command[0]}")
+        except OSError as error:
+            reason = f"could not load {target}: {error}"
+            # A damaged library (a disk that filled, a copy cut short) is built once more.
+            with contextlib.suppress(OSError):
+                target.unlink(missing_ok=True)
+    return NativeLibrary(None, reason)
 
 
 @functools.cache
