@@ -18,12 +18,20 @@ PROJECTS = sorted(
 )  # fmt: skip
 
 # The layers inside mlxcel-core, lowest first: each of its top-level modules imports only
-# from its own layer and those below. Errors and the threads' MLX streams are the base;
+# from its own layer and those below. Errors, the threads' MLX streams and where mlxcel's
+# cache lives are the base;
 # tuned values are read by the kernels; the KV caches, sampler and generation loop run the
 # kernels; the engine runs them all; the searches of `mlxcel tune` drive the engine.
 # Modules not named here sit in the middle layer.
 CORE_SOURCE = ROOT / "packages/mlxcel-core/src/mlxcel_core"
-CORE_LAYERS = ({"errors", "threads"}, {"tuning"}, {"kernels"}, None, {"engine"}, {"autotune"})
+CORE_LAYERS = (
+    {"errors", "threads", "cache_dir"},
+    {"tuning"},
+    {"kernels"},
+    None,
+    {"engine"},
+    {"autotune"},
+)
 
 
 def _normalized(distribution: str) -> str:
