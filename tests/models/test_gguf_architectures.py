@@ -124,6 +124,10 @@ def test_memory_estimate_reads_hybrid_and_attention_free_gguf(tmp_path, name):
         ("bailing_moe2", "Q8_0"),
         ("gemma4_text_experts", "Q4_0"),
         ("gemma3n", "Q8_0"),
+        # Qwen3.5's value heads are reordered on the packed rows and, a head being whole
+        # groups, on the packed columns of `ssm_out`.
+        ("qwen3_5", "Q8_0"),
+        ("qwen3_5_moe", "Q4_0"),
     ],
 )
 def test_quantized_gguf_matches_mlx_lm_on_the_values_it_stores(tmp_path, name, matrix_type):

@@ -11,6 +11,7 @@ rows, not functions under `mx.compile` or gradients.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import mlx.core as mx
 import numpy as np
@@ -61,7 +62,9 @@ def describe_cpu_kernels() -> str:
     return f"mlxcel's AVX2 kernel ({library.reason})"
 
 
+@functools.cache
 def _function(library: NativeLibrary):
+    """The kernel's entry point in `library`, its C signature declared once."""
     function = library.library.mlxcel_quantized_matvec
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
