@@ -72,11 +72,10 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int = 0) -> l
     return generator.integers(1, vocab_size, size=(count, length)).tolist()
 
 
-def run_mlxcel(
+def mlxcel_engine(
     loaded,
-    prompts: Sequence[Sequence[int]],
-    gen_tokens: int,
-    temperature: float = 0.0,
+    rows: int,
+    context: int,
     *,
     paged_decode_kernel: bool = True,
     cache_type_k: str = "auto",
@@ -85,26 +84,15 @@ def run_mlxcel(
     speculative: SpeculativeConfig | None = None,
     max_prefill_chunk: int = 512,
     async_scheduling: bool = True,
-) -> Run:
-    """Every prompt through one engine with `len(prompts)` slots; no stop token; greedy at
-    temperature 0, else sampled at `temperature` without truncation, seeded per request;
-    `paged_decode_kernel` False makes decode gather the KV, then attend; `cache_type_k/v`
-    are the KV cache's storage types (`mlxcel_core.cache.quant.CACHE_TYPES`); `draft` (a
-    loaded model) drafts for the model as `speculative` says; `max_prefill_chunk` is the
-    most prompt tokens of one request in one forward pass (the server's `-ub`);
-    `async_scheduling` False reads each step before planning the next.
-
-    Raises:
-        RuntimeError: a request failed.
-        ValueError: `draft` is given without `speculative`, or the reverse.
-    """
-    context = len(prompts[0]) + gen_tokens + 1
-    engine = Engine(
+) -> Engine:
+    """An engine for up to `rows` requests at once of up to `context` positions each, as
+    `run_mlxcel` describes its settings; the caller shuts it down."""
+    return Engine(
         loaded.model,
         EngineConfig(
             scheduler=SchedulerConfig(
-                max_num_seqs=len(prompts),
-                max_num_batched_tokens=max(2048, len(prompts), max_prefill_chunk),
+                max_num_seqs=rows,
+                max_num_batched_tokens=max(2048, rows, max_prefill_chunk),
                 max_prefill_chunk=max_prefill_chunk,
             ),
             context_size=context,
@@ -117,48 +105,90 @@ def run_mlxcel(
         ),
         draft_model=None if draft is None else draft.model,
     )
-    generation = GenerationConfig(context_size=context, max_tokens=gen_tokens)
+
+
+def run_mlxcel(
+    loaded,
+    prompts: Sequence[Sequence[int]],
+    gen_tokens: int,
+    temperature: float = 0.0,
+    **settings,
+) -> Run:
+    """Every prompt through one new engine with `len(prompts)` slots (`run_requests`).
+
+    Settings (keywords of `mlxcel_engine`): `paged_decode_kernel` False makes decode gather
+    the KV, then attend; `cache_type_k/v` are the KV cache's storage types
+    (`mlxcel_core.cache.quant.CACHE_TYPES`); `draft` (a loaded model) drafts for the model
+    as `speculative` says; `max_prefill_chunk` is the most prompt tokens of one request in
+    one forward pass (the server's `-ub`); `async_scheduling` False reads each step before
+    planning the next.
+
+    Raises:
+        RuntimeError: a request failed.
+        ValueError: `draft` is given without `speculative`, or the reverse.
+    """
+    engine = mlxcel_engine(loaded, len(prompts), len(prompts[0]) + gen_tokens + 1, **settings)
     try:
-        sink = OutputQueue()
-        start = time.perf_counter()
-        engine.submit(
-            [
-                EngineRequest(
-                    prompt_ids=tuple(prompt),
-                    sampling=SamplingParams(
-                        temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=index
-                    ),
-                    generation=generation,
-                    detokenizer=loaded.tokenizer.make_detokenizer(),
-                    index=index,
-                )
-                for index, prompt in enumerate(prompts)
-            ],
-            sink,
-        )
-        first_token_at: dict[int, float] = {}
-        tokens = 0
-        finished = 0
-        draft_tokens = 0
-        accepted_draft_tokens = 0
-        while finished < len(prompts):
-            output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
-            if output.error is not None:
-                raise RuntimeError(f"request {output.index} failed: {output.error}")
-            if output.token_id is not None:
-                tokens += 1
-                first_token_at.setdefault(output.index, time.perf_counter())
-            if output.finish_reason is not None:
-                finished += 1
-                draft_tokens += output.stats.draft_tokens
-                accepted_draft_tokens += output.stats.accepted_draft_tokens
-        end = time.perf_counter()
+        return run_requests(engine, loaded, prompts, gen_tokens, temperature)
     finally:
         engine.shutdown()
+
+
+def run_requests(
+    engine: Engine,
+    loaded,
+    prompts: Sequence[Sequence[int]],
+    gen_tokens: int,
+    temperature: float = 0.0,
+) -> Run:
+    """Every prompt through `engine` at once; no stop token; greedy at temperature 0, else
+    sampled at `temperature` without truncation, seeded per request. An engine that lives
+    across calls keeps what its thread caches (CUDA attention plans), as a server's does.
+
+    Raises:
+        RuntimeError: a request failed.
+    """
+    generation = GenerationConfig(
+        context_size=len(prompts[0]) + gen_tokens + 1, max_tokens=gen_tokens
+    )
+    sink = OutputQueue()
+    start = time.perf_counter()
+    engine.submit(
+        [
+            EngineRequest(
+                prompt_ids=tuple(prompt),
+                sampling=SamplingParams(
+                    temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=index
+                ),
+                generation=generation,
+                detokenizer=loaded.tokenizer.make_detokenizer(),
+                index=index,
+            )
+            for index, prompt in enumerate(prompts)
+        ],
+        sink,
+    )
+    first_token_at: dict[int, float] = {}
+    tokens = 0
+    finished = 0
+    draft_tokens = 0
+    accepted_draft_tokens = 0
+    while finished < len(prompts):
+        output: EngineOutput = sink.get(timeout=OUTPUT_TIMEOUT_SECONDS)
+        if output.error is not None:
+            raise RuntimeError(f"request {output.index} failed: {output.error}")
+        if output.token_id is not None:
+            tokens += 1
+            first_token_at.setdefault(output.index, time.perf_counter())
+        if output.finish_reason is not None:
+            finished += 1
+            draft_tokens += output.stats.draft_tokens
+            accepted_draft_tokens += output.stats.accepted_draft_tokens
+    end = time.perf_counter()
     decode_start = max(first_token_at.values())
     decode_tokens = tokens - len(prompts)
     return Run(
-        decode_tokens / (end - decode_start),
+        decode_tokens / (end - decode_start) if decode_tokens else 0.0,
         tokens / (end - start),
         draft_tokens,
         accepted_draft_tokens,
