@@ -12,7 +12,12 @@ import pytest
 
 from mlxcel_core.kernels import cpu_matvec, quantized_linear
 from mlxcel_core.kernels.cpu_matvec import cpu_quantized_matvec, native
-from mlxcel_core.kernels.cpu_matvec.native import SOURCE, cache_directory, load_native_library
+from mlxcel_core.kernels.cpu_matvec.native import (
+    LIBRARY_STEM,
+    SOURCES,
+    cache_directory,
+    load_native_library,
+)
 
 needs_kernel = pytest.mark.skipif(
     not cpu_matvec.available(),
@@ -157,7 +162,7 @@ def test_a_failed_build_is_remembered_and_leaves_no_library_behind(tmp_path, mon
     source = tmp_path / "broken.c"
     source.write_text("int f(void) { return }\n")
     environ = {"MLXCEL_CACHE_DIR": str(tmp_path / "cache")}
-    first = load_native_library(environ, source=source)
+    first = load_native_library(environ, sources=(source,))
     assert first.library is None and first.reason.startswith("build failed: ")
     (remembered,) = cache_directory(environ).iterdir()
     assert remembered.name.endswith(native.FAILED_SUFFIX)
@@ -166,7 +171,7 @@ def test_a_failed_build_is_remembered_and_leaves_no_library_behind(tmp_path, mon
         raise AssertionError("the failed build ran again")
 
     monkeypatch.setattr(native, "_build", no_second_build)
-    assert load_native_library(environ, source=source).reason == first.reason
+    assert load_native_library(environ, sources=(source,)).reason == first.reason
 
 
 @can_build
@@ -175,7 +180,7 @@ def test_the_library_is_built_once_then_loaded_and_rebuilt_when_damaged(tmp_path
     first = load_native_library(environ)
     assert first.library is not None, first.reason
     (built,) = cache_directory(environ).iterdir()
-    assert built.name.startswith(SOURCE.stem) and built.suffix == ".so"
+    assert built.name.startswith(LIBRARY_STEM) and built.suffix == ".so"
     stamp = built.stat().st_mtime_ns
     assert load_native_library(environ).library is not None
     assert list(cache_directory(environ).iterdir()) == [built]
@@ -190,6 +195,22 @@ def test_the_library_is_built_once_then_loaded_and_rebuilt_when_damaged(tmp_path
     )
     assert loaded.stdout.startswith("built with "), loaded.stdout + loaded.stderr
     assert built.stat().st_size > len(b"cut short")
+
+
+@can_build
+def test_every_kernel_source_goes_into_one_library_named_after_all_of_them(tmp_path):
+    assert {source.name for source in SOURCES} >= {"quantized_matvec.c", "swiglu.c"}
+    environ = {"MLXCEL_CACHE_DIR": str(tmp_path / "cache")}
+    library = load_native_library(environ).library
+    assert library is not None
+    assert library.mlxcel_quantized_matvec and library.mlxcel_swiglu
+    copies = [tmp_path / source.name for source in SOURCES]
+    for source, copy in zip(SOURCES, copies, strict=True):
+        copy.write_bytes(source.read_bytes())
+    assert load_native_library(environ, sources=copies).library is not None
+    copies[-1].write_bytes(copies[-1].read_bytes() + b"\n")
+    assert load_native_library(environ, sources=copies).library is not None
+    assert len(list(cache_directory(environ).iterdir())) == 2
 
 
 LOAD_IN_A_NEW_PROCESS = """

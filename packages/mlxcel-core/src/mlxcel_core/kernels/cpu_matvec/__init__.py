@@ -16,7 +16,7 @@ import functools
 import mlx.core as mx
 import numpy as np
 
-from mlxcel_core.kernels.cpu_matvec.native import NativeLibrary, native_library
+from mlxcel_core.kernels.cpu_matvec.native import NativeLibrary, c_buffer, native_library
 
 # Rows of activations the kernel takes: decode batches.
 MAX_ROWS = 8
@@ -71,13 +71,6 @@ def _function(library: NativeLibrary):
     return function
 
 
-def _address(array: mx.array) -> tuple[int, np.ndarray]:
-    """A C pointer to `array`'s values in row-major order, and the buffer that holds them
-    (a view of MLX's memory where it is already contiguous)."""
-    held = np.ascontiguousarray(array)
-    return held.ctypes.data, held
-
-
 def cpu_quantized_matvec(
     x: mx.array,
     weight: mx.array,
@@ -129,7 +122,7 @@ def cpu_quantized_matvec(
     rows = x.reshape(M, K)
     mx.eval(rows, weight, scales, biases)
     y = np.empty((M, N), dtype=np.float32)
-    pointers = [_address(array) for array in (rows, weight, scales, biases)]
+    pointers = [c_buffer(array) for array in (rows, weight, scales, biases)]
     status = _function(library)(
         *(pointer for pointer, _ in pointers), y.ctypes.data, M, N, K, bits, group_size, threads
     )

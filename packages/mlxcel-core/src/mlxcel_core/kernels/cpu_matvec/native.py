@@ -22,14 +22,19 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
 
 from mlxcel_core.cache_dir import mlxcel_cache_dir
 
 NO_CPU_KERNELS_VARIABLE = "MLXCEL_NO_CPU_KERNELS"
-SOURCE = Path(__file__).with_name("quantized_matvec.c")
+# Every C source beside this file goes into the one library.
+SOURCES = tuple(sorted(Path(__file__).parent.glob("*.c")))
+LIBRARY_STEM = "cpu_kernels"
 FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-pthread")
 BUILD_TIMEOUT_SECONDS = 120
 X86_64 = frozenset({"x86_64", "AMD64", "amd64"})
@@ -59,23 +64,24 @@ def _cpu_identity() -> str:
     return "\n".join(next((line for line in lines if line.startswith(key)), "") for key in wanted)
 
 
-def _library_name(command: list[str], source: bytes) -> str:
-    identity = "\0".join((*command, *FLAGS, _cpu_identity()))
-    digest = hashlib.sha256(source + identity.encode()).hexdigest()[:20]
-    return f"{SOURCE.stem}-{digest}.so"
+def _library_name(command: list[str], sources: Sequence[Path]) -> str:
+    digest = hashlib.sha256("\0".join((*command, *FLAGS, _cpu_identity())).encode())
+    for source in sources:
+        digest.update(f"\0{source.name}\0".encode() + source.read_bytes())
+    return f"{LIBRARY_STEM}-{digest.hexdigest()[:20]}.so"
 
 
-def _build(command: list[str], source: Path, target: Path) -> str | None:
-    """Compile `source` into `target` (atomically: concurrent processes may build the same
-    library); None, or why not: the compiler's first line of complaint, or the error that
-    kept the cache from being written."""
+def _build(command: list[str], sources: Sequence[Path], target: Path) -> str | None:
+    """Compile `sources` into one library `target` (atomically: concurrent processes may
+    build the same library); None, or why not: the compiler's first line of complaint, or
+    the error that kept the cache from being written."""
     partial = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(suffix=".so.partial", dir=target.parent)
         os.close(handle)
         result = subprocess.run(
-            [*command, *FLAGS, "-o", partial, str(source)],
+            [*command, *FLAGS, "-o", partial, *map(str, sources)],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_SECONDS,
@@ -116,15 +122,15 @@ def _compiler(environ: Mapping[str, str]) -> list[str] | str:
 
 
 def load_native_library(
-    environ: Mapping[str, str] = os.environ, source: Path = SOURCE
+    environ: Mapping[str, str] = os.environ, sources: Sequence[Path] = SOURCES
 ) -> NativeLibrary:
-    """Build (once per machine, compiler and source) and load the CPU kernels' library.
+    """Build (once per machine, compiler and sources) and load the CPU kernels' library.
 
     Args:
         environ: the process environment: `MLXCEL_NO_CPU_KERNELS` (anything but "" or "0")
             turns the kernels off, `CC` names the compiler (`cc` by default; arguments
             allowed), `MLXCEL_CACHE_DIR` moves the cache.
-        source: the C source to build.
+        sources: the C sources built into the library.
 
     Returns:
         The library, or None with the reason. Never raises: a missing or failing compiler,
@@ -138,13 +144,16 @@ def load_native_library(
     command = _compiler(environ)
     if isinstance(command, str):
         return NativeLibrary(None, command)
-    target = cache_directory(environ) / _library_name(command, source.read_bytes())
+    try:
+        target = cache_directory(environ) / _library_name(command, sources)
+    except OSError as error:
+        return NativeLibrary(None, f"could not read the kernels' sources: {error}")
     failed = target.with_name(target.name + FAILED_SUFFIX)
     if failed.exists():
         return NativeLibrary(None, f"build failed: {failed.read_text().strip()}")
     for _ in range(2):
         if not target.exists():
-            complaint = _build(command, source, target)
+            complaint = _build(command, sources, target)
             if complaint is not None:
                 _remember_failure(target, complaint)
                 return NativeLibrary(None, f"build failed: {complaint}")
@@ -156,6 +165,14 @@ def load_native_library(
             with contextlib.suppress(OSError):
                 target.unlink(missing_ok=True)
     return NativeLibrary(None, reason)
+
+
+def c_buffer(array: mx.array) -> tuple[int, np.ndarray]:
+    """A C pointer to `array`'s values in row-major order, and the NumPy buffer that holds
+    them (a view of MLX's memory where it is already contiguous), to keep while C reads.
+    `array` must be evaluated."""
+    held = np.ascontiguousarray(array)
+    return held.ctypes.data, held
 
 
 @functools.cache
