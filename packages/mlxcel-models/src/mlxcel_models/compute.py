@@ -64,8 +64,9 @@ class ComputeOptions:
         kernel_linear: quantized linear layers kept quantized go through
             `quantized_linear` even with `dequantize_min_rows` None, so its matvec kernel
             serves decode rows.
-        cpu_ops: RoPE and RMSNorm take their CPU forms (`mlxcel_models.cpu_ops`): fewer
-            operations per step where each costs host time.
+        cpu_ops: RoPE and RMSNorm take their CPU forms and SwiGLU MLPs the CPU activation
+            kernel (`mlxcel_models.cpu_ops`): fewer operations per step where each costs
+            host time.
         cpu_streams: linear layers' products (and tied output projections) are split by
             output columns over this many CPU streams, one core each
             (`mlxcel_core.kernels.stream_split`); 1 does not split.
@@ -106,16 +107,16 @@ class ComputeOptions:
 
         On the CPU, float16 arithmetic has no fast path and quantized products skip BLAS,
         so activations run in float32, prefill chunks multiply by dequantized weights,
-        RoPE and RMSNorm take their CPU forms (`cpu_ops`), and linear layers split their
-        products over `cpu_product_streams()` streams. Quantized weights are made
-        dense float32 at load when the command decodes at least `CPU_DENSE_MIN_BATCH[blas]`
-        sequences together (`max_batch`; None: batches of any size) and they fit in a
-        quarter of the memory; otherwise the file's quantized form is kept. On a CUDA GPU
-        the file's dtypes are kept, and quantized layers go through `quantized_linear`: its
-        kernel for decode rows, a dequantized GEMM from `CUDA_DEQUANTIZE_MIN_ROWS` rows.
-        Elsewhere (Apple GPUs) the file's dtypes and MLX's quantized kernels are kept; with
-        the Metal kernels on (`mlxcel_core.kernels.KernelOptions`), decode rows take the
-        matvec kernel.
+        RoPE, RMSNorm and the SwiGLU activation take their CPU forms (`cpu_ops`), and linear
+        layers split their products over `cpu_product_streams()` streams. Quantized weights
+        are made dense float32 at load when the command decodes at least
+        `CPU_DENSE_MIN_BATCH[blas]` sequences together (`max_batch`; None: batches of any
+        size) and they fit in a quarter of the memory; otherwise the file's quantized form
+        is kept. On a CUDA GPU the file's dtypes are kept, and quantized layers go through
+        `quantized_linear`: its kernel for decode rows, a dequantized GEMM from
+        `CUDA_DEQUANTIZE_MIN_ROWS` rows. Elsewhere (Apple GPUs) the file's dtypes and MLX's
+        quantized kernels are kept; with the Metal kernels on
+        (`mlxcel_core.kernels.KernelOptions`), decode rows take the matvec kernel.
 
         Raises:
             ValueError: `max_batch` < 1.
@@ -217,7 +218,8 @@ def _dense_layer(layer: nn.Module, dtype: mx.Dtype) -> nn.Module:
 
 def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
     """Cast float parameters, make quantized layers dense or install the prefill tactic,
-    and install the CPU forms of RoPE and RMSNorm, in place, before evaluation."""
+    and install the CPU forms of RoPE, RMSNorm and the SwiGLU activation, in place, before
+    evaluation."""
     if options.float_dtype is not None:
         dtype = options.float_dtype
         module.update(
@@ -251,7 +253,7 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
     if options.cpu_streams > 1:
         apply_split_layers(module, options.cpu_streams)
     if options.cpu_ops:
-        install_cpu_ops(module)
+        install_cpu_ops(module, cpu_streams=options.cpu_streams)
 
 
 def has_quantized_layers(module: nn.Module) -> bool:

@@ -13,7 +13,8 @@ which in a 30-layer model is about two thirds of a decode step's operations. Her
   either side of the reduction.
 
 Both give the same values as the fast functions they replace, computed in the same order
-(MLX's own CPU fallbacks); `install_cpu_ops` swaps them into a model.
+(MLX's own CPU fallbacks); `install_cpu_ops` swaps them into a model, and gives its SwiGLU
+MLPs the CPU activation kernel (`mlxcel_models.cpu_mlp`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
+from mlxcel_core.kernels import cpu_matvec
+from mlxcel_models.cpu_mlp import install_kernel_swiglu, is_swiglu_mlp
 from mlxcel_models.rope import FrequencyFactorRoPE
 
 
@@ -192,20 +195,32 @@ class TableRoPE(nn.Module):
         return rotate(x, cos, sin)
 
 
-def install_cpu_ops(module: nn.Module) -> int:
+def install_cpu_ops(module: nn.Module, *, cpu_streams: int = 1) -> int:
     """Swap `CompiledRMSNorm` for every `nn.RMSNorm` and `TableRoPE` for every supported
-    RoPE module of `module`, in place, all RoPEs sharing one table.
+    RoPE module of `module`, all RoPEs sharing one table, and where the CPU kernels are
+    built (`cpu_matvec.available`), give mlx-lm's SwiGLU MLPs the kernel's activation
+    (`mlxcel_models.cpu_mlp`); in place.
+
+    Args:
+        module: the model.
+        cpu_streams: cores the MLPs' activation may use, >= 1.
 
     Returns:
-        The number of layers replaced.
+        The number of layers replaced or changed.
     """
     table = RopeTable()
     replacements: list[tuple[str, nn.Module]] = []
+    kernel_mlps: list[nn.Module] = []
+    kernels = cpu_matvec.available()
     for name, layer in module.named_modules():
         if type(layer) is nn.RMSNorm:
             replacements.append((name, CompiledRMSNorm(layer)))
         elif (rope := TableRoPE.replacing(layer, table)) is not None:
             replacements.append((name, rope))
+        elif kernels and is_swiglu_mlp(layer):
+            kernel_mlps.append(layer)
     if replacements:
         module.update_modules(tree_unflatten(replacements))
-    return len(replacements)
+    for mlp in kernel_mlps:
+        install_kernel_swiglu(mlp, cpu_streams)
+    return len(replacements) + len(kernel_mlps)
