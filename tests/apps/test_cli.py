@@ -232,6 +232,13 @@ def test_help_and_version_return_zero():
     assert run_cli("--version")[0] == 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU lines are Linux's")
+def test_the_version_says_what_computes_the_cpu_kernels_work():
+    lines = cli._version_text().splitlines()
+    assert lines[2].startswith("quantized decode products on the CPU: ")
+    assert lines[3].startswith("SwiGLU activation on the CPU: ")
+
+
 def test_only_version_makes_the_version_text(monkeypatch, capsys):
     """The text imports MLX and may build the CPU kernels: no other command waits for it."""
     made = []

@@ -114,3 +114,8 @@ def test_only_large_activations_split_and_only_with_a_second_core():
     assert swiglu.threads_for(swiglu.SPLIT_MIN_ELEMENTS, cpu_streams=2) == 2
     assert swiglu.threads_for(swiglu.SPLIT_MIN_ELEMENTS - 1, cpu_streams=2) == 1
     assert swiglu.threads_for(10 * swiglu.SPLIT_MIN_ELEMENTS, cpu_streams=1) == 1
+
+
+@needs_kernel
+def test_the_description_names_the_kernel():
+    assert swiglu.describe_cpu_swiglu().startswith("mlxcel's AVX2 kernel (built with ")

@@ -1,7 +1,7 @@
 """mlx-lm's SwiGLU MLPs with their activation computed by mlxcel's CPU kernel.
 
-Most mlx-lm families (llama, qwen2, mistral, the dense layers and shared experts of
-DeepSeek, ...) compute their MLP as `down_proj(swiglu(gate_proj(x), up_proj(x)))`. On the
+Many mlx-lm families (llama, qwen2/3, cohere, granite, the dense layers and shared experts
+of DeepSeek, ...) compute their MLP as `down_proj(swiglu(gate_proj(x), up_proj(x)))`. On the
 CPU, MLX's compiled `swiglu` computes exp one lane at a time (docs/adr/0037); the C kernel
 (`mlxcel_core.kernels.cpu_matvec.swiglu`) does the same activation eight lanes at a time,
 in one call instead of a compiled graph. The products stay the model's own layers.

@@ -41,6 +41,15 @@ def threads_for(elements: int, cpu_streams: int) -> int:
     return 2 if elements >= SPLIT_MIN_ELEMENTS and cpu_streams >= 2 else 1
 
 
+def describe_cpu_swiglu() -> str:
+    """One line saying whether the SwiGLU activation on the CPU runs on the C kernel, or on
+    MLX and why."""
+    library = native_library()
+    if library.library is None:
+        return f"MLX's swiglu ({library.reason})"
+    return f"mlxcel's AVX2 kernel ({library.reason})"
+
+
 @functools.cache
 def _function(library: NativeLibrary):
     """The kernel's entry point in `library`, its C signature declared once."""
@@ -88,4 +97,4 @@ def cpu_swiglu(gate: mx.array, up: mx.array, *, threads: int = 1) -> mx.array:
     return mx.array(out)
 
 
-__all__ = ["SPLIT_MIN_ELEMENTS", "cpu_swiglu", "supports", "threads_for"]
+__all__ = ["SPLIT_MIN_ELEMENTS", "cpu_swiglu", "describe_cpu_swiglu", "supports", "threads_for"]
