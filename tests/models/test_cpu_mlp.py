@@ -88,7 +88,7 @@ def _with_other_swiglu() -> type[nn.Module]:
     return namespace["OtherSwigluMLP"]
 
 
-def _llama_mlp() -> llama.MLP:
+def _llama_mlp(mlp_class: type[llama.MLP] = llama.MLP) -> llama.MLP:
     args = llama.ModelArgs(
         model_type="llama",
         hidden_size=8,
@@ -98,7 +98,7 @@ def _llama_mlp() -> llama.MLP:
         rms_norm_eps=1e-5,
         vocab_size=32,
     )
-    return llama.MLP(args)
+    return mlp_class(args)
 
 
 def _deepseek_mlp() -> deepseek_v3.DeepseekV3MLP:
@@ -111,9 +111,7 @@ def test_the_mlps_that_compute_swiglu_of_gate_and_up_are_recognised():
     assert is_swiglu_mlp(_llama_mlp())
     assert is_swiglu_mlp(_deepseek_mlp())
     assert is_swiglu_mlp(NamedResultMLP())
-    inherited = _llama_mlp()
-    inherited.__class__ = InheritedMLP
-    assert is_swiglu_mlp(inherited)
+    assert is_swiglu_mlp(_llama_mlp(InheritedMLP))
 
 
 @pytest.mark.parametrize(

@@ -210,17 +210,19 @@ def install_cpu_ops(module: nn.Module, *, cpu_streams: int = 1) -> int:
     """
     table = RopeTable()
     replacements: list[tuple[str, nn.Module]] = []
-    kernel_mlps: list[nn.Module] = []
-    kernels = cpu_matvec.available()
+    swiglu_mlps: list[nn.Module] = []
     for name, layer in module.named_modules():
         if type(layer) is nn.RMSNorm:
             replacements.append((name, CompiledRMSNorm(layer)))
         elif (rope := TableRoPE.replacing(layer, table)) is not None:
             replacements.append((name, rope))
-        elif kernels and is_swiglu_mlp(layer):
-            kernel_mlps.append(layer)
+        elif is_swiglu_mlp(layer):
+            swiglu_mlps.append(layer)
     if replacements:
         module.update_modules(tree_unflatten(replacements))
-    for mlp in kernel_mlps:
+    # Asked only now: a model without such MLPs does not build the library.
+    if not swiglu_mlps or not cpu_matvec.available():
+        return len(replacements)
+    for mlp in swiglu_mlps:
         install_kernel_swiglu(mlp, cpu_streams)
-    return len(replacements) + len(kernel_mlps)
+    return len(replacements) + len(swiglu_mlps)
