@@ -21,6 +21,7 @@ from mlxcel_core.generate import generate_tokens
 from mlxcel_core.kernels import cpu_matvec
 from mlxcel_core.kernels.cpu_matvec import swiglu as swiglu_kernel
 from mlxcel_core.sampling import Sampler, SamplingParams
+from mlxcel_models import cpu_mlp
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.cpu_mlp import KernelSwiGLU, is_swiglu_mlp
 from mlxcel_models.cpu_ops import install_cpu_ops
@@ -139,8 +140,16 @@ def test_mlps_without_the_three_layers_or_another_activation_are_left_alone():
     assert not is_swiglu_mlp(nn.Linear(4, 4))
 
 
+@pytest.fixture
+def kernel_at_any_size(monkeypatch):
+    """The kernel for activations of any size, so tiny models take it."""
+    monkeypatch.setattr(cpu_mlp, "KERNEL_MIN_ELEMENTS", 0)
+
+
 @needs_kernel
-def test_the_mlp_keeps_its_class_layers_and_attributes_and_uses_the_kernel(monkeypatch):
+def test_the_mlp_keeps_its_class_layers_and_attributes_and_uses_the_kernel(
+    monkeypatch, kernel_at_any_size
+):
     mlp = _deepseek_mlp()
     layers = {name: mlp[name] for name in ("gate_proj", "up_proj", "down_proj")}
     names = [name for name, _ in tree_flatten(mlp.parameters())]
@@ -176,7 +185,30 @@ def test_inputs_the_kernel_does_not_take_go_through_mlx_swiglu(monkeypatch):
 
 
 @needs_kernel
-def test_a_model_with_the_kernel_gives_the_same_logits_and_greedy_tokens(tmp_path: Path):
+def test_activations_under_the_minimum_size_go_through_mlx_swiglu(monkeypatch):
+    mlp = _llama_mlp()
+    x = mx.random.normal((2, 8), key=mx.random.key(2))
+    expected = mlp(x)
+    install_cpu_ops(mlp)
+    sizes = []
+    kernel = swiglu_kernel.cpu_swiglu
+
+    def counted(gate, up, *, threads):
+        sizes.append(gate.size)
+        return kernel(gate, up, threads=threads)
+
+    monkeypatch.setattr(swiglu_kernel, "cpu_swiglu", counted)
+    assert mx.array_equal(mlp(x), expected) and sizes == []
+    values = x.shape[0] * mlp.gate_proj.weight.shape[0]
+    monkeypatch.setattr(cpu_mlp, "KERNEL_MIN_ELEMENTS", values)
+    np.testing.assert_allclose(np.array(mlp(x)), np.array(expected), rtol=1e-5, atol=1e-6)
+    assert sizes == [values]
+
+
+@needs_kernel
+def test_a_model_with_the_kernel_gives_the_same_logits_and_greedy_tokens(
+    tmp_path: Path, kernel_at_any_size
+):
     path = write_gguf_model(tmp_path / "tiny.gguf", TinyConfig(num_layers=3))
     plain = load_model(path, compute=DENSE)
     fused = load_model(path, compute=CPU_OPS)
@@ -211,6 +243,7 @@ COUNT_KERNEL_MLPS = """
 import sys
 import mlx.core as mx
 from mlx_lm.models.llama import MLP
+from mlxcel_models import cpu_mlp
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.cpu_mlp import KernelSwiGLU
 from mlxcel_models.loading.loader import load_model

@@ -25,6 +25,13 @@ from mlx_lm.models.activations import swiglu
 from mlxcel_core.kernels.cpu_matvec import swiglu as swiglu_kernel
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# Activations of fewer values keep mlx-lm's `swiglu`. The kernel makes the forward pass
+# wait for the gate and up projections, so the host no longer builds the rest of the step
+# while they compute; at few values that costs more than the kernel saves. Measured on a
+# 2-core Xeon with SmolLM2 (1,536 values a row): one decode row about 10% slower with the
+# kernel (`mlxcel bench -p 32 -n 128`), 16 rows (24,576 values) about 3% faster, prefill
+# chunks 10-20% faster (docs/adr/0037-cpu-swiglu-kernel.md).
+KERNEL_MIN_ELEMENTS = 16 * 2**10
 
 
 def _returned(self, x):
@@ -49,8 +56,8 @@ _SWIGLU_BODIES = frozenset(_body(function) for function in (_returned, _named_th
 
 class KernelSwiGLU:
     """Mixed into an mlx-lm MLP's own class (`kernel_class`): its `__call__`, with the
-    activation by `cpu_swiglu` where `swiglu_kernel.supports` the projections' outputs,
-    else mlx-lm's `swiglu`.
+    activation by `cpu_swiglu` where `swiglu_kernel.supports` the projections' outputs and
+    they hold at least `KERNEL_MIN_ELEMENTS` values, else mlx-lm's `swiglu`.
 
     Attributes:
         kernel_cpu_streams: cores the activation may use (`swiglu_kernel.threads_for`).
@@ -60,7 +67,7 @@ class KernelSwiGLU:
 
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if swiglu_kernel.supports(gate, up):
+        if gate.size >= KERNEL_MIN_ELEMENTS and swiglu_kernel.supports(gate, up):
             threads = swiglu_kernel.threads_for(gate.size, self.kernel_cpu_streams)
             return self.down_proj(swiglu_kernel.cpu_swiglu(gate, up, threads=threads))
         return self.down_proj(swiglu(gate, up))
