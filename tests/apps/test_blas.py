@@ -1,5 +1,6 @@
 """Which BLAS `mlxcel` preloads: from PyPI, from the system, none, or turned off."""
 
+import ctypes.util
 import os
 import platform
 import subprocess
@@ -156,6 +157,30 @@ def test_mlxcel_version_names_the_blas_it_runs_with_and_its_threads():
     off = {**clean, NO_OPENBLAS_VARIABLE: "1"}
     run = subprocess.run(command, capture_output=True, text=True, env=off, timeout=60)
     assert run.stdout.splitlines()[1] == f"BLAS: {BlasSource.OFF}"
+
+
+@pytest.mark.skipif(not LINUX_X86_64, reason="ngsolve-openblas ships Linux x86-64 wheels only")
+@pytest.mark.skipif(
+    ctypes.util.find_library("gfortran") is not None,
+    reason="the system's Fortran runtime needs no link in the cache",
+)
+def test_a_cache_that_cannot_hold_the_runtime_link_is_named_as_the_reason(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    unset = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    environ = {k: v for k, v in os.environ.items() if k not in unset}
+    environ["MLXCEL_CACHE_DIR"] = str(blocked / "cache")
+    run = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "--version"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    line = run.stdout.splitlines()[1]
+    assert "ngsolve-openblas is installed, but its Fortran runtime could not be linked" in line
+    assert str(blocked / "cache" / "blas-runtime") in line
 
 
 def test_the_ci_scripts_blas_environment_runs_and_sets_the_threads():

@@ -13,6 +13,7 @@ from mlxcel.cli import main, make_parser
 from mlxcel.common import loading
 from mlxcel.common.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
 from mlxcel.generation.generate_command import FLAGS
+from mlxcel_core.kernels import cpu_matvec
 from mlxcel_models.store import StoreConfig
 
 from factories import TinyConfig, write_gguf_model, write_safetensors_model
@@ -54,9 +55,13 @@ def test_the_weights_line_says_what_each_gguf_tensor_type_became_in_memory(tiny_
     code, _, err = run_cli(*argv)
     assert code == 0
     # One sequence on the CPU with OpenBLAS keeps the file's quantization (docs/adr/0029).
-    assert _weights_line(err).startswith(
+    line = _weights_line(err)
+    assert line.startswith(
         "weights: quantized, as in the file: Q8_0→8-bit g32 (15 tensors), F32 (5 tensors)"
     )
+    if cpu_matvec.available():
+        kernel = "; the SwiGLU activation of 2 MLPs on mlxcel's kernel from 16,384 values"
+        assert line.endswith(kernel)
     assert "gguf:" not in err
     code, _, err = run_cli(*argv, environ={"MLXCEL_GGUF_DEQUANT": "bf16"})
     assert code == 0

@@ -215,6 +215,13 @@ def describe_blas(environ: Mapping[str, str]) -> str:
     if loaded is None:
         if is_turned_off(environ):
             return f"BLAS: {BlasSource.OFF}"
+        links = cache_dir(environ) / RUNTIME_LINKS_DIR
+        if pypi_openblas_library() is not None and fortran_runtime_dirs(links.parent) is None:
+            return (
+                f"BLAS: {BlasSource.NONE} ({PYPI_PACKAGE} is installed, but its Fortran "
+                f"runtime could not be linked in {links}: MLXCEL_CACHE_DIR must name a "
+                "writable folder)"
+            )
         return (
             f"BLAS: {BlasSource.NONE} (no OpenBLAS preloaded: pip install "
             f"{PYPI_PACKAGE}, or apt-get install libopenblas0-pthread)"

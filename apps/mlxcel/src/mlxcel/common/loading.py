@@ -16,6 +16,7 @@ from mlxcel_core.kernels.cpu_matvec import describe_cpu_kernels
 from mlxcel_models.attach_lora import apply_adapters
 from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions, CpuBlas
+from mlxcel_models.cpu_mlp import KERNEL_MIN_ELEMENTS, KernelSwiGLU
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.loaded import LoadedModel
@@ -113,8 +114,9 @@ def compute_options(max_batch: int | None) -> ComputeOptions:
 def describe_weights(loaded: LoadedModel) -> str:
     """How the loaded weights are held, for the stats on stderr: quantized as the file
     has them, or dense (and in which dtype); for a GGUF file, what each of its tensor
-    types became in memory; on the CPU, the BLAS running the matrix products and, for
-    quantized weights, what runs their decode products."""
+    types became in memory; on the CPU, the BLAS running the matrix products, for
+    quantized weights what runs their decode products, and how many MLPs compute their
+    activation with the CPU kernel (`mlxcel_models.cpu_mlp`)."""
     config = loaded.config
     if config.quantized:
         held = "quantized, as in the file"
@@ -130,6 +132,13 @@ def describe_weights(loaded: LoadedModel) -> str:
         held += f"; matrix products on {process_blas()}"
         if config.quantized:
             held += f"; decode products on {describe_cpu_kernels()}"
+        layers = loaded.model.module.named_modules()
+        mlps = sum(isinstance(layer, KernelSwiGLU) for _, layer in layers)
+        if mlps:
+            held += (
+                f"; the SwiGLU activation of {mlps} MLPs on mlxcel's kernel from "
+                f"{KERNEL_MIN_ELEMENTS:,} values"
+            )
     return f"weights: {held}"
 
 
