@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from tqdm import tqdm
 
 from mlxcel.common.blas import loaded_openblas
@@ -132,14 +133,22 @@ def describe_weights(loaded: LoadedModel) -> str:
         held += f"; matrix products on {process_blas()}"
         if config.quantized:
             held += f"; decode products on {describe_cpu_kernels()}"
-        layers = loaded.model.module.named_modules()
-        mlps = sum(isinstance(layer, KernelSwiGLU) for _, layer in layers)
+        mlps = _kernel_swiglu_mlps(loaded.model)
         if mlps:
             held += (
                 f"; the SwiGLU activation of {mlps} MLPs on mlxcel's kernel from "
                 f"{KERNEL_MIN_ELEMENTS:,} values"
             )
     return f"weights: {held}"
+
+
+def _kernel_swiglu_mlps(model: object) -> int:
+    """How many MLPs of an mlx-lm network (an `MlxLmLanguageModel`'s `module`) take the CPU
+    SwiGLU kernel; 0 for a model without one."""
+    module = getattr(model, "module", None)
+    if not isinstance(module, nn.Module):
+        return 0
+    return sum(isinstance(layer, KernelSwiGLU) for _, layer in module.named_modules())
 
 
 def load_target_model(
