@@ -29,6 +29,15 @@ can_build = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    """CPU kernels: on a machine with a GPU they are tested on its CPU."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
 def quantized_weight(rows: int, columns: int, bits: int, group_size: int, seed: int = 0):
     weight = mx.random.normal((rows, columns), key=mx.random.key(seed))
     return mx.quantize(weight, group_size=group_size, bits=bits)

@@ -19,6 +19,15 @@ MAX_RELATIVE_ERROR = 3.5e-7
 SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    """CPU kernels: on a machine with a GPU they are tested on its CPU."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
 def exact(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     g = gate.astype(np.float64)
     with np.errstate(over="ignore"):
