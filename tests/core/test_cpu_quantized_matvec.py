@@ -19,23 +19,13 @@ from mlxcel_core.kernels.cpu_matvec.native import (
     load_native_library,
 )
 
-needs_kernel = pytest.mark.skipif(
-    not cpu_matvec.available(),
-    reason=f"CPU kernels not built here: {cpu_matvec.native.native_library().reason}",
-)
+# `on_the_cpu` is an autouse fixture.
+from cpu_kernels import needs_kernel, on_the_cpu  # noqa: F401
+
 can_build = pytest.mark.skipif(
     platform.machine() not in {"x86_64", "AMD64"} or shutil.which("cc") is None,
     reason="needs an x86-64 CPU and a C compiler",
 )
-
-
-@pytest.fixture(autouse=True)
-def on_the_cpu():
-    """CPU kernels: on a machine with a GPU they are tested on its CPU."""
-    previous = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(previous)
 
 
 def quantized_weight(rows: int, columns: int, bits: int, group_size: int, seed: int = 0):

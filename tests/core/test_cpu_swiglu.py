@@ -5,27 +5,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel_core.kernels import cpu_matvec
 from mlxcel_core.kernels.cpu_matvec import swiglu
 
-needs_kernel = pytest.mark.skipif(
-    not cpu_matvec.available(),
-    reason=f"CPU kernels not built here: {cpu_matvec.native.native_library().reason}",
-)
+# `on_the_cpu` is an autouse fixture.
+from cpu_kernels import needs_kernel, on_the_cpu  # noqa: F401
+
 # float32 rounds each of the exp, the sum, the division and two products. (MLX's float32
 # `sigmoid(g) * g * u` is within 1.6e-6 of float64 for gates of a few units, less close for
 # larger ones, and gives 0 where exp(-g) overflows.)
 MAX_RELATIVE_ERROR = 3.5e-7
 SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
-
-
-@pytest.fixture(autouse=True)
-def on_the_cpu():
-    """CPU kernels: on a machine with a GPU they are tested on its CPU."""
-    previous = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(previous)
 
 
 def exact(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

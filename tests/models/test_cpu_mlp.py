@@ -18,7 +18,6 @@ from mlx_lm.models import deepseek_v3, gemma, llama
 from mlx_lm.models.activations import swiglu
 
 from mlxcel_core.generate import generate_tokens
-from mlxcel_core.kernels import cpu_matvec
 from mlxcel_core.kernels.cpu_matvec import swiglu as swiglu_kernel
 from mlxcel_core.sampling import Sampler, SamplingParams
 from mlxcel_models import cpu_mlp
@@ -27,12 +26,9 @@ from mlxcel_models.cpu_mlp import KernelSwiGLU, is_swiglu_mlp
 from mlxcel_models.cpu_ops import install_cpu_ops
 from mlxcel_models.loading.loader import load_model
 
+from cpu_kernels import needs_kernel
 from factories import TinyConfig, write_gguf_model
 
-needs_kernel = pytest.mark.skipif(
-    not cpu_matvec.available(),
-    reason=f"CPU kernels not built here: {cpu_matvec.native.native_library().reason}",
-)
 DENSE = ComputeOptions(mx.float32, dense_weights_max_bytes=2**30)
 GREEDY = SamplingParams(temperature=0.0)
 CPU_OPS = ComputeOptions(mx.float32, dense_weights_max_bytes=2**30, cpu_ops=True, cpu_streams=2)

@@ -16,7 +16,12 @@ import functools
 import mlx.core as mx
 import numpy as np
 
-from mlxcel_core.kernels.cpu_matvec.native import NativeLibrary, c_buffer, native_library
+from mlxcel_core.kernels.cpu_matvec.native import (
+    NativeLibrary,
+    c_buffer,
+    describe_kernel,
+    native_library,
+)
 
 # Rows of activations the kernel takes: decode batches.
 MAX_ROWS = 8
@@ -56,10 +61,7 @@ def available() -> bool:
 def describe_cpu_kernels() -> str:
     """One line saying whether decode products of quantized weights on the CPU run on the
     C kernel, or on MLX and why."""
-    library = native_library()
-    if library.library is None:
-        return f"MLX's quantized_matmul ({library.reason})"
-    return f"mlxcel's AVX2 kernel ({library.reason})"
+    return describe_kernel("MLX's quantized_matmul")
 
 
 @functools.cache

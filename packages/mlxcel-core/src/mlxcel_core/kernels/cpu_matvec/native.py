@@ -175,6 +175,14 @@ def c_buffer(array: mx.array) -> tuple[int, np.ndarray]:
     return held.ctypes.data, held
 
 
+def describe_kernel(mlx_operation: str) -> str:
+    """Which runs an operation the library has a kernel for: "mlxcel's AVX2 kernel" or
+    `mlx_operation`, with the reason (how it was built, or why it is not in use)."""
+    library = native_library()
+    where = "mlxcel's AVX2 kernel" if library.library is not None else mlx_operation
+    return f"{where} ({library.reason})"
+
+
 @functools.cache
 def native_library() -> NativeLibrary:
     """This process's `load_native_library()`, built or loaded once."""

@@ -18,7 +18,12 @@ import functools
 import mlx.core as mx
 import numpy as np
 
-from mlxcel_core.kernels.cpu_matvec.native import NativeLibrary, c_buffer, native_library
+from mlxcel_core.kernels.cpu_matvec.native import (
+    NativeLibrary,
+    c_buffer,
+    describe_kernel,
+    native_library,
+)
 
 # Activations of at least this many elements are split over two threads.
 SPLIT_MIN_ELEMENTS = 64 * 2**10
@@ -44,10 +49,7 @@ def threads_for(elements: int, cpu_streams: int) -> int:
 def describe_cpu_swiglu() -> str:
     """One line saying whether the SwiGLU activation on the CPU runs on the C kernel, or on
     MLX and why."""
-    library = native_library()
-    if library.library is None:
-        return f"MLX's swiglu ({library.reason})"
-    return f"mlxcel's AVX2 kernel ({library.reason})"
+    return describe_kernel("MLX's swiglu")
 
 
 @functools.cache
