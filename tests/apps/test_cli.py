@@ -66,9 +66,10 @@ def test_the_weights_line_says_what_each_gguf_tensor_type_became_in_memory(tiny_
     code, _, err = run_cli(*argv, environ={"MLXCEL_GGUF_DEQUANT": "bf16"})
     assert code == 0
     # Dequantized to bfloat16, then every float weight is cast to the CPU's float32.
-    assert _weights_line(err).startswith(
-        "weights: dense float32: Q8_0→float32 (15 tensors), F32 (5 tensors)"
-    )
+    line = _weights_line(err)
+    assert line.startswith("weights: dense float32: Q8_0→float32 (15 tensors), F32 (5 tensors)")
+    if cpu_matvec.available():
+        assert "; decode products of 2-32 rows on mlxcel's AVX2 kernel (built with " in line
 
 
 def test_weights_made_dense_for_a_batch_are_said_to_be_dense(tiny_gguf, tmp_path):
@@ -241,7 +242,8 @@ def test_help_and_version_return_zero():
 def test_the_version_says_what_computes_the_cpu_kernels_work():
     lines = cli._version_text().splitlines()
     assert lines[2].startswith("quantized decode products on the CPU: ")
-    assert lines[3].startswith("SwiGLU activation on the CPU: ")
+    assert lines[3].startswith("float32 decode products on the CPU: ")
+    assert lines[4].startswith("SwiGLU activation on the CPU: ")
 
 
 def test_only_version_makes_the_version_text(monkeypatch, capsys):

@@ -14,8 +14,8 @@ from mlxcel_models.compute import (
     PrefillDequantizingLinear,
     cpu_product_streams,
 )
+from mlxcel_models.cpu_layers import CpuLinear, CpuQuantizedEmbedding
 from mlxcel_models.loading.loader import load_model
-from mlxcel_models.split_layers import SplitLinear, SplitQuantizedEmbedding
 
 TOKENS = mx.array([[5, 80, 81, 200, 17, 42, 9, 260] * 5])
 
@@ -114,9 +114,9 @@ def test_products_split_over_cpu_streams_give_the_same_logits(tiny_gguf, monkeyp
     reference = load_model(tiny_gguf, compute=whole).model
     split = load_model(tiny_gguf, compute=replace(whole, cpu_streams=2))
     layers = [m for _, m in split.model.module.named_modules()]
-    kind = SplitLinear if dense else PrefillDequantizingLinear
+    kind = CpuLinear if dense else PrefillDequantizingLinear
     assert sum(isinstance(m, kind) and m.cpu_streams == 2 for m in layers) == 14
-    assert dense or sum(isinstance(m, SplitQuantizedEmbedding) for m in layers) == 1
+    assert dense or sum(isinstance(m, CpuQuantizedEmbedding) for m in layers) == 1
     for tokens in (TOKENS[:, :8], TOKENS[:, :1]):  # decode rows: 8 take the dense tactic
         expected = reference(tokens, reference.make_cache())
         actual = split.model(tokens, split.model.make_cache())

@@ -11,8 +11,8 @@ import mlx.nn as nn
 from mlx.utils import tree_map, tree_unflatten
 
 from mlxcel_core.kernels import METAL, kernel_backend, quantized_linear
+from mlxcel_models.cpu_layers import apply_cpu_layers
 from mlxcel_models.cpu_ops import install_cpu_ops
-from mlxcel_models.split_layers import apply_split_layers
 
 # Rows of input from which quantized layers dequantize for a dense GEMM (prefill chunks).
 CPU_DEQUANTIZE_MIN_ROWS = 4
@@ -64,12 +64,14 @@ class ComputeOptions:
         kernel_linear: quantized linear layers kept quantized go through
             `quantized_linear` even with `dequantize_min_rows` None, so its matvec kernel
             serves decode rows.
-        cpu_ops: RoPE and RMSNorm take their CPU forms and SwiGLU MLPs the CPU activation
-            kernel (`mlxcel_models.cpu_ops`): fewer operations per step where each costs
-            host time.
-        cpu_streams: linear layers' products (and tied output projections) are split by
-            output columns over this many CPU streams, one core each
-            (`mlxcel_core.kernels.stream_split`); 1 does not split.
+        cpu_ops: RoPE and RMSNorm take their CPU forms, SwiGLU MLPs the CPU activation
+            kernel (`mlxcel_models.cpu_ops`) and dense linear layers the CPU products of
+            `mlxcel_models.cpu_layers` (a kernel at decode rows): fewer operations per step
+            where each costs host time.
+        cpu_streams: CPU cores each linear layer's product (and tied output projection)
+            may use: MLX's products are split by output columns over this many CPU
+            streams (`mlxcel_core.kernels.stream_split`), the C kernels over two threads
+            from 2; 1 does not split.
     """
 
     float_dtype: mx.Dtype | None = None
@@ -250,8 +252,8 @@ def apply_compute_options(module: nn.Module, options: ComputeOptions) -> None:
             if type(layer) is nn.QuantizedLinear and layer.mode == "affine"
         ]
         module.update_modules(tree_unflatten(replacements))
-    if options.cpu_streams > 1:
-        apply_split_layers(module, options.cpu_streams)
+    if options.cpu_ops or options.cpu_streams > 1:
+        apply_cpu_layers(module, options.cpu_streams)
     if options.cpu_ops:
         install_cpu_ops(module, cpu_streams=options.cpu_streams)
 

@@ -13,7 +13,8 @@ import mlx.nn as nn
 from tqdm import tqdm
 
 from mlxcel.common.blas import loaded_openblas
-from mlxcel_core.kernels.cpu_matvec import describe_cpu_kernels
+from mlxcel_core.kernels.cpu_matvec import dense, describe_cpu_kernels
+from mlxcel_core.kernels.cpu_matvec.dense import describe_cpu_dense_products
 from mlxcel_models.attach_lora import apply_adapters
 from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions, CpuBlas
@@ -116,7 +117,7 @@ def describe_weights(loaded: LoadedModel) -> str:
     """How the loaded weights are held, for the stats on stderr: quantized as the file
     has them, or dense (and in which dtype); for a GGUF file, what each of its tensor
     types became in memory; on the CPU, the BLAS running the matrix products, for
-    quantized weights what runs their decode products, and how many MLPs compute their
+    quantized or float32 weights what runs their decode products, and how many MLPs compute their
     activation with the CPU kernel (`mlxcel_models.cpu_mlp`)."""
     config = loaded.config
     if config.quantized:
@@ -133,6 +134,11 @@ def describe_weights(loaded: LoadedModel) -> str:
         held += f"; matrix products on {process_blas()}"
         if config.quantized:
             held += f"; decode products on {describe_cpu_kernels()}"
+        elif config.float_dtype == "float32":
+            held += (
+                f"; decode products of {dense.MIN_ROWS}-{dense.MAX_ROWS} rows on "
+                f"{describe_cpu_dense_products()}"
+            )
         mlps = _kernel_swiglu_mlps(loaded.model)
         if mlps:
             held += (

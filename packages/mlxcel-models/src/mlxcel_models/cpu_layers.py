@@ -1,9 +1,9 @@
-"""Dense linear layers and tied output projections whose products are split over CPU
-streams (`mlxcel_core.kernels.stream_split`).
+"""Dense linear layers and tied output projections with their products computed for the
+CPU: `dense_linear`'s kernel at decode rows, else split over CPU streams
+(`mlxcel_core.kernels.stream_split`).
 
 Each class keeps its MLX parent's parameters and names, so anything that walks the model's
-parameters (saving, adapters) sees no difference; only the product is computed in column
-blocks, one per CPU stream.
+parameters (saving, adapters) sees no difference; only the product is computed otherwise.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
+from mlxcel_core.kernels.dense_linear import dense_linear
 from mlxcel_core.kernels.quantized_linear import quantized_linear
-from mlxcel_core.kernels.stream_split import split_dense_product
 
 
-class SplitLinear(nn.Linear):
-    """An `nn.Linear` whose product is split over `cpu_streams` CPU streams."""
+class CpuLinear(nn.Linear):
+    """An `nn.Linear` whose product is `dense_linear`'s, on up to `cpu_streams` cores."""
 
     cpu_streams: int
 
     @classmethod
-    def replacing(cls, layer: nn.Linear, cpu_streams: int) -> SplitLinear:
+    def replacing(cls, layer: nn.Linear, cpu_streams: int) -> CpuLinear:
         """A layer with `layer`'s parameters; the constructor's random init is replaced."""
         rows, columns = layer["weight"].shape
         replacement = cls(columns, rows, bias="bias" in layer)
@@ -31,18 +31,18 @@ class SplitLinear(nn.Linear):
         return replacement
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = split_dense_product(x, self["weight"], self.cpu_streams)
+        y = dense_linear(x, self["weight"], cpu_streams=self.cpu_streams)
         return y if "bias" not in self else y + self["bias"]
 
 
-class SplitEmbedding(nn.Embedding):
-    """An `nn.Embedding` whose output projection (`as_linear`, tied weights) is split over
-    `cpu_streams` CPU streams."""
+class CpuEmbedding(nn.Embedding):
+    """An `nn.Embedding` whose output projection (`as_linear`, tied weights) is
+    `dense_linear`'s, on up to `cpu_streams` cores."""
 
     cpu_streams: int
 
     @classmethod
-    def replacing(cls, layer: nn.Embedding, cpu_streams: int) -> SplitEmbedding:
+    def replacing(cls, layer: nn.Embedding, cpu_streams: int) -> CpuEmbedding:
         """A layer with `layer`'s parameters; the constructor's random init is replaced."""
         replacement = cls(*layer["weight"].shape)
         replacement.update(layer.parameters())
@@ -50,10 +50,10 @@ class SplitEmbedding(nn.Embedding):
         return replacement
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return split_dense_product(x, self["weight"], self.cpu_streams)
+        return dense_linear(x, self["weight"], cpu_streams=self.cpu_streams)
 
 
-class SplitQuantizedEmbedding(nn.QuantizedEmbedding):
+class CpuQuantizedEmbedding(nn.QuantizedEmbedding):
     """An affine `nn.QuantizedEmbedding` whose output projection (`as_linear`, tied
     weights) is `quantized_linear`'s: the CPU kernel at decode rows, else split over
     `cpu_streams` CPU streams."""
@@ -61,7 +61,7 @@ class SplitQuantizedEmbedding(nn.QuantizedEmbedding):
     cpu_streams: int
 
     @classmethod
-    def replacing(cls, layer: nn.QuantizedEmbedding, cpu_streams: int) -> SplitQuantizedEmbedding:
+    def replacing(cls, layer: nn.QuantizedEmbedding, cpu_streams: int) -> CpuQuantizedEmbedding:
         """A layer with `layer`'s parameters; the constructor's random init is replaced."""
         rows, packed = layer["weight"].shape
         replacement = cls(
@@ -83,16 +83,16 @@ class SplitQuantizedEmbedding(nn.QuantizedEmbedding):
         )
 
 
-def apply_split_layers(module: nn.Module, cpu_streams: int) -> int:
+def apply_cpu_layers(module: nn.Module, cpu_streams: int) -> int:
     """Replace `module`'s dense linear layers and embeddings, and its affine-quantized
-    embeddings, in place by their split forms; the number replaced.
+    embeddings, in place by their CPU forms; the number replaced.
 
-    Quantized linear layers take the split through `PrefillDequantizingLinear`.
+    Quantized linear layers take their CPU products through `PrefillDequantizingLinear`.
     """
     kinds: dict[type, type] = {
-        nn.Linear: SplitLinear,
-        nn.Embedding: SplitEmbedding,
-        nn.QuantizedEmbedding: SplitQuantizedEmbedding,
+        nn.Linear: CpuLinear,
+        nn.Embedding: CpuEmbedding,
+        nn.QuantizedEmbedding: CpuQuantizedEmbedding,
     }
     replacements = [
         (name, kinds[type(layer)].replacing(layer, cpu_streams))
