@@ -1,16 +1,27 @@
 """The CPU paged decode attention kernel against `paged_decode_attention_reference`: odd
 head dims and lengths, grouped-query heads, block sizes, rows of length 0, 1 and a full
-table, one and two threads, and the inputs it refuses."""
+table, one and two threads, and the inputs it refuses; and the engine on the CPU, whose
+greedy tokens are those of gathering the context when decode passes read the pools."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from test_batching_engine import (
+    generate_all,
+    make_config,
+    make_prompts,
+    make_request,
+    running_engine,
+    token_ids,
+)
 
+from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.kernels.cpu_matvec import paged_attention
 from mlxcel_core.kernels.cpu_matvec.paged_attention import cpu_paged_decode_attention
 from mlxcel_core.kernels.paged_attention import paged_decode_attention_reference
+from mlxcel_models.loading.loader import load_model
 
 # `on_the_cpu` is an autouse fixture.
 from cpu_kernels import needs_kernel, on_the_cpu  # noqa: F401
@@ -186,3 +197,44 @@ def test_supports_float32_on_the_cpu_only_and_two_threads_for_large_steps():
     if mx.is_available(mx.gpu):
         mx.set_default_device(mx.gpu)  # `on_the_cpu` sets it back
         assert not paged_attention.supports(queries, pool, pool)
+
+
+# In the engine
+
+
+@needs_kernel
+def test_the_engine_on_the_cpu_decodes_from_the_pools_with_the_greedy_tokens_of_the_gather(
+    tiny_safetensors, monkeypatch
+):
+    model = load_model(tiny_safetensors).model
+    calls: list[tuple[int, ...]] = []
+    kernel = paged_attention.cpu_paged_decode_attention
+
+    def counted(queries, *arguments, **options):
+        calls.append(queries.shape)
+        return kernel(queries, *arguments, **options)
+
+    gathers: list[int] = []
+    gather = PagedKVStorage.gather
+
+    def counted_gather(self, layer, *arguments):
+        gathers.append(layer)
+        return gather(self, layer, *arguments)
+
+    monkeypatch.setattr(paged_attention, "cpu_paged_decode_attention", counted)
+    monkeypatch.setattr(PagedKVStorage, "gather", counted_gather)
+    requests = [make_request(prompt, index=i) for i, prompt in enumerate(make_prompts())]
+    tokens, num_gathers = {}, {}
+    for decode_kernel in (True, False):
+        with running_engine(model, make_config(paged_decode_kernel=decode_kernel)) as engine:
+            tokens[decode_kernel] = [token_ids(o) for o in generate_all(engine, requests)]
+        if decode_kernel:
+            kernel_calls, calls[:] = list(calls), []
+        num_gathers[decode_kernel], gathers[:] = len(gathers), []
+    assert tokens[True] == tokens[False]
+    assert all(len(ids) == 10 for ids in tokens[True])
+    assert not calls
+    # Only each layer's first pass, before it is known to attend through the cache, gathers.
+    assert num_gathers[True] <= len(model.make_cache()) < num_gathers[False]
+    # Decode passes of up to 4 rows, and prefill chunks as a query per row.
+    assert {B for B, _, _, _ in kernel_calls} >= {1, 4, 8}
