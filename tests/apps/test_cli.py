@@ -244,6 +244,7 @@ def test_the_version_says_what_computes_the_cpu_kernels_work():
     assert lines[2].startswith("quantized decode products on the CPU: ")
     assert lines[3].startswith("float32 decode products on the CPU: ")
     assert lines[4].startswith("SwiGLU activation on the CPU: ")
+    assert lines[5].startswith("paged decode attention on the CPU: ")
 
 
 def test_only_version_makes_the_version_text(monkeypatch, capsys):

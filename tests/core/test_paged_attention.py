@@ -18,6 +18,7 @@ from mlxcel_core.cache.paged import (
     PagedKVStorage,
     PagedLayerCache,
 )
+from mlxcel_core.kernels import cpu_matvec
 
 from paged_attention_checks import BLOCK_SIZE, FLOAT32_TOLERANCE, ON_THE_CPU, count_group_passes
 
@@ -264,11 +265,17 @@ def test_decode_rows_group_so_that_short_rows_skip_long_rows_padding():
 
 
 def grouped_and_padded(
-    cache_type: str, lengths: Sequence[int], window_size: int | None = None
+    cache_type: str,
+    lengths: Sequence[int],
+    window_size: int | None = None,
+    *,
+    decode_kernel: bool = False,
 ) -> tuple[mx.array, mx.array]:
     """A decode pass's attention output through a cache that attends by length groups when
-    it may, and the same through a cache that attends over the padded batch."""
+    it may (or by a decode kernel reading the pools, with `decode_kernel`), and the same
+    through a cache that attends over the padded batch."""
     storages = twin_storages(cache_type, LayerGeometry(2, 32, 32, mx.float32), max_blocks=256)
+    storages[0].decode_kernel = decode_kernel
     for storage in storages:
         storage.ensure_capacity(1 + sum(-(-length // BLOCK_SIZE) for length in lengths))
         prefill = [BatchRow(row.block_table, 0, row.offset) for row in decode_rows(lengths)]
@@ -292,6 +299,15 @@ def test_decode_attention_by_length_groups_equals_attention_over_the_padded_batc
     assert calls == [3]
     assert grouped.shape == padded.shape == (5, 2, 1, 32)
     assert mx.allclose(grouped, padded, **FLOAT32_TOLERANCE)
+
+
+@ON_THE_CPU
+@pytest.mark.skipif(not cpu_matvec.available(), reason="CPU kernels not built here")
+def test_a_cpu_decode_over_float32_pools_reads_them_by_the_c_kernel_not_by_groups(monkeypatch):
+    calls = count_group_passes(monkeypatch)
+    read, padded = grouped_and_padded("auto", [170, 400, 30, 90, 210], decode_kernel=True)
+    assert calls == []
+    assert mx.allclose(read, padded, **FLOAT32_TOLERANCE)
 
 
 @ON_THE_CPU

@@ -154,6 +154,8 @@ def test_decode_rows_far_apart_in_length_attend_by_groups_and_match_dense(
 ):
     model = load_model(tiny_safetensors).model
     harness = PagedHarness(model)
+    # The groups serve decode passes no kernel reads the pools for.
+    harness.storage.decode_kernel = False
     calls = count_group_passes(monkeypatch)
     # Prompts of 150 and 8 tokens, then 4 decode tokens each (teacher-forced).
     sequences = random_tokens(2, [150 + 4, 8 + 4])

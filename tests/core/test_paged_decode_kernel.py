@@ -19,8 +19,9 @@ from mlxcel_core.cache.paged import BatchRow, LayerGeometry, PagedBatch, PagedKV
 from mlxcel_core.cache.paged.layer_cache import PagedLayerCache
 from mlxcel_core.engine.config import EngineConfig, make_kv_storage
 from mlxcel_core.engine.memory import ModelProfile
-from mlxcel_core.kernels import CUDA, METAL
+from mlxcel_core.kernels import CUDA, METAL, cpu_matvec
 from mlxcel_core.kernels.paged_attention import (
+    cpu_decode_attention,
     decode_kernel_backend,
     paged_decode_attention,
     paged_decode_attention_kernel,
@@ -163,13 +164,20 @@ def test_reference_ignores_block_table_entries_past_each_row():
     np.testing.assert_allclose(np.array(out), dense_attention(problem, 0.5), atol=1e-5)
 
 
-def test_dispatch_runs_the_reference_on_the_cpu():
+def test_dispatch_on_the_cpu_runs_the_c_kernel_for_float32_and_the_reference_otherwise():
     assert decode_kernel_backend(mx.Device(mx.cpu), mx.bfloat16, 32, 8, 64, 64) is None
-    problem = make_problem(RAGGED_LENGTHS, num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4)
-    with mx.stream(mx.cpu):
-        out = run(paged_decode_attention, problem, 0.25)
-        expected = run(paged_decode_attention_reference, problem, 0.25)
-    assert mx.array_equal(out, expected)
+    for dtype in (mx.float32, mx.bfloat16):
+        problem = make_problem(
+            RAGGED_LENGTHS, num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=4, dtype=dtype
+        )
+        with mx.stream(mx.cpu):
+            out = run(paged_decode_attention, problem, 0.25)
+            expected = run(paged_decode_attention_reference, problem, 0.25)
+            if dtype == mx.float32 and cpu_matvec.available():
+                assert mx.array_equal(out, run(cpu_decode_attention, problem, 0.25))
+                np.testing.assert_allclose(np.array(out), np.array(expected), atol=1e-6)
+            else:
+                assert mx.array_equal(out, expected)
 
 
 def test_kernels_take_float_pools_of_one_lane_tiled_head_dim_within_shared_memory():
@@ -224,7 +232,9 @@ def test_the_engine_setting_reaches_the_storage(enabled):
 
 
 @pytest.mark.parametrize("decode_kernel", [True, False])
-def test_layer_cache_attention_on_the_cpu_is_todays_gather_then_attend(decode_kernel):
+def test_layer_cache_attention_on_the_cpu_reads_the_pools_by_the_c_kernel_or_gathers(
+    decode_kernel,
+):
     rows = [
         BatchRow([1, 2, 3], offset=9, num_new_tokens=1),
         BatchRow([4], offset=2, num_new_tokens=1),
@@ -240,7 +250,17 @@ def test_layer_cache_attention_on_the_cpu_is_todays_gather_then_attend(decode_ke
         expected = mx.fast.scaled_dot_product_attention(
             queries, keys, values, scale=0.25, mask=mask
         )
-    assert mx.array_equal(out, expected)
+    if decode_kernel and cpu_matvec.available():
+        np.testing.assert_allclose(np.array(out), np.array(expected), atol=1e-6)
+        storage, batch = cache._storage, cache._batch
+        with mx.stream(mx.cpu):
+            by_kernel = cpu_decode_attention(
+                queries, storage.keys[0][0], storage.values[0][0], batch.block_tables,
+                batch.context_lengths, block_size=4, scale=0.25,
+            )  # fmt: skip
+        assert mx.array_equal(out, by_kernel)
+    else:
+        assert mx.array_equal(out, expected)
 
 
 gpu_kernels = []

@@ -120,19 +120,21 @@ class _VersionAction(argparse.Action):
 
 def _version_text() -> str:
     """`mlxcel VERSION`, then, on Linux, the BLAS this process runs with and what computes
-    decode products of quantized and of float32 weights and the SwiGLU activation on the
-    CPU."""
+    decode products of quantized and of float32 weights, the SwiGLU activation and decode
+    attention over float32 paged KV on the CPU."""
     text = f"mlxcel {_installed_version()}"
     if sys.platform.startswith("linux"):
         # MLX is imported only now: the BLAS preload must see a process without it.
         from mlxcel_core.kernels.cpu_matvec import describe_cpu_kernels
         from mlxcel_core.kernels.cpu_matvec.dense import describe_cpu_dense_products
+        from mlxcel_core.kernels.cpu_matvec.paged_attention import describe_cpu_paged_attention
         from mlxcel_core.kernels.cpu_matvec.swiglu import describe_cpu_swiglu
 
         text += "\n" + describe_blas(os.environ)
         text += f"\nquantized decode products on the CPU: {describe_cpu_kernels()}"
         text += f"\nfloat32 decode products on the CPU: {describe_cpu_dense_products()}"
         text += f"\nSwiGLU activation on the CPU: {describe_cpu_swiglu()}"
+        text += f"\npaged decode attention on the CPU: {describe_cpu_paged_attention()}"
     return text
 
 

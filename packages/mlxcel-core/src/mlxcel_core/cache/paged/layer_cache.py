@@ -21,8 +21,10 @@ from mlxcel_core.kernels.paged_attention import (
     MAX_QUERIES_PER_ROW,
     TurboPool,
     attend_per_query,
+    cpu_decode_attention,
     decode_kernel_backend,
     paged_decode_attention_kernel,
+    serves_on_cpu,
     turbo_decode_attention_kernel,
     turbo_decode_kernel_backend,
 )
@@ -165,7 +167,8 @@ class PagedLayerCache:
         verification; a short prefill chunk) under the batch's own unwindowed causal mask
         reads the pools through the block tables when a kernel serves the device and the
         pools' types (`mlxcel_core.kernels.paged_attention`: unquantized pools of the
-        queries' dtype, or TurboQuant keys and values), several queries of a row as rows
+        queries' dtype, float32 ones on the CPU by its C kernel, or TurboQuant keys and
+        values), several queries of a row as rows
         of their own (`attend_per_query`); any other pass attends to the gathered keys
         and values with `mx.fast.scaled_dot_product_attention`; a one-row pass of several
         queries (a prefill chunk, or a speculative verification) that CUDA would send to
@@ -285,19 +288,31 @@ class PagedLayerCache:
         return None
 
     def _attend_from_float_pools(self, queries: mx.array, scale: float) -> mx.array | None:
+        """Decode attention by the device's kernel, or on the CPU by its C kernel, over
+        unquantized pools of the queries' dtype; None where neither serves them."""
         storage = self._storage
         _, H_q, _, D = queries.shape
         key_pool, value_pool = storage.keys[self._layer][0], storage.values[self._layer][0]
+        if key_pool.dtype != queries.dtype:
+            return None
         backend = decode_kernel_backend(
             mx.default_device(), key_pool.dtype, H_q, key_pool.shape[1], D, value_pool.shape[2]
         )
-        if key_pool.dtype != queries.dtype or backend is None:
+        if backend is not None:
+            return self._per_query(
+                queries,
+                lambda rows, tables, lengths: paged_decode_attention_kernel(
+                    rows, key_pool, value_pool, tables, lengths,
+                    block_size=storage.block_size, scale=scale, backend=backend,
+                ),
+            )  # fmt: skip
+        if not serves_on_cpu(queries, key_pool, value_pool):
             return None
         return self._per_query(
             queries,
-            lambda rows, tables, lengths: paged_decode_attention_kernel(
+            lambda rows, tables, lengths: cpu_decode_attention(
                 rows, key_pool, value_pool, tables, lengths,
-                block_size=storage.block_size, scale=scale, backend=backend,
+                block_size=storage.block_size, scale=scale,
             ),
         )  # fmt: skip
 

@@ -12,11 +12,14 @@ a short prefill chunk) with these one-query kernels.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import mlx.core as mx
 
+from mlxcel_core.kernels import cpu_matvec
 from mlxcel_core.kernels.backend import Backend
+from mlxcel_core.kernels.cpu_matvec import paged_attention as cpu_attention
 from mlxcel_core.kernels.options import kernel_backend
 from mlxcel_core.kernels.paged_attention import decode
 from mlxcel_core.kernels.paged_attention.decode import paged_decode_attention_kernel
@@ -83,6 +86,43 @@ def decode_kernel_backend(
     return backend
 
 
+def serves_on_cpu(queries: mx.array, key_pool: mx.array, value_pool: mx.array) -> bool:
+    """Whether `cpu_decode_attention` serves these queries and pools: float32 ones with the
+    CPU as the default device, and the CPU kernels' library built."""
+    return cpu_attention.supports(queries, key_pool, value_pool) and cpu_matvec.available()
+
+
+def cpu_decode_attention(
+    queries: mx.array,
+    key_pool: mx.array,
+    value_pool: mx.array,
+    block_tables: mx.array,
+    context_lengths: mx.array,
+    *,
+    block_size: int,
+    scale: float,
+) -> mx.array:
+    """`cpu_paged_decode_attention` on one thread, or two for a large step where the
+    process may run on two cores.
+
+    Arguments, result and errors as `cpu_paged_decode_attention`'s.
+    """
+    B, H_q, _, _ = queries.shape
+    threads = cpu_attention.threads_for(
+        B, H_q, block_tables.shape[1] * block_size, os.cpu_count() or 1
+    )
+    return cpu_attention.cpu_paged_decode_attention(
+        queries,
+        key_pool,
+        value_pool,
+        block_tables,
+        context_lengths,
+        block_size=block_size,
+        scale=scale,
+        threads=threads,
+    )
+
+
 def turbo_decode_kernel_backend(
     device: mx.Device,
     num_q_heads: int,
@@ -117,7 +157,8 @@ def paged_decode_attention(
     """One query per row attending to that row's positions in the paged pools.
 
     Arguments and result as `paged_decode_attention_reference`. On the default device,
-    `decode_kernel_backend` decides between a backend's kernels and that reference.
+    `decode_kernel_backend` decides between a backend's kernels and that reference, and
+    where it names none, `serves_on_cpu` between the CPU kernel and the reference.
     """
     _, H_q, _, D = queries.shape
     backend = decode_kernel_backend(
@@ -134,7 +175,12 @@ def paged_decode_attention(
             scale=scale,
             backend=backend,
         )
-    return paged_decode_attention_reference(
+    attend = (
+        cpu_decode_attention
+        if serves_on_cpu(queries, key_pool, value_pool)
+        else paged_decode_attention_reference
+    )
+    return attend(
         queries,
         key_pool,
         value_pool,
@@ -149,11 +195,13 @@ __all__ = [
     "MAX_QUERIES_PER_ROW",
     "TurboPool",
     "attend_per_query",
+    "cpu_decode_attention",
     "decode_kernel_backend",
     "gather_context",
     "paged_decode_attention",
     "paged_decode_attention_kernel",
     "paged_decode_attention_reference",
+    "serves_on_cpu",
     "turbo_decode_attention_kernel",
     "turbo_decode_kernel_backend",
 ]
