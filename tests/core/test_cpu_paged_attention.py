@@ -20,7 +20,10 @@ from test_batching_engine import (
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.kernels.cpu_matvec import paged_attention
 from mlxcel_core.kernels.cpu_matvec.paged_attention import cpu_paged_decode_attention
-from mlxcel_core.kernels.paged_attention import paged_decode_attention_reference
+from mlxcel_core.kernels.paged_attention import (
+    CPU_KERNEL_MIN_QUERIES,
+    paged_decode_attention_reference,
+)
 from mlxcel_models.loading.loader import load_model
 
 # `on_the_cpu` is an autouse fixture.
@@ -234,7 +237,8 @@ def test_the_engine_on_the_cpu_decodes_from_the_pools_with_the_greedy_tokens_of_
     assert tokens[True] == tokens[False]
     assert all(len(ids) == 10 for ids in tokens[True])
     assert not calls
-    # Only each layer's first pass, before it is known to attend through the cache, gathers.
-    assert num_gathers[True] <= len(model.make_cache()) < num_gathers[False]
-    # Decode passes of up to 4 rows, and prefill chunks as a query per row.
-    assert {B for B, _, _, _ in kernel_calls} >= {1, 4, 8}
+    # Passes the kernel serves gather nothing (only passes of one query still do).
+    assert num_gathers[True] < num_gathers[False]
+    # Decode passes of 2 to 4 rows, and prefill chunks as a query per row.
+    rows = {B for B, _, _, _ in kernel_calls}
+    assert rows >= {4, 8} and min(rows) >= CPU_KERNEL_MIN_QUERIES

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from mlxcel.common.blas import loaded_openblas
 from mlxcel_core.kernels.cpu_matvec import dense, describe_cpu_kernels
 from mlxcel_core.kernels.cpu_matvec.dense import describe_cpu_dense_products
+from mlxcel_core.kernels.dense_linear import KERNEL_MIN_ROWS
 from mlxcel_models.attach_lora import apply_adapters
 from mlxcel_models.backend import GGUFDequant, LoadProgress, select_backend
 from mlxcel_models.compute import ComputeOptions, CpuBlas
@@ -136,7 +137,7 @@ def describe_weights(loaded: LoadedModel) -> str:
             held += f"; decode products on {describe_cpu_kernels()}"
         elif config.float_dtype == "float32":
             held += (
-                f"; decode products of {dense.MIN_ROWS}-{dense.MAX_ROWS} rows on "
+                f"; decode products of {KERNEL_MIN_ROWS}-{dense.MAX_ROWS} rows on "
                 f"{describe_cpu_dense_products()}"
             )
         mlps = _kernel_swiglu_mlps(loaded.model)

@@ -1,5 +1,5 @@
 """Dense float32 weights times a few rows of float32 activations on the CPU, by a C kernel
-that reads each weight from memory once (dense_matvec.c; docs/adr/0038-cpu-dense-matvec.md).
+that reads each weight from memory once (dense_matvec.c; docs/adr/0039-cpu-dense-matvec.md).
 
 A BLAS GEMM packs the whole weight into its own layout on every call; at decode's few rows
 that copy is most of the product (OpenBLAS's `sgemm_incopy` took 35% of a 16-row SmolLM2
@@ -25,9 +25,8 @@ from mlxcel_core.kernels.cpu_matvec.native import (
 )
 
 # Rows of activations the kernel takes. Measured on a 2-core Xeon with SmolLM2's layer
-# products and tied output projection, float32 (docs/adr/0038): at 16 rows the kernel took
+# products and tied output projection, float32 (docs/adr/0039): at 16 rows the kernel took
 # 68 ms against OpenBLAS's 88 ms split over two streams; at 32 rows 95 against 106 ms.
-MIN_ROWS = 2
 MAX_ROWS = 32
 # Products of at least this many multiply-adds split their outputs over two threads:
 # starting and joining one costs tens of microseconds.
@@ -35,11 +34,11 @@ SPLIT_MIN_MULTIPLY_ADDS = 2**20
 
 
 def supports(x: mx.array, weight: mx.array) -> bool:
-    """Whether the kernel takes `x @ weight.T`: float32 activations of `MIN_ROWS` to
-    `MAX_ROWS` rows and a float32 (N, K) weight, with the CPU as the default device."""
+    """Whether the kernel takes `x @ weight.T`: float32 activations of 1 to `MAX_ROWS` rows
+    and a float32 (N, K) weight, with the CPU as the default device."""
     rows = x.size // x.shape[-1] if x.ndim else 0
     return (
-        MIN_ROWS <= rows <= MAX_ROWS
+        1 <= rows <= MAX_ROWS
         and x.dtype == mx.float32
         and weight.dtype == mx.float32
         and weight.ndim == 2
@@ -78,7 +77,7 @@ def cpu_dense_matvec(x: mx.array, weight: mx.array, *, threads: int = 1) -> mx.a
     relative at K in the thousands).
 
     Args:
-        x: (..., K) float32 activations, `MIN_ROWS` to `MAX_ROWS` rows (all leading axes).
+        x: (..., K) float32 activations, 1 to `MAX_ROWS` rows (all leading axes).
         weight: (N, K) float32.
         threads: 1, or 2 to compute half of the outputs on a second thread.
 
@@ -91,7 +90,7 @@ def cpu_dense_matvec(x: mx.array, weight: mx.array, *, threads: int = 1) -> mx.a
     """
     if not supports(x, weight):
         raise ValueError(
-            f"the CPU dense matvec kernel takes {MIN_ROWS} to {MAX_ROWS} rows of float32 "
+            f"the CPU dense matvec kernel takes 1 to {MAX_ROWS} rows of float32 "
             f"against a float32 2-D weight on the CPU; got {x.size // max(x.shape[-1], 1)} "
             f"rows of {x.dtype}, weight {weight.dtype} {weight.shape} on {mx.default_device()}"
         )
@@ -117,7 +116,6 @@ def cpu_dense_matvec(x: mx.array, weight: mx.array, *, threads: int = 1) -> mx.a
 
 __all__ = [
     "MAX_ROWS",
-    "MIN_ROWS",
     "cpu_dense_matvec",
     "describe_cpu_dense_products",
     "supports",

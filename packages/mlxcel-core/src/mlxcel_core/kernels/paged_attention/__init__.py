@@ -37,6 +37,12 @@ from mlxcel_core.kernels.paged_attention.turbo import (
 # context once more (from L2 at the lengths a verification meets), so long prefill chunks
 # stay with cuDNN's attention over the gathered context.
 MAX_QUERIES_PER_ROW = 8
+# Queries in a pass (rows times queries per row) from which the CPU kernel attends. It
+# makes the forward pass wait for each layer's queries, so the host stops building the rest
+# of the step meanwhile; at one query that costs more than the gather it saves. Measured
+# on a 2-core Xeon with SmolLM2 float32 through the engine (docs/adr/0038): one row 12.2-13.0
+# tok/s with the kernel against 15.5-16.8 gathering, two rows 22.7-22.9 against 20.3-21.5.
+CPU_KERNEL_MIN_QUERIES = 2
 
 
 def attend_per_query(
@@ -87,9 +93,14 @@ def decode_kernel_backend(
 
 
 def serves_on_cpu(queries: mx.array, key_pool: mx.array, value_pool: mx.array) -> bool:
-    """Whether `cpu_decode_attention` serves these queries and pools: float32 ones with the
-    CPU as the default device, and the CPU kernels' library built."""
-    return cpu_attention.supports(queries, key_pool, value_pool) and cpu_matvec.available()
+    """Whether `cpu_decode_attention` serves these (B, H_q, L, D) queries and pools:
+    float32 ones with the CPU as the default device, at least `CPU_KERNEL_MIN_QUERIES`
+    queries in all, and the CPU kernels' library built."""
+    return (
+        queries.shape[0] * queries.shape[2] >= CPU_KERNEL_MIN_QUERIES
+        and cpu_attention.supports(queries, key_pool, value_pool)
+        and cpu_matvec.available()
+    )
 
 
 def cpu_decode_attention(
@@ -192,6 +203,7 @@ def paged_decode_attention(
 
 
 __all__ = [
+    "CPU_KERNEL_MIN_QUERIES",
     "MAX_QUERIES_PER_ROW",
     "TurboPool",
     "attend_per_query",
