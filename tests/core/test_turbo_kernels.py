@@ -180,9 +180,14 @@ def test_layer_cache_decodes_from_turbo_pools_as_the_gather_path_does(decode_ker
     )
     storage.decode_kernel = decode_kernel
     batch = decode_batch(tables, LENGTHS, 16)
-    queries = mx.array(np.random.default_rng(2).standard_normal((5, 8, 1, 64)).astype(np.float32))
-    keys, values = storage.gather(0, batch.read_slots, batch.anchors)
+    rng = np.random.default_rng(2)
+    queries = mx.array(rng.standard_normal((5, 8, 1, 64)).astype(np.float32))
+    # Each row's last position written again, as a decode pass writes its new one.
+    new_keys, new_values = (
+        mx.array(rng.standard_normal((5, 2, 1, 64)).astype(np.float32)) for _ in range(2)
+    )
     cache = PagedLayerCache(storage, 0, batch)
+    keys, values = cache.update_and_fetch(new_keys, new_values)
     out = cache.attention(queries, keys, values, scale=0.125, mask=batch.mask())
     expected = gather_then_attend(storage, batch, queries, 0.125)
     difference = (out - expected).abs().max().item()
