@@ -199,6 +199,7 @@ def test_the_library_is_built_once_then_loaded_and_rebuilt_when_damaged(tmp_path
 @can_build
 def test_every_kernel_source_goes_into_one_library_named_after_all_of_them(tmp_path):
     assert {source.name for source in SOURCES} >= {
+        "dense_matvec.c",
         "paged_attention.c",
         "quantized_matvec.c",
         "swiglu.c",
@@ -207,6 +208,9 @@ def test_every_kernel_source_goes_into_one_library_named_after_all_of_them(tmp_p
     library = load_native_library(environ).library
     assert library is not None
     assert library.mlxcel_quantized_matvec and library.mlxcel_swiglu
+    assert library.mlxcel_dense_matvec and library.mlxcel_paged_decode_attention
+    (header,) = SOURCES[0].parent.glob("*.h")
+    (tmp_path / header.name).write_bytes(header.read_bytes())
     copies = [tmp_path / source.name for source in SOURCES]
     for source, copy in zip(SOURCES, copies, strict=True):
         copy.write_bytes(source.read_bytes())
@@ -214,6 +218,10 @@ def test_every_kernel_source_goes_into_one_library_named_after_all_of_them(tmp_p
     copies[-1].write_bytes(copies[-1].read_bytes() + b"\n")
     assert load_native_library(environ, sources=copies).library is not None
     assert len(list(cache_directory(environ).iterdir())) == 2
+    # A change to the header the sources include makes another library too.
+    (tmp_path / header.name).write_bytes(header.read_bytes() + b"\n")
+    assert load_native_library(environ, sources=copies).library is not None
+    assert len(list(cache_directory(environ).iterdir())) == 3
 
 
 LOAD_IN_A_NEW_PROCESS = """

@@ -12,30 +12,10 @@
  * result does not depend on the other rows of the batch, and one and two threads give the
  * same bits.
  */
-#include <immintrin.h>
-#include <pthread.h>
-#include <stdint.h>
+#include "cpu_kernels.h"
 
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "the dense matvec kernel needs AVX2 and FMA"
-#endif
-
-#define LANES 8
 #define ROW_BLOCK 3
 #define OUTPUT_BLOCK 4
-
-static inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s);
-}
-
-/* Lanes below k % LANES of the last chunk, for masked loads. */
-static inline __m256i tail_mask(int64_t k) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k % LANES)), lane);
-}
 
 /* y[m][o] for `rows` rows of x and `outputs` outputs from o = 0 of the pointers given
  * (constants where inlined, so the accumulators stay in registers). */
@@ -55,7 +35,7 @@ static inline __attribute__((always_inline)) void tile(const int rows, const int
     }
   }
   if (whole < k) {
-    const __m256i mask = tail_mask(k);
+    const __m256i mask = lanes_below(k - whole);
     __m256 wv[OUTPUT_BLOCK];
     for (int o = 0; o < outputs; ++o) wv[o] = _mm256_maskload_ps(w + o * k + whole, mask);
     for (int m = 0; m < rows; ++m) {
@@ -117,12 +97,7 @@ int mlxcel_dense_matvec(const float* x, const float* w, float* y, int64_t rows, 
   Share second = first;
   second.first = half;
   second.last = n;
-  pthread_t helper;
-  const int started = half < n && pthread_create(&helper, NULL, compute_share, &second) == 0;
-  compute_share(&first);
-  if (started)
-    pthread_join(helper, NULL);
-  else if (half < n)
-    compute_share(&second);
+  void* results[2];
+  compute_on_two_threads(compute_share, &first, &second, half < n, results);
   return 0;
 }

@@ -32,7 +32,8 @@ import numpy as np
 from mlxcel_core.cache_dir import mlxcel_cache_dir
 
 NO_CPU_KERNELS_VARIABLE = "MLXCEL_NO_CPU_KERNELS"
-# Every C source beside this file goes into the one library.
+# Every C source beside this file goes into the one library (the library's name also hashes
+# the headers beside them).
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.c")))
 LIBRARY_STEM = "cpu_kernels"
 FLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-pthread")
@@ -64,9 +65,14 @@ def _cpu_identity() -> str:
     return "\n".join(next((line for line in lines if line.startswith(key)), "") for key in wanted)
 
 
+def _headers(sources: Sequence[Path]) -> list[Path]:
+    """The C headers beside `sources`, which they may include."""
+    return sorted({header for source in sources for header in source.parent.glob("*.h")})
+
+
 def _library_name(command: list[str], sources: Sequence[Path]) -> str:
     digest = hashlib.sha256("\0".join((*command, *FLAGS, _cpu_identity())).encode())
-    for source in sources:
+    for source in (*sources, *_headers(sources)):
         digest.update(f"\0{source.name}\0".encode() + source.read_bytes())
     return f"{LIBRARY_STEM}-{digest.hexdigest()[:20]}.so"
 

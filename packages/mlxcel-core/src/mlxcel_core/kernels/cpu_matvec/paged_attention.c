@@ -20,17 +20,10 @@
  * summed); each pair is computed the same way on either, so the thread count does not
  * change the result. AVX2 and FMA only: the library is not built for other CPUs.
  */
-#include <immintrin.h>
+#include "cpu_kernels.h"
 #include <math.h>
-#include <pthread.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "the paged attention kernel needs AVX2 and FMA"
-#endif
-
-#define LANES 8
 #define HEADS_AT_ONCE 4
 #define EXP_MIN_ARGUMENT -87.0f
 
@@ -47,11 +40,6 @@ typedef struct {
   int64_t first_pair, last_pair;
 } Share;
 
-static inline __m256i lanes_below(int64_t left) {
-  const int count = left < LANES ? (int)left : LANES;
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* The eight values at p, or the `left` (< 8) there and zeros. */
 static inline __m256 load_chunk(const float* p, int64_t left) {
   return left >= LANES ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_below(left));
@@ -62,13 +50,6 @@ static inline void store_chunk(float* p, int64_t left, __m256 v) {
     _mm256_storeu_ps(p, v);
   else
     _mm256_maskstore_ps(p, lanes_below(left), v);
-}
-
-static inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s);
 }
 
 static inline float horizontal_max(__m256 v) {
@@ -296,13 +277,7 @@ int mlxcel_paged_decode_attention(const float* q, const float* key_pool, const f
   Share second = first;
   second.first_pair = half;
   second.last_pair = pairs;
-  pthread_t helper;
-  void* helper_status = NULL;
-  const int started = half < pairs && pthread_create(&helper, NULL, compute_share, &second) == 0;
-  void* status = compute_share(&first);
-  if (started)
-    pthread_join(helper, &helper_status);
-  else if (half < pairs)
-    helper_status = compute_share(&second);
-  return status == NULL && helper_status == NULL ? 0 : -2;
+  void* results[2];
+  compute_on_two_threads(compute_share, &first, &second, half < pairs, results);
+  return results[0] == NULL && results[1] == NULL ? 0 : -2;
 }

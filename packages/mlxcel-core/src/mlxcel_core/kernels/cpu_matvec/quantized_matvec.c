@@ -9,23 +9,10 @@
  * The outputs may be split over two threads (the caller's and one more), each computing
  * half of them. AVX2 and FMA only: the library is not built for other CPUs.
  */
-#include <immintrin.h>
-#include <pthread.h>
-#include <stdint.h>
+#include "cpu_kernels.h"
 #include <stdlib.h>
 
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "the quantized matvec kernel needs AVX2 and FMA"
-#endif
-
 #define MAX_BLOCK_ROWS 4
-
-static inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s);
-}
 
 /* Eight levels starting at word `p`, as floats. */
 static inline __m256 levels4(const uint32_t* p) {
@@ -158,13 +145,8 @@ int mlxcel_quantized_matvec(const float* x, const uint32_t* w, const float* scal
   Share second = first;
   second.first = half;
   second.last = n;
-  pthread_t helper;
-  const int started = half < n && pthread_create(&helper, NULL, compute_share, &second) == 0;
-  compute_share(&first);
-  if (started)
-    pthread_join(helper, NULL);
-  else if (half < n)
-    compute_share(&second);
+  void* results[2];
+  compute_on_two_threads(compute_share, &first, &second, half < n, results);
   free(xsum);
   return 0;
 }

@@ -18,16 +18,9 @@
  * Elements are handled identically however the work is split (a tail under eight elements
  * takes masked loads, not a scalar path), so one and two threads give the same bits.
  */
-#include <immintrin.h>
-#include <pthread.h>
+#include "cpu_kernels.h"
 #include <stddef.h>
-#include <stdint.h>
 
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "the SwiGLU kernel needs AVX2 and FMA"
-#endif
-
-#define LANES 8
 /* ln(2^-150): below it exp(t) rounds to 0, and |silu(g)| = |g| exp(g) < 1e-43 for gates
  * under it. */
 #define EXP_MIN_ARGUMENT -103.97208f
@@ -98,8 +91,7 @@ static void* compute_share(void* argument) {
                      swiglu8(_mm256_loadu_ps(s->gate + i), _mm256_loadu_ps(s->up + i)));
   if (i < s->n) {
     const int left = (int)(s->n - i);
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i mask = lanes_below(left);
     const __m256 g = _mm256_maskload_ps(s->gate + i, mask);
     const __m256 u = _mm256_maskload_ps(s->up + i, mask);
     _mm256_maskstore_ps(s->out + i, mask, swiglu8(g, u));
@@ -115,12 +107,7 @@ int mlxcel_swiglu(const float* gate, const float* up, float* out, size_t n, int 
   const size_t half = threads == 2 ? n / 2 / LANES * LANES : n;
   Share first = {gate, up, out, half};
   Share second = {gate + half, up + half, out + half, n - half};
-  pthread_t helper;
-  const int started = half < n && pthread_create(&helper, NULL, compute_share, &second) == 0;
-  compute_share(&first);
-  if (started)
-    pthread_join(helper, NULL);
-  else if (half < n)
-    compute_share(&second);
+  void* results[2];
+  compute_on_two_threads(compute_share, &first, &second, half < n, results);
   return 0;
 }
