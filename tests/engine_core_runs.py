@@ -2,13 +2,15 @@
 
 Requests arrive, and are cancelled, at fixed steps, so each run is deterministic;
 `assert_same_outputs` runs both loops and compares each request's outputs token by token:
-token ids, text, log probabilities, finish reasons and errors.
+token ids, text, finish reasons and errors exactly, log probabilities to float32 rounding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from mlxcel_core.engine import (
     EngineConfig,
@@ -26,6 +28,10 @@ from mlxcel_core.sampling import SamplingParams, TokenConstraint
 
 BLOCK_SIZE = 4
 CONTEXT_SIZE = 64
+# On a GPU a row's log probabilities depend, in their last bits, on how many rows share its
+# step (the products' tactic changes with the row count), and the overlapped loop's steps
+# may carry a finished row's extra token that the synchronous loop's do not.
+LOGPROB_TOLERANCE = 1e-5
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -138,16 +144,25 @@ def run(model: LanguageModel, engine_config: EngineConfig, arrivals: Sequence[Ar
 
 
 def comparable(outputs: Sequence[EngineOutput]) -> list[tuple]:
-    """What must match between the loops: all but the timings and the random seeds that
-    unseeded requests draw."""
+    """What must match exactly between the loops: all but the timings, the random seeds
+    that unseeded requests draw and the log probabilities' values (`logprob_values`)."""
     rows = []
     for output in outputs:
-        logprobs = None
-        if output.logprobs is not None:
-            logprobs = output.logprobs
+        logprobs = output.logprobs
+        ids = None if logprobs is None else (logprobs.token_id, logprobs.top_ids)
         error = None if output.error is None else type(output.error)
-        rows.append((output.token_id, output.text, output.finish_reason, error, logprobs))
+        rows.append((output.token_id, output.text, output.finish_reason, error, ids))
     return rows
+
+
+def logprob_values(outputs: Sequence[EngineOutput]) -> list[float]:
+    """Every log probability the outputs carry, in order."""
+    return [
+        value
+        for output in outputs
+        if output.logprobs is not None
+        for value in (output.logprobs.logprob, *output.logprobs.top_logprobs)
+    ]
 
 
 def assert_same_outputs(
@@ -159,4 +174,11 @@ def assert_same_outputs(
     assert synchronous.outputs.keys() == overlapped.outputs.keys()
     for key in synchronous.outputs:
         assert comparable(overlapped.outputs[key]) == comparable(synchronous.outputs[key]), key
+        np.testing.assert_allclose(
+            logprob_values(overlapped.outputs[key]),
+            logprob_values(synchronous.outputs[key]),
+            rtol=0,
+            atol=LOGPROB_TOLERANCE,
+            err_msg=str(key),
+        )
     return synchronous, overlapped
