@@ -168,9 +168,9 @@ class PagedLayerCache:
         reads the pools through the block tables when a kernel serves the device and the
         pools' types (`mlxcel_core.kernels.paged_attention`: unquantized pools of the
         queries' dtype, float32 ones on the CPU by its C kernel, or TurboQuant keys and
-        values), several queries of a row as rows
-        of their own (`attend_per_query`); any other pass attends to the gathered keys
-        and values with `mx.fast.scaled_dot_product_attention`; a one-row pass of several
+        values), several queries of a row as rows of their own (`attend_per_query`); any
+        other pass attends to the gathered keys and values with
+        `mx.fast.scaled_dot_product_attention`; a one-row pass of several
         queries (a prefill chunk, or a speculative verification) that CUDA would send to
         cuDNN attends at a rounded query count (`prefill_lengths`).
 
