@@ -103,6 +103,9 @@ def test_serve_logs_the_model_it_loaded_and_one_line_per_request(tiny_gguf):
         server.stop()
     lines = server.stderr().splitlines()
     assert any(re.fullmatch(r"mlxcel: ready: tiny loaded in [\d.]+ s, .*", ln) for ln in lines)
+    # How the weights are held, as `generate` says it.
+    (weights,) = (ln for ln in lines if ln.startswith("mlxcel: weights: "))
+    assert "Q8_0→" in weights and "matrix products on " in weights
     access = r"mlxcel: 127\.0\.0\.1 {} {} {} \d+\.\d{{3}} s"
     assert any(re.fullmatch(access.format("POST", "/v1/chat/completions", 200), ln) for ln in lines)
     assert any(re.fullmatch(access.format("GET", "/nowhere", 404), ln) for ln in lines)

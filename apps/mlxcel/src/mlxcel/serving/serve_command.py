@@ -44,7 +44,7 @@ from mlxcel.common.flags import (
 from mlxcel.common.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.common.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel.common.llama_server_flags import LLAMA_SERVER_FLAGS, apply_llama_server_flags
-from mlxcel.common.loading import compute_options, load_target_model
+from mlxcel.common.loading import compute_options, describe_weights, load_target_model
 from mlxcel.common.media_flags import MEDIA_FLAGS
 from mlxcel.common.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.common.speculative_flags import check_draft_model_path, load_draft_model
@@ -261,6 +261,7 @@ async def serve_until_stopped(
                     file=err,
                     flush=True,
                 )
+                print(f"mlxcel: {describe_weights(loaded)}", file=err, flush=True)
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)
