@@ -11,17 +11,19 @@ rows, not functions under `mx.compile` or gradients.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import mlx.core as mx
 import numpy as np
 
 from mlxcel_core.kernels.cpu_matvec.native import (
-    NativeLibrary,
     c_buffer,
     describe_kernel,
+    entry_point,
     native_library,
 )
+
+# The C arguments of `mlxcel_quantized_matvec`.
+_ARGUMENTS = (ctypes.c_void_p,) * 5 + (ctypes.c_int,) * 6
 
 # Rows of activations the kernel takes: decode batches.
 MAX_ROWS = 8
@@ -64,15 +66,6 @@ def describe_cpu_kernels() -> str:
     return describe_kernel("MLX's quantized_matmul")
 
 
-@functools.cache
-def _function(library: NativeLibrary):
-    """The kernel's entry point in `library`, its C signature declared once."""
-    function = library.library.mlxcel_quantized_matvec
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
-    return function
-
-
 def cpu_quantized_matvec(
     x: mx.array,
     weight: mx.array,
@@ -110,9 +103,6 @@ def cpu_quantized_matvec(
             f"{x.size // x.shape[-1]} rows of {x.dtype}, scales "
             f"{scales.dtype}, bits {bits}, group_size {group_size}"
         )
-    library = native_library()
-    if library.library is None:
-        raise ValueError(f"the CPU kernels are not available: {library.reason}")
     K = x.shape[-1]
     N = weight.shape[0]
     M = x.size // K
@@ -125,7 +115,7 @@ def cpu_quantized_matvec(
     mx.eval(rows, weight, scales, biases)
     y = np.empty((M, N), dtype=np.float32)
     pointers = [c_buffer(array) for array in (rows, weight, scales, biases)]
-    status = _function(library)(
+    status = entry_point("mlxcel_quantized_matvec", *_ARGUMENTS)(
         *(pointer for pointer, _ in pointers), y.ctypes.data, M, N, K, bits, group_size, threads
     )
     if status != 0:

@@ -12,17 +12,18 @@ forward passes, not functions under `mx.compile` or gradients.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import mlx.core as mx
 import numpy as np
 
 from mlxcel_core.kernels.cpu_matvec.native import (
-    NativeLibrary,
     c_buffer,
     describe_kernel,
-    native_library,
+    entry_point,
 )
+
+# The C arguments of `mlxcel_dense_matvec`.
+_ARGUMENTS = (ctypes.c_void_p,) * 3 + (ctypes.c_int64,) * 3 + (ctypes.c_int,)
 
 # Rows of activations the kernel takes. Measured on a 2-core Xeon with SmolLM2's layer
 # products and tied output projection, float32 (docs/adr/0039): at 16 rows the kernel took
@@ -59,15 +60,6 @@ def describe_cpu_dense_products() -> str:
     return describe_kernel("MLX's matmul")
 
 
-@functools.cache
-def _function(library: NativeLibrary):
-    """The kernel's entry point in `library`, its C signature declared once."""
-    function = library.library.mlxcel_dense_matvec
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return function
-
-
 def cpu_dense_matvec(x: mx.array, weight: mx.array, *, threads: int = 1) -> mx.array:
     """`x @ weight.T` by the C kernel.
 
@@ -100,9 +92,6 @@ def cpu_dense_matvec(x: mx.array, weight: mx.array, *, threads: int = 1) -> mx.a
         )
     if threads not in (1, 2):
         raise ValueError(f"threads must be 1 or 2, got {threads}")
-    library = native_library()
-    if library.library is None:
-        raise ValueError(f"the CPU kernels are not available: {library.reason}")
     K = x.shape[-1]
     N = weight.shape[0]
     M = x.size // K
@@ -110,7 +99,9 @@ def cpu_dense_matvec(x: mx.array, weight: mx.array, *, threads: int = 1) -> mx.a
     mx.eval(rows, weight)
     y = np.empty((M, N), dtype=np.float32)
     (x_pointer, _x_held), (w_pointer, _w_held) = c_buffer(rows), c_buffer(weight)
-    _function(library)(x_pointer, w_pointer, y.ctypes.data, M, N, K, threads)
+    entry_point("mlxcel_dense_matvec", *_ARGUMENTS)(
+        x_pointer, w_pointer, y.ctypes.data, M, N, K, threads
+    )
     return mx.array(y).reshape(*x.shape[:-1], N)
 
 

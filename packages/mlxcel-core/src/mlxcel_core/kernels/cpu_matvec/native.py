@@ -193,3 +193,20 @@ def describe_kernel(mlx_operation: str) -> str:
 def native_library() -> NativeLibrary:
     """This process's `load_native_library()`, built or loaded once."""
     return load_native_library()
+
+
+@functools.cache
+def entry_point(name: str, *argument_types: type) -> ctypes._CFuncPtr:
+    """The library's C function `name`, which returns an int status, with its arguments'
+    types declared once.
+
+    Raises:
+        ValueError: the library is not available (see `NativeLibrary.reason`).
+    """
+    library = native_library()
+    if library.library is None:
+        raise ValueError(f"the CPU kernels are not available: {library.reason}")
+    function = getattr(library.library, name)
+    function.restype = ctypes.c_int
+    function.argtypes = list(argument_types)
+    return function

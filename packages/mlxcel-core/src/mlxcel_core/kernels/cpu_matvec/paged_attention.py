@@ -14,17 +14,18 @@ the pools in place.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import mlx.core as mx
 import numpy as np
 
 from mlxcel_core.kernels.cpu_matvec.native import (
-    NativeLibrary,
     c_buffer,
     describe_kernel,
-    native_library,
+    entry_point,
 )
+
+# The C arguments of `mlxcel_paged_decode_attention`.
+_ARGUMENTS = (ctypes.c_void_p,) * 6 + (ctypes.c_int64,) * 8 + (ctypes.c_float, ctypes.c_int)
 
 # Steps scoring at least this many (query head, position) pairs are split over two threads:
 # starting and joining one costs tens of microseconds, which a split pays back from some
@@ -54,17 +55,6 @@ def describe_cpu_paged_attention() -> str:
     """One line saying whether decode attention over float32 paged KV on the CPU runs on
     the C kernel, or on MLX's gather and attention and why."""
     return describe_kernel("MLX's gather and attention")
-
-
-@functools.cache
-def _function(library: NativeLibrary):
-    """The kernel's entry point in `library`, its C signature declared once."""
-    function = library.library.mlxcel_paged_decode_attention
-    function.restype = ctypes.c_int
-    function.argtypes = (
-        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_int]
-    )
-    return function
 
 
 def cpu_paged_decode_attention(
@@ -117,9 +107,6 @@ def cpu_paged_decode_attention(
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     _check_shapes(queries, key_pool, value_pool, block_tables, context_lengths)
-    library = native_library()
-    if library.library is None:
-        raise ValueError(f"the CPU kernels are not available: {library.reason}")
     B, H_q, _, D = queries.shape
     slots, H_kv, D_v = value_pool.shape
     tables, lengths = (
@@ -129,7 +116,7 @@ def cpu_paged_decode_attention(
     mx.eval(queries, key_pool, value_pool, tables, lengths)
     out = np.empty((B, H_q, 1, D_v), dtype=np.float32)
     held = [c_buffer(array) for array in (queries, key_pool, value_pool, tables, lengths)]
-    status = _function(library)(
+    status = entry_point("mlxcel_paged_decode_attention", *_ARGUMENTS)(
         *(pointer for pointer, _ in held),
         out.ctypes.data,
         B, H_q, H_kv, D, D_v, tables.shape[1], block_size, slots, scale, threads,

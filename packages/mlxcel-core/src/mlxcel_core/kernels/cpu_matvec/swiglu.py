@@ -13,17 +13,18 @@ and it becomes a new MLX array. So it serves forward passes, not functions under
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import mlx.core as mx
 import numpy as np
 
 from mlxcel_core.kernels.cpu_matvec.native import (
-    NativeLibrary,
     c_buffer,
     describe_kernel,
-    native_library,
+    entry_point,
 )
+
+# The C arguments of `mlxcel_swiglu`.
+_ARGUMENTS = (ctypes.c_void_p,) * 3 + (ctypes.c_size_t, ctypes.c_int)
 
 # Activations of at least this many elements are split over two threads.
 SPLIT_MIN_ELEMENTS = 64 * 2**10
@@ -50,15 +51,6 @@ def describe_cpu_swiglu() -> str:
     """One line saying whether the SwiGLU activation on the CPU runs on the C kernel, or on
     MLX and why."""
     return describe_kernel("MLX's swiglu")
-
-
-@functools.cache
-def _function(library: NativeLibrary):
-    """The kernel's entry point in `library`, its C signature declared once."""
-    function = library.library.mlxcel_swiglu
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t, ctypes.c_int]
-    return function
 
 
 def cpu_swiglu(gate: mx.array, up: mx.array, *, threads: int = 1) -> mx.array:
@@ -89,13 +81,12 @@ def cpu_swiglu(gate: mx.array, up: mx.array, *, threads: int = 1) -> mx.array:
         )
     if threads not in (1, 2):
         raise ValueError(f"threads must be 1 or 2, got {threads}")
-    library = native_library()
-    if library.library is None:
-        raise ValueError(f"the CPU kernels are not available: {library.reason}")
     mx.eval(gate, up)
     out = np.empty(gate.shape, dtype=np.float32)
     (gate_pointer, _gate_held), (up_pointer, _up_held) = c_buffer(gate), c_buffer(up)
-    _function(library)(gate_pointer, up_pointer, out.ctypes.data, out.size, threads)
+    entry_point("mlxcel_swiglu", *_ARGUMENTS)(
+        gate_pointer, up_pointer, out.ctypes.data, out.size, threads
+    )
     return mx.array(out)
 
 
