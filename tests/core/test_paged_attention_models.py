@@ -10,6 +10,7 @@ compared with mlx-lm's own model call and caches as well.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -25,6 +26,7 @@ from mlxcel_core.cache.paged import (
 )
 from mlxcel_core.engine.memory import profile_model
 from mlxcel_core.language_model import LanguageModel
+from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 from factories import TinyConfig, write_safetensors_model, write_sliding_window_model
@@ -33,6 +35,17 @@ from paged_attention_checks import BLOCK_SIZE, FLOAT32_TOLERANCE, ON_THE_CPU, co
 # Q8_0 layers switch between the quantized and the dequantized product by row count, and
 # a padded batch has more rows than one sequence alone.
 Q8_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def load_in_float32(path) -> LanguageModel:
+    """The model at `path` as this device runs it, but with float32 activations.
+
+    A GPU keeps the file's dtypes, and a Q8_0 file's float16 scales make the activations
+    float16, whose rounding (logits differ by ~1e-2 between a padded batch and one
+    sequence alone) would hide what these tests look for: a wrong position or block.
+    """
+    options = ComputeOptions.for_device(mx.default_device())
+    return load_model(path, compute=dataclasses.replace(options, float_dtype=mx.float32)).model
 
 
 # A real model over paged KV
@@ -123,7 +136,7 @@ def random_tokens(seed: int, lengths: Sequence[int]) -> list[list[int]]:
 def test_chunked_prefill_and_batched_decode_at_different_offsets_match_dense(
     request, fixture, tolerance
 ):
-    model = load_model(request.getfixturevalue(fixture)).model
+    model = load_in_float32(request.getfixturevalue(fixture))
     harness = PagedHarness(model)
     # Prompts of 3, 7 and 13 tokens, then 6, 6 and 5 decode tokens (teacher-forced).
     sequences = random_tokens(0, [3 + 6, 7 + 6, 13 + 5])
