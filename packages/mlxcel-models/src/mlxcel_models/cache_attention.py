@@ -15,6 +15,7 @@ that attends over keys and values a paged layer cache returned as the new positi
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import mlx.core as mx
@@ -43,11 +44,18 @@ def cache_scaled_dot_product_attention(
     """
     if cache is None:
         cache = deferred_context_owner(keys, values)
-    if sinks is None and isinstance(cache, AttentionCache):
+    if sinks is None and _computes_attention(type(cache)):
         attended = cache.attention(queries, keys, values, scale=scale, mask=mask)
         if attended is not None:
             return attended
     return _MLX_LM_ATTENTION(queries, keys, values, cache, scale, mask, sinks)
+
+
+@functools.cache
+def _computes_attention(cache_type: type) -> bool:
+    # Once per type: a runtime protocol's isinstance check walks its members at every
+    # call, some microseconds in every layer of every step.
+    return issubclass(cache_type, AttentionCache)
 
 
 def route_attention_through_caches(module: nn.Module) -> None:

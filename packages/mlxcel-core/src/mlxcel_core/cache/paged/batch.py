@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +60,13 @@ def _pad_block_tables(tables: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.n
     flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(counts.sum()))
     padded[np.arange(padded.shape[1]) < counts[:, None]] = flat
     return padded, counts
+
+
+def _slots(tables: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """Slot of each of the (B, N) `positions` through the (B, blocks) `tables`; positions
+    past a table read its last block, which callers mask."""
+    blocks = np.minimum(positions // block_size, tables.shape[1] - 1)
+    return np.take_along_axis(tables, blocks, 1) * block_size + positions % block_size
 
 
 def _anchor_positions(block_size: int) -> np.ndarray:
@@ -122,50 +130,65 @@ class PagedBatch:
             raise ValueError(
                 f"row {b}'s block table covers {int(covered[b])} positions; it needs {lengths[b]}"
             )
-        key_starts = (
+        self._key_starts = (
             np.zeros_like(offsets) if window is None else np.maximum(0, offsets - window + 1)
         )
-        self.num_keys = int((lengths - key_starts).max())
-        key_positions = key_starts[:, None] + np.arange(self.num_keys, dtype=np.int32)
-        block_of = np.minimum(key_positions // block_size, tables.shape[1] - 1)
-        slots = np.take_along_axis(tables, block_of, 1) * block_size + key_positions % block_size
-        read = np.where(key_positions < lengths[:, None], slots, 0).astype(np.int32)
+        self._num_row_keys = lengths - self._key_starts
+        self.num_keys = int(self._num_row_keys.max())
         query_positions = offsets[:, None] + np.arange(self.num_queries, dtype=np.int32)
-        is_real_query = query_positions < lengths[:, None]
+        self._is_real_query = query_positions < lengths[:, None]
         # Padding queries all write to slot 0, inside the null block.
         last_positions = np.minimum(query_positions, lengths[:, None] - 1)
-        last_keys = last_positions - key_starts[:, None]
-        write = np.where(is_real_query, np.take_along_axis(read, last_keys, 1), 0)
+        write = np.where(self._is_real_query, _slots(tables, last_positions, block_size), 0)
         self.offsets = mx.array(offsets)
         # Decode attention reads the pools through these; -1 padding reads block 0.
         self.block_tables = mx.array(np.maximum(tables, 0))
         self.context_lengths = mx.array(lengths)
-        self.read_slots = mx.array(read)
         self.write_slots = mx.array(write.reshape(-1))
-        write_centered = (is_real_query & (query_positions >= block_size)).reshape(-1)
-        self.anchors = RowAnchors(
-            anchor_slots=mx.array(tables[:, :1] * block_size + _anchor_positions(block_size)),
-            write_rows=mx.array(
-                np.repeat(np.arange(self.num_rows, dtype=np.int32), self.num_queries)
-            ),
-            write_centered=mx.array(write_centered),
-            read_centered=mx.array(
-                (key_positions >= block_size) & (key_positions < lengths[:, None])
-            ),
-            writes_first_blocks=bool((is_real_query & (query_positions < block_size)).any()),
-            writes_past_first_blocks=bool(write_centered.any()),
-        )
         self._block_size = block_size
         self._tables = tables
         self._offsets = offsets
         self._query_positions = query_positions
         self._lengths = lengths
-        self._key_positions = key_positions
-        self._num_row_keys = lengths - key_starts
         self._masks: dict[int | None, mx.array] = {}
         self._query_tables: tuple[mx.array, mx.array] | None = None
         self._length_groups: tuple[list[LengthGroup], mx.array] | None = None
         self._length_groups_found = False
+
+    @functools.cached_property
+    def _key_positions(self) -> np.ndarray:
+        return self._key_starts[:, None] + np.arange(self.num_keys, dtype=np.int32)
+
+    @functools.cached_property
+    def read_slots(self) -> mx.array:
+        """(B, S) int32 slot of each row's keys, 0 (the null block) for padding keys.
+        Built when first read: decode kernels read the block tables instead."""
+        key_positions = self._key_positions
+        slots = _slots(self._tables, key_positions, self._block_size)
+        return mx.array(np.where(key_positions < self._lengths[:, None], slots, 0))
+
+    @functools.cached_property
+    def anchors(self) -> RowAnchors:
+        """The rows' first blocks, for keys stored relative to them (centered codecs).
+        Built when first read."""
+        block_size = self._block_size
+        query_positions = self._query_positions
+        key_positions = self._key_positions
+        write_centered = (self._is_real_query & (query_positions >= block_size)).reshape(-1)
+        return RowAnchors(
+            anchor_slots=mx.array(
+                self._tables[:, :1] * block_size + _anchor_positions(block_size)
+            ),
+            write_rows=mx.array(
+                np.repeat(np.arange(self.num_rows, dtype=np.int32), self.num_queries)
+            ),
+            write_centered=mx.array(write_centered),
+            read_centered=mx.array(
+                (key_positions >= block_size) & (key_positions < self._lengths[:, None])
+            ),
+            writes_first_blocks=bool((self._is_real_query & (query_positions < block_size)).any()),
+            writes_past_first_blocks=bool(write_centered.any()),
+        )
 
     def mask(self, window_size: int | None = None) -> mx.array:
         """(B, 1, L, S) boolean mask; True where a query may attend to a key.
@@ -202,6 +225,8 @@ class PagedBatch:
         """Plan the residual blocks of the storage's group `group` (whose block tables the
         batch holds) for this pass (`PagedKVStorage.plan_residual`); None when it keeps
         none."""
+        if not storage.residual_window:
+            return None
         return storage.plan_residual(
             self._tables,
             self._offsets,

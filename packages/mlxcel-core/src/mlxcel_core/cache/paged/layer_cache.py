@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 
 from mlxcel_core.cache.paged.batch import LengthGroup, PagedBatch
+from mlxcel_core.cache.paged.centering import RowAnchors
 from mlxcel_core.cache.paged.prefill_lengths import (
     causal_attention_at_rounded_length,
     rounds_prefill_lengths,
@@ -91,7 +92,7 @@ class PagedLayerCache:
             self._batch.write_slots,
             keys.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
             values.transpose(0, 2, 1, 3).reshape(B * L, H, -1),
-            self._batch.anchors,
+            self._anchors(),
             None if self._residual is None else self._residual.write_slots,
         )
         if self._residual is not None and L > 1:
@@ -112,7 +113,7 @@ class PagedLayerCache:
         keys, values = self._storage.gather(
             self._layer,
             self._batch.read_slots,
-            self._batch.anchors,
+            self._anchors(),
             None if residual is None else (residual.read_slots, residual.exact),
         )
         if residual is not None and self._new_kv is not None:
@@ -123,6 +124,11 @@ class PagedLayerCache:
             if exact_values:
                 values = residual.with_new_positions(values, new_values)
         return keys, values
+
+    def _anchors(self) -> RowAnchors | None:
+        """The batch's anchors where this layer's keys are centered; None spares building
+        them."""
+        return self._batch.anchors if self._storage.centers_keys(self._layer) else None
 
     def keys_and_values(self) -> tuple[mx.array, mx.array]:
         """Each row's context after this pass's `update_and_fetch` (the window's, in a

@@ -338,6 +338,12 @@ class PagedKVStorage:
         layer's own dtype (cache type "auto")."""
         return self._key_codecs[layer], self._value_codecs[layer]
 
+    def centers_keys(self, layer: int) -> bool:
+        """Whether the layer's keys are stored relative to their row's first block, so
+        that `write` and `gather` need the rows' anchors."""
+        codec = self._key_codecs[layer]
+        return codec is not None and codec.centered
+
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         """Copy whole blocks (copy-on-write), every layer of their group, before the step
         that writes them; with their exact copies where they have residual blocks."""
