@@ -176,9 +176,7 @@ class PagedBatch:
         key_positions = self._key_positions
         write_centered = (self._is_real_query & (query_positions >= block_size)).reshape(-1)
         return RowAnchors(
-            anchor_slots=mx.array(
-                self._tables[:, :1] * block_size + _anchor_positions(block_size)
-            ),
+            anchor_slots=mx.array(self._tables[:, :1] * block_size + _anchor_positions(block_size)),
             write_rows=mx.array(
                 np.repeat(np.arange(self.num_rows, dtype=np.int32), self.num_queries)
             ),
