@@ -6,9 +6,11 @@ import json
 
 import pytest
 
+import mlxcel_core.engine.config as engine_config_module
 from mlxcel.cli import main, make_parser
 from mlxcel.common.flags import UsageError, resolve_defaults
 from mlxcel.serving.serve_command import FLAGS, settings_from
+from mlxcel_core.kernels import CUDA
 
 ACCEPTED = "auto, f32, f16, bf16, q8_0, q4_0, turbo2, turbo3, turbo4"
 
@@ -63,6 +65,31 @@ def test_the_residual_window_comes_from_its_flag_and_needs_a_stored_type():
         engine_config(["-ctv", "q8_0", "--cache-residual", "-1"], {})
 
 
+@pytest.mark.parametrize(
+    ("argv", "window"),
+    [
+        ([], 0),
+        (["-ctk", "f16", "-ctv", "f16"], 0),
+        (["-ctk", "q8_0", "-ctv", "q8_0"], 16),
+        (["-ctk", "q4_0", "-ctv", "q4_0"], 16),
+        (["-ctk", "q8_0", "-ctv", "turbo4"], 16),
+        (["-ctk", "turbo4", "-ctv", "f16"], 16),
+        (["-ctk", "turbo4", "-ctv", "turbo4"], 16),
+        (["-ctk", "q8_0", "-ctv", "q8_0", "--cache-residual", "0"], 0),
+        (["-ctk", "q4_0", "--cache-residual", "32"], 32),
+    ],
+)
+def test_quantized_caches_keep_a_residual_window_by_default(argv, window):
+    assert engine_config(argv, {}).cache_residual == window
+
+
+def test_turbo_keys_and_values_keep_no_window_where_their_decode_kernels_serve(monkeypatch):
+    monkeypatch.setattr(engine_config_module, "kernel_backend", lambda device: CUDA)
+    assert engine_config(["-ctk", "turbo4", "-ctv", "turbo4"], {}).cache_residual == 0
+    assert engine_config(["-ctk", "turbo3", "-ctv", "turbo2"], {}).cache_residual == 0
+    assert engine_config(["-ctk", "q8_0", "-ctv", "turbo4"], {}).cache_residual == 16
+
+
 def test_batch_generate_runs_on_a_quantized_cache(tiny_gguf, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\nthere\n")
@@ -86,10 +113,11 @@ def test_a_type_the_models_head_dim_cannot_take_is_a_usage_error(tiny_gguf, tmp_
 
 
 def test_single_prompt_generate_runs_on_a_quantized_cache(tiny_gguf):
-    """turbo2 keys change the tiny model's greedy text; f32 keys do not."""
+    """turbo2 keys change the tiny model's greedy text; f32 keys do not. (No residual
+    window: the default one would keep this short text's every position exact.)"""
     base = ["generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0", "-n", "12"]
     results = {
-        cache_type: run_cli(*base, "-ctk", cache_type, "-ctv", "f32")
+        cache_type: run_cli(*base, "-ctk", cache_type, "-ctv", "f32", "--cache-residual", "0")
         for cache_type in ("auto", "f32", "turbo2")
     }
     assert all(code == 0 for code, _, _ in results.values()), results

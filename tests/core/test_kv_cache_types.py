@@ -107,7 +107,10 @@ def test_planned_blocks_grow_as_the_cache_type_shrinks():
     )
 
     def blocks(**types) -> int:
-        config = EngineConfig(context_size=16, block_size=BLOCK_SIZE, device_memory=2**20, **types)
+        # Without the residual window's exact copies, whose bytes come off the budget.
+        config = EngineConfig(
+            context_size=16, block_size=BLOCK_SIZE, device_memory=2**20, cache_residual=0, **types
+        )
         return plan_kv_blocks(config, profile)
 
     def fitting(vector_bytes: int) -> int:
@@ -125,6 +128,7 @@ def test_planned_blocks_grow_as_the_cache_type_shrinks():
         device_memory=2**20,
         cache_type_k="turbo4",
         cache_type_v="turbo4",
+        cache_residual=0,
     )
     assert plan_kv_blocks(config, profile, draft=profile) == fitting(37 + 256)
 

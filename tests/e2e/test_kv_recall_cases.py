@@ -2,7 +2,8 @@
 
 A ~3,000-token chat prompt hides a five-digit code in filler text, stated twice ("The secret
 code is 48213. Remember it. 48213 is the secret code.", as in passkey retrieval), and asks for
-it at temperature 0; the reply must contain the code with f16, q8_0 and turbo4 caches, also
+it at temperature 0; the reply must contain the code with f16, q8_0, q4_0 and turbo4 caches
+(each with its default residual window: q4_0 without one answers another code), also
 as the second long turn of a conversation (which names its number differently, so the first
 turn's code never competes for the answer) and with four such prompts (different codes)
 running at once on one server. On short prompts, q8_0's first 16 greedy tokens must equal
@@ -36,7 +37,7 @@ MODEL = "smollm2"
 SERVER_FLAGS = ("-a", MODEL, "-np", "4", "-c", "8192", "-ub", "512", "--block-size", "16",
                 "--kv-cache-blocks", "2100")  # fmt: skip
 TIMEOUT_SECONDS = 900.0
-CACHE_TYPES = ("f16", "q8_0", "turbo4")
+CACHE_TYPES = ("f16", "q8_0", "q4_0", "turbo4")
 CODES = (48213, 10957, 73640, 29381, 86124)
 # Sentences of filler before and after the code: about 2,900 tokens with the template.
 SENTENCES_BEFORE = 200

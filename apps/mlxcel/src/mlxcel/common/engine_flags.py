@@ -60,10 +60,11 @@ ENGINE_FLAGS = (
          f"KV cache type for keys {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_K"),
     Flag(("-ctv", "--cache-type-v"), "cache_type_v", str, "auto",
          f"KV cache type for values {_CACHE_TYPE_HELP}", env="LLAMA_ARG_CACHE_TYPE_V"),
-    Flag(("--cache-residual",), "cache_residual", int, 0,
+    Flag(("--cache-residual",), "cache_residual", int, None,
          "positions at the end of each sequence whose quantized keys/values are also kept "
          "exact, float16 for a float32 model (a KIVI-style residual window; decode then "
-         "reads through the gather path); 0 = none"),
+         "reads through the gather path); 0 = none; default 16 beside a quantized type, "
+         "0 where turbo keys and values decode through the GPU kernels"),
     *SPECULATIVE_FLAGS,
 )  # fmt: skip
 
