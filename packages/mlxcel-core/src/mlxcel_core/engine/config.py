@@ -10,7 +10,7 @@ import mlx.core as mx
 
 from mlxcel_core.cache.layout import CacheLayout
 from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row
-from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized
+from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized, is_turbo
 from mlxcel_core.cache.state import state_bytes_per_sequence
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, profile_model
 from mlxcel_core.engine.scheduler import SchedulerConfig
@@ -25,11 +25,10 @@ MIN_PREFILL_CHUNK = 16
 # vLLM's largest block size. The KV pools grow by whole blocks, at least 16 at a time, so a
 # far larger block costs gigabytes before the first token.
 MAX_BLOCK_SIZE = 256
-# Positions kept exact by default beside a quantized KV cache (docs/kv-cache.md, "Residual
-# window"): on SmolLM2, decoding, q8_0 loses +0.007% perplexity against f16 with it and
-# +0.174% without, q4_0 +1.1% against +8.9%, turbo4 +0.8% against +2.8%.
+# Positions kept exact by default beside a quantized KV cache (docs/adr/0040): decoding
+# SmolLM2, q8_0 loses +0.02% perplexity against f16 with it and +0.15% without, q4_0
+# +1.5% against +8.6%, turbo4 +0.8% against +2.8%.
 DEFAULT_RESIDUAL_WINDOW = 16
-_TURBO_TYPES = ("turbo2", "turbo3", "turbo4")
 
 
 class InsufficientMemoryError(InputError, ValueError):
@@ -46,8 +45,8 @@ def default_residual_window(
     to the gather path."""
     if not (is_quantized(cache_type_k) or is_quantized(cache_type_v)):
         return 0
-    both_turbo = cache_type_k in _TURBO_TYPES and cache_type_v in _TURBO_TYPES
-    if both_turbo and kernel_backend(device or mx.default_device()) is not None:
+    kernels = kernel_backend(device or mx.default_device()) is not None
+    if kernels and is_turbo(cache_type_k) and is_turbo(cache_type_v):
         return 0
     return DEFAULT_RESIDUAL_WINDOW
 

@@ -12,6 +12,7 @@ from mlxcel_core.cache.quant.factory import (
     CacheTypeError,
     check_cache_type,
     is_quantized,
+    is_turbo,
     kv_bytes_per_vector,
     make_kv_codec,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "bytes_per_vector",
     "check_cache_type",
     "is_quantized",
+    "is_turbo",
     "kv_bytes_per_vector",
     "make_kv_codec",
 ]

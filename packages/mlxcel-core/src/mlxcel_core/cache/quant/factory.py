@@ -31,6 +31,11 @@ def is_quantized(cache_type: str) -> bool:
     return cache_type != AUTO and cache_type not in _FLOAT_TYPES
 
 
+def is_turbo(cache_type: str) -> bool:
+    """Whether `cache_type` is a TurboQuant type (turbo2, turbo3, turbo4)."""
+    return cache_type.startswith("turbo")
+
+
 def make_kv_codec(cache_type: str, head_dim: int) -> KVCodec | None:
     """The codec of `cache_type` for head-vectors of `head_dim` features; None for "auto".
 
