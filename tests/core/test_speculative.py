@@ -342,8 +342,10 @@ def test_a_draft_model_with_another_vocabulary_is_refused(model):
 
 def test_drafts_compose_with_a_quantized_kv_cache(model):
     """Verification reads the target's KV through the same codec as plain decoding does, so
-    greedy text with drafts equals greedy text without them on a turbo4 cache."""
-    quantized = {"cache_type_k": "turbo4", "cache_type_v": "turbo4"}
+    greedy text with drafts equals greedy text without them on a turbo4 cache. (Without a
+    residual window: plain decoding reads its recent positions from float16 exact copies,
+    a verification its own new ones as computed, in float32.)"""
+    quantized = {"cache_type_k": "turbo4", "cache_type_v": "turbo4", "cache_residual": 0}
     with running_engine(model, make_config(**quantized), None) as engine:
         plain = [token_ids(o) for o in generate_all(engine, long_requests())]
     spec = SpeculativeConfig(num_draft_tokens=4, draft_p_min=0.0)
