@@ -14,6 +14,8 @@ with `mx.async_eval`). `--ab` runs both modes back to back per level and prints 
 
     python benchmarks/engine_step_split.py /tmp/l1b --concurrency 1,64 --ab
     python benchmarks/engine_step_split.py 8b4 --concurrency 1 --ab --gen-tokens 64
+    python benchmarks/engine_step_split.py 1b --concurrency 1 --prompt-tokens 8192 \
+        -ctk turbo4 -ctv turbo4
 
 A model named `1b`, `8b` or `8b4` is `gpu_targets.py`'s random-weight shape, drawn on the
 device (`target_models.ModelShelf`) instead of loaded from a folder.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +39,8 @@ from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.loading.loader import load_model
 
 TARGET_SHAPES = ("1b", "8b", "8b4")
+# The most prompt tokens of one request in one forward pass (the server's `-ub`).
+PREFILL_CHUNK = 512
 
 
 class StepTimes:
@@ -71,20 +76,34 @@ class StepTimes:
 
 
 def measure(
-    loaded, prompts: Sequence[Sequence[int]], gen_tokens: int, async_scheduling: bool
+    loaded,
+    prompts: Sequence[Sequence[int]],
+    gen_tokens: int,
+    async_scheduling: bool,
+    cache_types: tuple[str, str] = ("auto", "auto"),
 ) -> tuple[StepTimes, Run]:
-    """Step times of one `run_mlxcel` over `prompts`, decode steps only, and its result."""
+    """Step times of one `run_mlxcel` over `prompts`, decode steps only, and its result;
+    `cache_types` are the KV cache's key and value storage types."""
     times = StepTimes()
     step, launch, collect = EngineCore.step, EngineCore._launch, EngineCore._collect_oldest
     EngineCore.step = times.wrap_step(step)
     EngineCore._launch = times.wrap_part(launch, "_launch")
     EngineCore._collect_oldest = times.wrap_part(collect, "_collect")
     try:
-        result = run_mlxcel(loaded, prompts, gen_tokens, async_scheduling=async_scheduling)
+        result = run_mlxcel(
+            loaded,
+            prompts,
+            gen_tokens,
+            cache_type_k=cache_types[0],
+            cache_type_v=cache_types[1],
+            max_prefill_chunk=PREFILL_CHUNK,
+            async_scheduling=async_scheduling,
+        )
     finally:
         EngineCore.step, EngineCore._launch, EngineCore._collect_oldest = step, launch, collect
-    # The first steps prefill (one chunk of every prompt); decode steps follow.
-    skip = len(prompts) + 2
+    # The first steps prefill (at least a chunk of a prompt each); decode steps follow.
+    chunks = max(math.ceil(len(prompt) / PREFILL_CHUNK) for prompt in prompts)
+    skip = len(prompts) * chunks + 2
     times.launch, times.collect, times.total = (
         times.launch[skip:],
         times.collect[skip:],
@@ -105,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--sync", action="store_true", help="synchronous steps only")
     mode.add_argument("--ab", action="store_true", help="synchronous, then async, per round")
+    parser.add_argument("-ctk", "--cache-type-k", default="auto", help="KV key storage")
+    parser.add_argument("-ctv", "--cache-type-v", default="auto", help="KV value storage")
     parser.add_argument(
         "--plain-ops", action="store_true", help="keep MLX's own RoPE and RMSNorm on the CPU"
     )
@@ -121,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         loaded = load_model(args.model, compute=options)
     vocab_size = loaded.tokenizer.vocab_size
-    run_mlxcel(loaded, random_prompts(2, args.prompt_tokens, vocab_size), 8)  # warm-up
+    cache_types = (args.cache_type_k, args.cache_type_v)
+    warm_up = random_prompts(2, args.prompt_tokens, vocab_size)
+    run_mlxcel(loaded, warm_up, 8, cache_type_k=cache_types[0], cache_type_v=cache_types[1])
     print("| N | mode | step ms | launch ms | collect ms | rest ms | decode tok/s |")
     print("|---|---|---|---|---|---|---|")
     for level in (int(level) for level in args.concurrency.split(",")):
@@ -129,7 +152,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         decode: dict[bool, list[float]] = {mode: [] for mode in modes}
         for _ in range(args.rounds):
             for async_scheduling in modes:
-                times, result = measure(loaded, prompts, args.gen_tokens, async_scheduling)
+                times, result = measure(
+                    loaded, prompts, args.gen_tokens, async_scheduling, cache_types
+                )
                 step, launch, collect = (
                     statistics.median(values) * 1000
                     for values in (times.total, times.launch, times.collect)
