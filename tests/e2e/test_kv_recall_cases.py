@@ -2,11 +2,12 @@
 
 A ~3,000-token chat prompt hides a five-digit code in filler text, stated twice ("The secret
 code is 48213. Remember it. 48213 is the secret code.", as in passkey retrieval), and asks for
-it at temperature 0; the reply must contain the code with f16, q8_0, q4_0 and turbo4 caches
-(each with its default residual window: q4_0 without one answers another code), also
+it at temperature 0; the reply must contain the code with f16, q8_0 and turbo4 caches, also
 as the second long turn of a conversation (which names its number differently, so the first
 turn's code never competes for the answer) and with four such prompts (different codes)
-running at once on one server. On short prompts, q8_0's first 16 greedy tokens must equal
+running at once on one server. q4_0 runs only the second long turn: that case fails without
+q4_0's default residual window (another code is answered), and each q4_0 case costs minutes
+of CPU prefill. On short prompts, q8_0's first 16 greedy tokens must equal
 f16's for most of them.
 
 The 135M model recalls a code stated once by a narrow margin: the first digits' log-probability
@@ -37,7 +38,8 @@ MODEL = "smollm2"
 SERVER_FLAGS = ("-a", MODEL, "-np", "4", "-c", "8192", "-ub", "512", "--block-size", "16",
                 "--kv-cache-blocks", "2100")  # fmt: skip
 TIMEOUT_SECONDS = 900.0
-CACHE_TYPES = ("f16", "q8_0", "q4_0", "turbo4")
+# Every case runs these; q4_0 only the second long turn.
+CACHE_TYPES = ("f16", "q8_0", "turbo4")
 CODES = (48213, 10957, 73640, 29381, 86124)
 # Sentences of filler before and after the code: about 2,900 tokens with the template.
 SENTENCES_BEFORE = 200
@@ -113,7 +115,7 @@ def test_a_long_prompt_recalls_its_hidden_code(servers, cache_type):
     assert str(CODES[0]) in reply.text, reply
 
 
-@pytest.mark.parametrize("cache_type", CACHE_TYPES)
+@pytest.mark.parametrize("cache_type", (*CACHE_TYPES, "q4_0"))
 def test_a_second_long_turn_recalls_its_own_code(servers, cache_type):
     server = servers[cache_type]
     first = [needle_turn(CODES[0])]
