@@ -66,6 +66,26 @@ def test_the_residual_window_comes_from_its_flag_and_needs_a_stored_type():
 
 
 @pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        ([], {"LLAMA_ARG_CACHE_RESIDUAL": "-3"}, "LLAMA_ARG_CACHE_RESIDUAL must be >= 0, got -3"),
+        (["--cache-residual", "-1"], {"LLAMA_ARG_CACHE_RESIDUAL": "-3"},
+         "--cache-residual must be >= 0, got -1"),
+        (["--cache-residual", "16"], {"LLAMA_ARG_CACHE_TYPE_K": "f16"},
+         "--cache-residual keeps exact copies beside a quantized cache; it needs "
+         "LLAMA_ARG_CACHE_TYPE_K or -ctv/--cache-type-v to be q8_0"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["serve", "inspect"])
+def test_a_residual_window_out_of_range_names_the_variable_it_came_from(
+    tiny_gguf, command, argv, environ, message
+):
+    code, out, err = run_cli(command, "-m", str(tiny_gguf), *argv, environ=environ)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"mlxcel: error: {message}") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
     ("argv", "window"),
     [
         ([], 0),
