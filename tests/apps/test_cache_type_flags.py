@@ -10,6 +10,7 @@ import mlxcel_core.engine.config as engine_config_module
 from mlxcel.cli import main, make_parser
 from mlxcel.common.flags import UsageError, resolve_defaults
 from mlxcel.serving.serve_command import FLAGS, settings_from
+from mlxcel_core.engine.config import default_residual_window
 from mlxcel_core.kernels import CUDA
 
 ACCEPTED = "auto, f32, f16, bf16, q8_0, q4_0, turbo2, turbo3, turbo4"
@@ -119,6 +120,26 @@ def test_batch_generate_runs_on_a_quantized_cache(tiny_gguf, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     assert len([json.loads(line) for line in out.splitlines()]) == 2
+
+
+def test_generate_says_which_kv_cache_types_and_residual_window_it_ran(tiny_gguf, tmp_path):
+    """Last on stderr, after how the weights are held: the window's default differs by
+    device."""
+    base = ["generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0", "-n", "2"]
+    code, _, err = run_cli(*base, "-ctk", "turbo4", "-ctv", "f32")
+    assert code == 0, err
+    window = default_residual_window("turbo4", "f32")
+    assert err.splitlines()[-1] == f"KV cache: K turbo4, V f32, residual window {window}"
+    assert err.splitlines()[-2].startswith("weights: ")
+    code, _, err = run_cli(*base)
+    assert (code, err.splitlines()[-1]) == (0, "KV cache: K auto, V auto, residual window 0")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\nthere\n")
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "2",
+        "-ctk", "f16", "-ctv", "turbo3", "--cache-residual", "8",
+    )  # fmt: skip
+    assert (code, err.splitlines()[-1]) == (0, "KV cache: K f16, V turbo3, residual window 8")
 
 
 def test_a_type_the_models_head_dim_cannot_take_is_a_usage_error(tiny_gguf, tmp_path):
