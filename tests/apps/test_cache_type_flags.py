@@ -10,6 +10,7 @@ import mlxcel_core.engine.config as engine_config_module
 from mlxcel.cli import main, make_parser
 from mlxcel.common.flags import UsageError, resolve_defaults
 from mlxcel.serving.serve_command import FLAGS, settings_from
+from mlxcel_core.engine.config import default_residual_window
 from mlxcel_core.kernels import CUDA
 
 ACCEPTED = "auto, f32, f16, bf16, q8_0, q4_0, turbo2, turbo3, turbo4"
@@ -66,6 +67,26 @@ def test_the_residual_window_comes_from_its_flag_and_needs_a_stored_type():
 
 
 @pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        ([], {"LLAMA_ARG_CACHE_RESIDUAL": "-3"}, "LLAMA_ARG_CACHE_RESIDUAL must be >= 0, got -3"),
+        (["--cache-residual", "-1"], {"LLAMA_ARG_CACHE_RESIDUAL": "-3"},
+         "--cache-residual must be >= 0, got -1"),
+        (["--cache-residual", "16"], {"LLAMA_ARG_CACHE_TYPE_K": "f16"},
+         "--cache-residual keeps exact copies beside a quantized cache; it needs "
+         "LLAMA_ARG_CACHE_TYPE_K or -ctv/--cache-type-v to be q8_0"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["serve", "inspect"])
+def test_a_residual_window_out_of_range_names_the_variable_it_came_from(
+    tiny_gguf, command, argv, environ, message
+):
+    code, out, err = run_cli(command, "-m", str(tiny_gguf), *argv, environ=environ)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"mlxcel: error: {message}") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
     ("argv", "window"),
     [
         ([], 0),
@@ -99,6 +120,26 @@ def test_batch_generate_runs_on_a_quantized_cache(tiny_gguf, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     assert len([json.loads(line) for line in out.splitlines()]) == 2
+
+
+def test_generate_says_which_kv_cache_types_and_residual_window_it_ran(tiny_gguf, tmp_path):
+    """Last on stderr, after how the weights are held: the window's default differs by
+    device."""
+    base = ["generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0", "-n", "2"]
+    code, _, err = run_cli(*base, "-ctk", "turbo4", "-ctv", "f32")
+    assert code == 0, err
+    window = default_residual_window("turbo4", "f32")
+    assert err.splitlines()[-1] == f"KV cache: K turbo4, V f32, residual window {window}"
+    assert err.splitlines()[-2].startswith("weights: ")
+    code, _, err = run_cli(*base)
+    assert (code, err.splitlines()[-1]) == (0, "KV cache: K auto, V auto, residual window 0")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\nthere\n")
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), "-n", "2",
+        "-ctk", "f16", "-ctv", "turbo3", "--cache-residual", "8",
+    )  # fmt: skip
+    assert (code, err.splitlines()[-1]) == (0, "KV cache: K f16, V turbo3, residual window 8")
 
 
 def test_a_type_the_models_head_dim_cannot_take_is_a_usage_error(tiny_gguf, tmp_path):

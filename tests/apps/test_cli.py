@@ -172,6 +172,25 @@ def test_bad_input_gets_one_line_and_an_exit_code(tiny_gguf, argv, environ, code
     assert_one_line_error(result[0], result[2], code, message)
 
 
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        # Checked by the command (-b), by the sampler's settings (--top-p) and by the
+        # engine's (--block-size): each refusal names the variable the value came from.
+        ((), {"LLAMA_ARG_BATCH": "0"}, "LLAMA_ARG_BATCH must be >= 1, got 0"),
+        ((), {"LLAMA_ARG_TOP_P": "1.5"}, "LLAMA_ARG_TOP_P: top_p must be"),
+        ((), {"LLAMA_ARG_BLOCK_SIZE": "1000"}, "LLAMA_ARG_BLOCK_SIZE must be <= 256, got 1000"),
+        # The command line wins, and is named when it does.
+        (("-b", "-1"), {"LLAMA_ARG_BATCH": "0"}, "-b/--batch-size must be >= 1, got -1"),
+        (("--top-p", "2"), {"LLAMA_ARG_TOP_P": "1.5"}, "--top-p: top_p must be"),
+    ],
+)
+def test_a_value_out_of_range_is_named_as_the_user_gave_it(tiny_gguf, argv, environ, message):
+    result = run_cli("generate", "-m", str(tiny_gguf), "-p", "hello there", *argv, environ=environ)
+    assert_one_line_error(result[0], result[2], 2, message)
+    assert f"mlxcel: error: {message}" in result[2]
+
+
 def test_missing_prompt_and_prompt_file(tiny_gguf, tmp_path):
     code, _, err = run_cli("generate", "-m", str(tiny_gguf))
     assert_one_line_error(code, err, 2, "no prompt")

@@ -13,7 +13,7 @@ import pytest
 from mlxcel.cli import main, make_parser
 from mlxcel.common.flags import RunError, resolve_defaults
 from mlxcel.common.loading import compute_options
-from mlxcel.common.memory_preflight import check_memory
+from mlxcel.common.memory_preflight import check_memory, estimate_for_start
 from mlxcel.generation.generate_command import FLAGS as GENERATE_FLAGS
 from mlxcel.models.store_flags import resolve_store_flags
 from mlxcel_models.compute import ComputeOptions
@@ -64,7 +64,7 @@ def test_inspect_text_names_the_chosen_cache_types_and_a_verdict(tiny_gguf):
     code, out, _ = run_cli("inspect", "-m", str(tiny_gguf), "-ctk", "f16", "-ctv", "turbo4")
     assert code == 0
     assert "2 layers, 4 heads, 2 KV heads, head dim 16" in out
-    assert "(-ctk f16, -ctv turbo4)" in out
+    assert "(-ctk f16, -ctv turbo4, --cache-residual 16)" in out
     assert "  q8_0     n/a: cache type q8_0 needs a head dim" in out
     assert out.splitlines()[-1].startswith("verdict       fits: 4 sequences of 4096 tokens")
 
@@ -93,6 +93,8 @@ def test_inspect_refuses_a_missing_or_corrupt_model_in_one_line(tmp_path, tiny_g
         (["-b", "0"], "-b/--batch-size must be >= 1, got 0"),
         (["-ctk", "q5"], "-ctk/--cache-type-k must be one of auto, f32"),
         (["-ctv", "q5"], "-ctv/--cache-type-v must be one of auto, f32"),
+        (["-ctk", "turbo4", "--cache-residual", "-1"], "--cache-residual must be >= 0, got -1"),
+        (["--cache-residual", "16"], "--cache-residual keeps exact copies beside a quantized"),
     ],
 )
 def test_inspect_names_the_flag_at_fault(tiny_gguf, flags, message):
@@ -172,6 +174,64 @@ def test_a_draft_model_adds_its_weights_and_kv_cache(tiny_gguf):
     weights = re.search(r"weights ([\d.]+) KiB \+ KV ([\d.]+) MiB", alone).groups()
     doubled = re.search(r"weights ([\d.]+) KiB \+ KV ([\d.]+) MiB", with_draft).groups()
     assert [float(x) for x in doubled] == pytest.approx([2 * float(x) for x in weights], rel=0.01)
+
+
+def estimate_line(*argv: str, budget: MemoryBudget | None = None) -> str:
+    """What `generate --estimate-memory` prints for `argv`, checked against `budget`."""
+    args = make_parser("generate").parse_args(["generate", *argv, "--estimate-memory"])
+    resolve_defaults(args, GENERATE_FLAGS, {})
+    resolve_store_flags(args, {})
+    err = io.StringIO()
+    check_memory(args, err, compute_options(1), budget=budget)
+    return err.getvalue()
+
+
+# The tiny model's float16 copies: 2 layers x 2 KV heads x (16 key + 16 value features) x 2
+# bytes per position, for one sequence's window of 16 in blocks of 16: the 2 blocks it can
+# touch, twice, and the null block.
+WINDOW_BYTES = 5 * 16 * 2 * 2 * 32 * 2
+
+
+def test_the_estimate_counts_the_residual_window_beside_the_kv_cache(tiny_gguf):
+    model = ["-m", str(tiny_gguf), "-p", "x", "-ctk", "turbo4", "-ctv", "turbo4"]
+    windowed = estimate_line(*model)  # the default window of 16 on this device
+    assert f"+ residual window {WINDOW_BYTES / 1024:.1f} KiB + activations " in windowed
+    assert re.search(r"\+ KV [\d.]+ [KM]iB \+ residual window", windowed)
+    assert "residual window" not in estimate_line(*model, "--cache-residual", "0")
+    assert "residual window" not in estimate_line("-m", str(tiny_gguf), "-p", "x")
+
+
+def test_the_check_refuses_what_fits_only_without_the_residual_window(tiny_gguf):
+    model = ["-m", str(tiny_gguf), "-p", "x", "-ctk", "turbo4", "-ctv", "turbo4"]
+    args = make_parser("generate").parse_args(["generate", *model, "--cache-residual", "0"])
+    resolve_defaults(args, GENERATE_FLAGS, {})
+    resolve_store_flags(args, {})
+    without = estimate_for_start(args, compute_options(1)).total
+    budget = MemoryBudget(2**40, without + WINDOW_BYTES // 2, 0.9)
+    estimate_line(*model, "--cache-residual", "0", budget=budget)
+    with pytest.raises(RunError, match=r"\+ residual window 20\.0 KiB \+ activations"):
+        estimate_line(*model, budget=budget)
+
+
+def test_inspect_counts_the_residual_window_of_one_and_of_all_sequences(tiny_gguf):
+    argv = ["inspect", "-m", str(tiny_gguf), "-c", "100", "-np", "3", "-ctk", "turbo4"]
+    code, out, err = run_cli(*argv, "--json")
+    assert code == 0, err
+    windowed = json.loads(out)
+    without = json.loads(run_cli(*argv, "--cache-residual", "0", "--json")[1])
+    assert (windowed["cache_residual"], without["cache_residual"]) == (16, 0)
+    memory, base = windowed["memory"], without["memory"]
+    keys_per_position = 2 * 2 * 16 * 2  # -ctv auto: the values are exact already
+    assert (memory["residual"], base["residual"]) == (5 * 16 * keys_per_position, 0)
+    assert memory["total"] == (
+        memory["weights"] + memory["kv_cache"] + memory["residual"] + memory["activations"]
+    )
+    assert memory["total"] - base["total"] == memory["residual"]
+    # 3 sequences: 2 blocks each, twice, and the null block.
+    assert memory["total_parallel"] - base["total_parallel"] == 13 * 16 * keys_per_position
+    code, out, _ = run_cli(*argv)
+    assert "(-ctk turbo4, -ctv auto, --cache-residual 16)" in out
+    assert f"+ residual window {memory['residual'] / 1024:.1f} KiB + activations" in out
 
 
 def test_the_check_reads_the_budget_it_is_given(tiny_gguf):

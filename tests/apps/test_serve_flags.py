@@ -13,6 +13,7 @@ from mlxcel.common.flags import UsageError, resolve_defaults
 from mlxcel.models.store_flags import resolve_store_flags
 from mlxcel.serving import serve_command
 from mlxcel.serving.serve_command import FLAGS, settings_from
+from mlxcel_core.engine.config import default_residual_window
 
 from live_server import LiveServer, free_port
 
@@ -93,7 +94,7 @@ def test_an_unexpected_loading_error_stops_the_server_instead_of_leaving_it_load
 
 
 def test_serve_logs_the_model_it_loaded_and_one_line_per_request(tiny_gguf):
-    server = LiveServer("-m", str(tiny_gguf), "-c", "64", "-a", "tiny")
+    server = LiveServer("-m", str(tiny_gguf), "-c", "64", "-a", "tiny", "-ctk", "turbo4")
     try:
         with server.stderr_on_failure():
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -106,6 +107,9 @@ def test_serve_logs_the_model_it_loaded_and_one_line_per_request(tiny_gguf):
     # How the weights are held, as `generate` says it.
     (weights,) = (ln for ln in lines if ln.startswith("mlxcel: weights: "))
     assert "Q8_0→" in weights and "matrix products on " in weights
+    # The KV cache types and the residual window, whose default differs by device.
+    window = default_residual_window("turbo4", "auto")
+    assert f"mlxcel: KV cache: K turbo4, V auto, residual window {window}" in lines
     access = r"mlxcel: 127\.0\.0\.1 {} {} {} \d+\.\d{{3}} s"
     assert any(re.fullmatch(access.format("POST", "/v1/chat/completions", 200), ln) for ln in lines)
     assert any(re.fullmatch(access.format("GET", "/nowhere", 404), ln) for ln in lines)

@@ -11,14 +11,18 @@ from family_configs import write_family_model
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
+import mlxcel_core.engine.config as engine_config_module
 from mlxcel_core.cache.paged import PagedKVStorage
 from mlxcel_core.cache.quant import CACHE_TYPES, CacheTypeError
+from mlxcel_core.engine import EngineConfig, SchedulerConfig
 from mlxcel_core.engine.memory import (
     MEASUREMENT_SLACK_BYTES,
+    ModelProfile,
     measure_pass,
     profile_model,
     trace_cache_geometry,
 )
+from mlxcel_core.kernels import CUDA
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.errors import ModelLoadError
 from mlxcel_models.language_model import MlxLmLanguageModel
@@ -171,6 +175,50 @@ def test_one_context_counts_the_engines_blocks_and_the_trained_context_for_zero(
     assert estimate.weights == estimate_weights(inventory, CPU_DENSE).resident_bytes
     longer = estimate_memory(inventory, ContextRequest(context_size=4096), CPU_DENSE)
     assert longer.activations > estimate.activations and longer.total > estimate.total
+
+
+@pytest.mark.parametrize(
+    ("cache_type_k", "cache_type_v", "residual", "expected"),
+    [
+        # float16 copies of 2 layers x 2 heads x (32 key + 32 value features), for a window
+        # of 16 in blocks of 16: the 2 blocks it can touch, twice, and the null block.
+        ("q8_0", "q8_0", None, 5 * 16 * 2 * 2 * 64 * 2),
+        ("q4_0", "f16", None, 5 * 16 * 2 * 2 * 32 * 2),  # the keys only
+        ("turbo4", "turbo4", 32, 7 * 16 * 2 * 2 * 64 * 2),  # 3 blocks, twice, and the null
+        ("q8_0", "q8_0", 0, 0),
+        ("f16", "f16", None, 0),
+        ("auto", "auto", None, 0),
+    ],
+)
+def test_a_residual_window_counts_the_exact_copies_the_engine_sets_aside(
+    tmp_path, cache_type_k, cache_type_v, residual, expected
+):
+    inventory = read_model_inventory(write_gguf_model(tmp_path / "tiny.gguf", WIDE_HEADS))
+    types = {"cache_type_k": cache_type_k, "cache_type_v": cache_type_v}
+    request = ContextRequest(1000, cache_residual=residual, **types)
+    estimate = estimate_memory(inventory, request, CPU_DENSE)
+    assert estimate.residual == expected
+    assert estimate.total == (
+        estimate.weights + estimate.kv_cache + estimate.residual + estimate.activations
+    )
+    engine = EngineConfig(
+        SchedulerConfig(max_num_seqs=1), context_size=1000, cache_residual=residual, **types
+    )
+    assert request.cache_residual == engine.cache_residual
+    profile = ModelProfile(kv_layers(inventory, CPU_DENSE), 0, 0, vocab_size=1)
+    assert estimate.residual == engine.residual_bytes(profile)
+
+
+def test_the_residual_window_resolves_and_is_checked_as_the_engine_does(monkeypatch):
+    assert ContextRequest(100, cache_type_k="turbo4", cache_type_v="turbo4").cache_residual == 16
+    # Where a kernel decodes TurboQuant keys and values from their codes, no window.
+    monkeypatch.setattr(engine_config_module, "kernel_backend", lambda device: CUDA)
+    assert ContextRequest(100, cache_type_k="turbo4", cache_type_v="turbo4").cache_residual == 0
+    assert ContextRequest(100, cache_type_k="q8_0", cache_type_v="turbo4").cache_residual == 16
+    with pytest.raises(ValueError, match=r"^cache_residual must be >= 0, got -1"):
+        ContextRequest(100, cache_type_k="q8_0", cache_residual=-1)
+    with pytest.raises(ValueError, match=r"^cache_residual keeps exact copies .* needs"):
+        ContextRequest(100, cache_type_k="f16", cache_residual=16)
 
 
 def test_missing_and_corrupt_models_are_model_load_errors(tmp_path, tiny_gguf):

@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, TextIO
 
 from mlxcel.common.blas import describe_blas
-from mlxcel.common.flags import RunError, UsageError
+from mlxcel.common.flags import RunError, UsageError, name_environment_values
 from mlxcel_core.errors import InputError
 
 # Subcommand -> (module, one-line help). A command's module, and the libraries it needs
@@ -163,12 +163,15 @@ def main(
     argv = sys.argv[1:] if argv is None else list(argv)
     # The top-level options take no values, so a subcommand can only be the first argument.
     command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = argparse.Namespace(from_environment=())
     try:
-        args = make_parser(command).parse_args(argv)
+        args = make_parser(command).parse_args(argv, args)
         args.argv = tuple(argv)  # other ranks of `--tp`/`--pp` run the same command line
         return args.command(args, environ, out, err)
+    # A value out of range is named as the user gave it: by its environment variable
+    # when it came from one (`resolve_defaults` records which).
     except UsageError as error:
-        _report(err, error)
+        _report(err, name_environment_values(str(error), args))
         return EXIT_USAGE
     # Every mlxcel input error: the prompt, a model file, an image, a value out of range.
     except (InputError, RunError) as error:

@@ -213,7 +213,9 @@ def resolve_defaults(
     """Convert each flag's text, falling back to its environment mirror, then its default.
 
     Records the flags given on the command line in `namespace.from_command_line`, so that
-    either-or checks can let the command line win over the environment.
+    either-or checks can let the command line win over the environment, and those whose
+    value came from their environment variable in `namespace.from_environment`, so that
+    errors about them name the variable (`name_environment_values`).
 
     Raises:
         UsageError: a value does not convert; the message names the flag or variable.
@@ -221,6 +223,11 @@ def resolve_defaults(
     namespace.from_command_line = {
         flag.dest for flag in flags if getattr(namespace, flag.dest) is not None
     }
+    namespace.from_environment = tuple(
+        flag
+        for flag in flags
+        if flag.dest not in namespace.from_command_line and flag.env_name in environ
+    )
     for flag in flags:
         given = getattr(namespace, flag.dest)
         source = flag.names[-1]
@@ -244,6 +251,19 @@ def resolve_defaults(
         except ValueError as error:
             raise _conversion_error(flag, source, given, error) from error
         setattr(namespace, flag.dest, value)
+
+
+def name_environment_values(message: str, namespace: argparse.Namespace) -> str:
+    """`message` with every flag whose value came from its environment variable
+    (`namespace.from_environment`) named by that variable, as conversion errors name it:
+    `LLAMA_ARG_CACHE_RESIDUAL=-3` is refused as "LLAMA_ARG_CACHE_RESIDUAL must be >= 0,
+    got -3", not under a flag the user never typed. A flag is matched as messages spell
+    it: all its names ("-np/--parallel") or its long name alone ("--parallel")."""
+    for flag in namespace.from_environment:
+        spellings = ("/".join(flag.names), flag.names[-1])
+        pattern = "|".join(re.escape(spelling) for spelling in spellings)
+        message = re.sub(rf"(?<![\w/-])(?:{pattern})(?![\w/-])", flag.env_name, message)
+    return message
 
 
 # What a value of a built-in flag type must be, in the words of a conversion error.

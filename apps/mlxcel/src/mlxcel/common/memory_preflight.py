@@ -1,7 +1,8 @@
 """The memory check `generate` and `serve` run before loading a model (docs/memory.md).
 
 From the model's headers alone it estimates the resident weights, the KV cache of one
-sequence of the context size and the largest step's activations, and refuses to start
+sequence of the context size (with the residual window's exact copies beside a quantized
+cache type) and the largest step's activations, and refuses to start
 when they do not fit in the memory the device can give (`--no-memory-check` starts
 anyway); `--estimate-memory` prints the estimate on stderr.
 """
@@ -67,6 +68,7 @@ def context_request_from(args: argparse.Namespace) -> ContextRequest:
             block_size=args.block_size,
             cache_type_k=args.cache_type_k,
             cache_type_v=args.cache_type_v,
+            cache_residual=args.cache_residual,
         )
     except ValueError as error:
         raise flag_error(str(error), _FLAG_NAMES) from error
@@ -78,6 +80,7 @@ _FLAG_NAMES = {
     "block_size": "--block-size",
     "cache_type_k": "-ctk/--cache-type-k",
     "cache_type_v": "-ctv/--cache-type-v",
+    "cache_residual": "--cache-residual",
 }
 
 
@@ -99,8 +102,9 @@ def estimate_for_start(args: argparse.Namespace, options: ComputeOptions) -> Mem
     try:
         estimate = estimate_memory(read_model_inventory(path), request, options)
         if args.model_draft is not None:
-            # The draft's KV is kept in its own dtype, whatever -ctk/-ctv say.
-            draft_request = replace(request, cache_type_k=AUTO, cache_type_v=AUTO)
+            # The draft's KV is kept in its own dtype, whatever -ctk/-ctv say, so it keeps
+            # no residual window.
+            draft_request = replace(request, cache_type_k=AUTO, cache_type_v=AUTO, cache_residual=0)
             draft_path = resolve_model(args.model_draft, args.model_store)
             draft_options = ComputeOptions.for_device(mx.default_device())
             draft = estimate_memory(read_model_inventory(draft_path), draft_request, draft_options)
@@ -114,13 +118,15 @@ def estimate_for_start(args: argparse.Namespace, options: ComputeOptions) -> Mem
 
 
 def breakdown(estimate: MemoryEstimate) -> str:
-    """The estimate as "X (weights A + KV B + activations C)", with "+ states D" for a
-    model with recurrent layers."""
+    """The estimate as "X (weights A + KV B + activations C)", with "+ residual window R"
+    after the KV cache when a residual window keeps exact copies beside a quantized cache,
+    and "+ states D" for a model with recurrent layers."""
+    residual = f" + residual window {format_bytes(estimate.residual)}" if estimate.residual else ""
     states = f" + states {format_bytes(estimate.states)}" if estimate.states else ""
     return (
         f"{format_bytes(estimate.total)} (weights {format_bytes(estimate.weights)} + "
-        f"KV {format_bytes(estimate.kv_cache)} + activations {format_bytes(estimate.activations)}"
-        f"{states})"
+        f"KV {format_bytes(estimate.kv_cache)}{residual} + "
+        f"activations {format_bytes(estimate.activations)}{states})"
     )
 
 

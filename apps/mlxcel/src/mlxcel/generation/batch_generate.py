@@ -15,7 +15,7 @@ import json
 import time
 from typing import TextIO
 
-from mlxcel.common.engine_flags import open_engine
+from mlxcel.common.engine_flags import describe_kv_cache, open_engine
 from mlxcel.common.flags import RunError
 from mlxcel.common.loading import describe_weights
 from mlxcel.generation.engine_outputs import next_output
@@ -123,6 +123,9 @@ def run_batch(
     seconds = time.perf_counter() - start
     _print_throughput(replies, token_ids, seconds, err)
     print(describe_weights(loaded), file=err)
+    kv_cache = describe_kv_cache(loaded, engine_config)
+    if kv_cache is not None:
+        print(kv_cache, file=err)
     if refused:
         first = min(refused)
         print(

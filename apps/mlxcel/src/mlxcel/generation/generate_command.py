@@ -23,7 +23,12 @@ from mlxcel.common.chat_prompt import (
     read_text_file,
     system_messages,
 )
-from mlxcel.common.engine_flags import ENGINE_FLAGS, engine_config_from, open_engine
+from mlxcel.common.engine_flags import (
+    ENGINE_FLAGS,
+    describe_kv_cache,
+    engine_config_from,
+    open_engine,
+)
 from mlxcel.common.flags import (
     BATCH_SIZE_FLAG,
     CTX_SIZE_FLAG,
@@ -363,7 +368,7 @@ def generate_one(
         display.finish()
         _write_now(out, "\n")
         print(format_stats(interrupted.stats, loaded.load_seconds, setup_seconds), file=err)
-        print(describe_weights(loaded), file=err)
+        _print_setup(loaded, engine_config, err)
         raise
     finally:
         engine.shutdown()
@@ -377,8 +382,17 @@ def generate_one(
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
     print(format_stats(stats, loaded.load_seconds, setup_seconds), file=err)
-    print(describe_weights(loaded), file=err)
+    _print_setup(loaded, engine_config, err)
     return 0
+
+
+def _print_setup(loaded: LoadedModel, engine_config: EngineConfig, err: TextIO) -> None:
+    """How the weights are held, then the KV cache types and residual window, after the
+    timings on stderr."""
+    print(describe_weights(loaded), file=err)
+    kv_cache = describe_kv_cache(loaded, engine_config)
+    if kv_cache is not None:
+        print(kv_cache, file=err)
 
 
 def _write_now(out: TextIO, text: str) -> None:

@@ -50,12 +50,14 @@ from mlxcel_models.memory import (
     kv_bytes_per_token,
     read_model_inventory,
     sequences_kv_bytes,
+    sequences_residual_bytes,
 )
 from mlxcel_models.memory.cache_geometry import ModelCacheGeometry
 from mlxcel_models.store import resolve_model
 
 _ESTIMATE_FLAGS = {
     "parallel", "ubatch_size", "block_size", "memory_utilization", "cache_type_k", "cache_type_v",
+    "cache_residual",
 }  # fmt: skip
 FLAGS = (
     MODEL_FLAG,
@@ -201,9 +203,11 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
         "state_layers": len(geometry.state_layers),
         "cache_type_k": request.cache_type_k,
         "cache_type_v": request.cache_type_v,
+        "cache_residual": request.cache_residual,
         "memory": {
             "weights": estimate.weights,
             "kv_cache": estimate.kv_cache,
+            "residual": estimate.residual,
             "activations": estimate.activations,
             "states": estimate.states,
             "total": estimate.total,
@@ -227,10 +231,11 @@ def _all_sequences(
     parallel: int,
 ) -> MemoryEstimate:
     tokens = request.tokens(inventory)
+    geometry = cache_geometry(inventory, options)
     return MemoryEstimate(
         estimate.weights,
         sequences_kv_bytes(
-            cache_geometry(inventory, options),
+            geometry,
             request,
             tokens,
             cache_type_k=request.cache_type_k,
@@ -239,6 +244,7 @@ def _all_sequences(
         ),
         estimate.activations,
         estimate.states * parallel,
+        sequences_residual_bytes(geometry, request, tokens, parallel),
     )
 
 
@@ -272,7 +278,11 @@ def format_report(report: dict[str, Any]) -> str:
         *_cache_lines(report),
     ]
     estimate = MemoryEstimate(
-        memory["weights"], memory["kv_cache"], memory["activations"], memory["states"]
+        memory["weights"],
+        memory["kv_cache"],
+        memory["activations"],
+        memory["states"],
+        memory["residual"],
     )
     budget = MemoryBudget(memory["device"], memory["available"], memory["utilization"])
     lines += [
@@ -297,7 +307,8 @@ def _heads_text(report: dict[str, Any]) -> str:
 def _cache_types_text(report: dict[str, Any]) -> str:
     if not report["kv_cache"]:
         return ""
-    return f" (-ctk {report['cache_type_k']}, -ctv {report['cache_type_v']})"
+    residual = f", --cache-residual {report['cache_residual']}" if report["cache_residual"] else ""
+    return f" (-ctk {report['cache_type_k']}, -ctv {report['cache_type_v']}{residual})"
 
 
 def _cache_lines(report: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from mlxcel.common.chat_prompt import TEMPLATE_FLAGS, chat_template_from
 from mlxcel.common.engine_flags import (
     ENGINE_FLAGS,
     check_cache_types_fit,
+    describe_kv_cache,
     warn_beyond_trained_context,
 )
 from mlxcel.common.flags import (
@@ -262,6 +263,9 @@ async def serve_until_stopped(
                     flush=True,
                 )
                 print(f"mlxcel: {describe_weights(loaded)}", file=err, flush=True)
+                kv_cache = describe_kv_cache(loaded, settings.engine)
+                if kv_cache is not None:
+                    print(f"mlxcel: {kv_cache}", file=err, flush=True)
         except (ModelLoadError, UsageError, RunError) as error:
             failures.append(error)
             loop.call_soon_threadsafe(stop.set)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from mlxcel_core.cache.layout import CacheLayout
-from mlxcel_core.cache.paged import PagedKVStorage, residual_blocks_per_row
+from mlxcel_core.cache.paged import LayerGeometry, PagedKVStorage, residual_blocks_per_row
 from mlxcel_core.cache.quant import AUTO, check_cache_type, is_quantized, is_turbo
 from mlxcel_core.cache.state import state_bytes_per_sequence
 from mlxcel_core.engine.memory import ModelProfile, device_memory_bytes, profile_model
@@ -49,6 +49,55 @@ def default_residual_window(
     if kernels and is_turbo(cache_type_k) and is_turbo(cache_type_v):
         return 0
     return DEFAULT_RESIDUAL_WINDOW
+
+
+def resolve_residual_window(
+    cache_type_k: str, cache_type_v: str, cache_residual: int | None
+) -> int:
+    """The residual window a KV cache of these types keeps: `cache_residual`, or for None
+    the types' default on the default device (`default_residual_window`).
+
+    Raises:
+        ValueError: `cache_residual` is negative, or above 0 beside no quantized type.
+    """
+    if cache_residual is None:
+        return default_residual_window(cache_type_k, cache_type_v)
+    if cache_residual < 0:
+        raise ValueError(f"cache_residual must be >= 0, got {cache_residual}")
+    if cache_residual and not (is_quantized(cache_type_k) or is_quantized(cache_type_v)):
+        raise ValueError(
+            "cache_residual keeps exact copies beside a quantized cache; it needs "
+            "cache_type_k or cache_type_v to be q8_0, q4_0, turbo2, turbo3 or turbo4"
+        )
+    return cache_residual
+
+
+def num_residual_blocks(window: int, block_size: int, num_sequences: int) -> int:
+    """Residual blocks the KV storage allocates for `num_sequences` running sequences with
+    a window of `window` positions: twice what their windows can touch, so that those of
+    finished sequences are not the only spare."""
+    return 2 * num_sequences * residual_blocks_per_row(window, block_size)
+
+
+def residual_window_bytes(
+    layers: Sequence[LayerGeometry],
+    cache_type_k: str,
+    cache_type_v: str,
+    *,
+    window: int,
+    block_size: int,
+    num_sequences: int,
+) -> int:
+    """Bytes the residual blocks of `num_sequences` running sequences take over `layers`,
+    the null residual block included: the exact copies of the quantized sides' keys or
+    values (`LayerGeometry.exact_bytes_per_token`) of the last `window` positions of each
+    sequence, in blocks of `block_size` (`num_residual_blocks`). 0 for a window of 0."""
+    if not window:
+        return 0
+    positions = (num_residual_blocks(window, block_size, num_sequences) + 1) * block_size
+    return positions * sum(
+        layer.exact_bytes_per_token(cache_type_k, cache_type_v) for layer in layers
+    )
 
 
 @dataclass(frozen=True)
@@ -131,36 +180,25 @@ class EngineConfig:
             raise ValueError(
                 f"max_prefill_seconds must be None or > 0, got {self.max_prefill_seconds}"
             )
-        if self.cache_residual is None:
-            default = default_residual_window(self.cache_type_k, self.cache_type_v)
-            object.__setattr__(self, "cache_residual", default)
-        if self.cache_residual < 0:
-            raise ValueError(f"cache_residual must be >= 0, got {self.cache_residual}")
-        if self.cache_residual and not (
-            is_quantized(self.cache_type_k) or is_quantized(self.cache_type_v)
-        ):
-            raise ValueError(
-                "cache_residual keeps exact copies beside a quantized cache; it needs "
-                "cache_type_k or cache_type_v to be q8_0, q4_0, turbo2, turbo3 or turbo4"
-            )
+        window = resolve_residual_window(self.cache_type_k, self.cache_type_v, self.cache_residual)
+        object.__setattr__(self, "cache_residual", window)
 
     @property
     def num_residual_blocks(self) -> int:
-        """Residual blocks the KV storage allocates: twice what every running sequence's
-        window (at most the context) can touch, so that those of finished sequences are
-        not the only spare."""
+        """Residual blocks the KV storage allocates for every running sequence's window
+        (at most the context; `num_residual_blocks`)."""
         window = min(self.cache_residual, self.context_size)
-        per_row = residual_blocks_per_row(window, self.block_size)
-        return 2 * self.scheduler.max_num_seqs * per_row
+        return num_residual_blocks(window, self.block_size, self.scheduler.max_num_seqs)
 
     def residual_bytes(self, profile: ModelProfile) -> int:
-        """Bytes the residual blocks take (`LayerGeometry.exact_bytes_per_token`)."""
-        if not self.cache_residual:
-            return 0
-        positions = (self.num_residual_blocks + 1) * self.block_size
-        return positions * sum(
-            layer.exact_bytes_per_token(self.cache_type_k, self.cache_type_v)
-            for layer in profile.layers
+        """Bytes the residual blocks take (`residual_window_bytes`)."""
+        return residual_window_bytes(
+            profile.layers,
+            self.cache_type_k,
+            self.cache_type_v,
+            window=min(self.cache_residual, self.context_size),
+            block_size=self.block_size,
+            num_sequences=self.scheduler.max_num_seqs,
         )
 
     def state_bytes(self, profile: ModelProfile) -> int:

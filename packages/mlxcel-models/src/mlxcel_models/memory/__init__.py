@@ -16,6 +16,7 @@ from mlxcel_models.memory.estimate import (
     kv_group_bytes_per_token,
     kv_layers,
     sequences_kv_bytes,
+    sequences_residual_bytes,
 )
 from mlxcel_models.memory.inventory import (
     Architecture,
@@ -45,4 +46,5 @@ __all__ = [
     "kv_layers",
     "read_model_inventory",
     "sequences_kv_bytes",
+    "sequences_residual_bytes",
 ]

@@ -6,7 +6,9 @@ or on the CPU float32 floats and, when they fit, quantized layers made dense flo
 cache types' packed sizes, per block group (`mlxcel_core.cache.block_groups`): a
 full-attention layer keeps every position of a sequence, a sliding-window layer only its
 window and a prefill chunk; recurrent layers keep one state per sequence
-(`cache_geometry`).
+(`cache_geometry`). Beside a quantized cache type, the residual window's exact copies of
+each running sequence's last positions are counted as the engine sets them aside
+(`mlxcel_core.engine.config.residual_window_bytes`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mlxcel_core.cache.block_groups import BlockGroups
 from mlxcel_core.cache.paged import LayerGeometry
 from mlxcel_core.cache.quant import check_cache_type
 from mlxcel_core.cache.state import state_bytes_per_sequence
+from mlxcel_core.engine.config import residual_window_bytes, resolve_residual_window
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.memory.cache_geometry import ModelCacheGeometry, model_cache_geometry
 from mlxcel_models.memory.inventory import ModelInventory, WeightTensor
@@ -199,16 +202,19 @@ class MemoryEstimate:
         kv_cache: the KV blocks of one sequence of the context size.
         activations: the largest step's transient memory.
         states: the recurrent state of the sequences counted (0 without state layers).
+        residual: the residual window's exact copies of the sequences counted (0 without
+            a window).
     """
 
     weights: int
     kv_cache: int
     activations: int
     states: int = 0
+    residual: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.states
+        return self.weights + self.kv_cache + self.residual + self.activations + self.states
 
     def beside(self, draft: MemoryEstimate) -> MemoryEstimate:
         """With a draft model run beside it (speculative decoding): both models' weights and
@@ -218,6 +224,7 @@ class MemoryEstimate:
             self.kv_cache + draft.kv_cache,
             max(self.activations, draft.activations),
             self.states + draft.states,
+            self.residual + draft.residual,
         )
 
 
@@ -231,9 +238,13 @@ class ContextRequest:
         block_size: tokens per KV block.
         cache_type_k: how keys are stored (`mlxcel_core.cache.quant.CACHE_TYPES`).
         cache_type_v: how values are stored.
+        cache_residual: positions at the end of each sequence kept exact beside a
+            quantized type (`--cache-residual`); None resolves to the types' default on
+            the default device, as `EngineConfig` resolves it.
 
     Raises:
-        ValueError: a count is out of range, or a cache type is unknown.
+        ValueError: a count is out of range, a cache type is unknown, or the residual
+            window is negative or given without a quantized type.
     """
 
     context_size: int
@@ -241,6 +252,7 @@ class ContextRequest:
     block_size: int = 16
     cache_type_k: str = "auto"
     cache_type_v: str = "auto"
+    cache_residual: int | None = None
 
     def __post_init__(self) -> None:
         if self.context_size < 0:
@@ -250,6 +262,8 @@ class ContextRequest:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_cache_type("cache_type_k", self.cache_type_k)
         check_cache_type("cache_type_v", self.cache_type_v)
+        window = resolve_residual_window(self.cache_type_k, self.cache_type_v, self.cache_residual)
+        object.__setattr__(self, "cache_residual", window)
 
     def tokens(self, inventory: ModelInventory) -> int:
         """The context size in tokens, the trained one for 0."""
@@ -265,10 +279,27 @@ class ContextRequest:
         return min(tokens, window - 1 + self.chunk_tokens + 2 * self.block_size)
 
 
+def sequences_residual_bytes(
+    geometry: ModelCacheGeometry, request: ContextRequest, tokens: int, num_sequences: int = 1
+) -> int:
+    """Bytes of the residual window's exact copies for `num_sequences` running sequences
+    of `tokens` positions, counted as the engine sets them aside
+    (`EngineConfig.residual_bytes`); 0 without a window."""
+    return residual_window_bytes(
+        geometry.layers,
+        request.cache_type_k,
+        request.cache_type_v,
+        window=min(request.cache_residual, tokens),
+        block_size=request.block_size,
+        num_sequences=num_sequences,
+    )
+
+
 def estimate_memory(
     inventory: ModelInventory, request: ContextRequest, options: ComputeOptions
 ) -> MemoryEstimate:
-    """Weights, one full context's KV cache and the largest step's activations.
+    """Weights, one full context's KV cache (with its residual window's exact copies) and
+    the largest step's activations.
 
     Raises:
         ValueError: a cache type is unknown; `CacheTypeError` where it cannot take the
@@ -286,6 +317,7 @@ def estimate_memory(
             cache_type_v=request.cache_type_v,
         ),
         states=state_bytes_per_sequence(geometry.state_layers),
+        residual=sequences_residual_bytes(geometry, request, tokens),
         activations=activation_bytes(
             inventory,
             activation_dtype(inventory, options),
