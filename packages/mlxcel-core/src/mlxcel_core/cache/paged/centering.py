@@ -74,18 +74,23 @@ def first_block_means(pool: Sequence[mx.array], codec: KVCodec, anchor_slots: mx
 def store_centered(
     pool: Sequence[mx.array], codec: KVCodec, slots: mx.array, x: mx.array, anchors: RowAnchors
 ) -> None:
-    """Store (N, H, D) `x` at (N,) `slots`: first-block positions as they are, the rest
-    relative to their row's first-block mean.
+    """Store (N, H, D) `x` at (N,) `slots` (slot 0, the null block, for padding): first-block
+    positions as they are, the rest relative to their row's first-block mean.
 
     First-block positions are stored first, so a write that fills a row's first block and
-    goes past it centers on what it has just stored. Each pass sends the positions it
-    does not own to slot 0, the null block, which nothing reads unmasked.
+    goes past it centers on what it has just stored. Where a write holds both kinds, each
+    pass sends the positions it does not own to slot 0, which nothing reads unmasked; a
+    write of one kind (every decode step past the first block) stores at `slots` as they
+    are, one operation fewer per layer.
     """
     centered = anchors.write_centered
+    both = anchors.writes_first_blocks and anchors.writes_past_first_blocks
     if anchors.writes_first_blocks:
-        store_parts(pool, codec.encode(x), mx.where(centered, 0, slots))
+        first = mx.where(centered, 0, slots) if both else slots
+        store_parts(pool, codec.encode(x), first)
     if anchors.writes_past_first_blocks:
-        store_parts(pool, _centered_parts(pool, codec, x, anchors), mx.where(centered, slots, 0))
+        past = mx.where(centered, slots, 0) if both else slots
+        store_parts(pool, _centered_parts(pool, codec, x, anchors), past)
 
 
 def _centered_parts(
