@@ -234,6 +234,28 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_gives_the_same_output(
     assert stats.prefix_cache_hit_tokens == 12
 
 
+@pytest.mark.parametrize(
+    ("cache_residual", "prefill_chunk", "cached"),
+    # A window's prompt reads its first chunk exactly when computed afresh, and a cached
+    # prefix as stored: a prefix shorter than a chunk is computed afresh instead.
+    [(0, 4, 12), (4, 16, 0), (4, 12, 12)],
+)
+def test_a_residual_window_uses_a_cached_prefix_of_one_prefill_chunk_or_more(
+    model, cache_residual, prefill_chunk, cached
+):
+    prompt = make_prompts()[2]  # 14 tokens: 3 full blocks can be reused
+    config = make_config(
+        scheduler=SchedulerConfig(max_num_seqs=4, max_prefill_chunk=prefill_chunk),
+        cache_type_k="turbo4",
+        cache_type_v="turbo4",
+        cache_residual=cache_residual,
+    )
+    with running_engine(model, config) as engine:
+        generate_all(engine, [make_request(prompt)])
+        (second,) = generate_all(engine, [make_request(prompt)])
+    assert second[-1].stats.cached_tokens == cached
+
+
 @pytest.mark.parametrize("prompt_length", [9, 11])
 def test_choices_of_one_prompt_fork_its_prompt_kv_and_sample_their_own_tokens(model, prompt_length):
     """The later choices share the first one's prompt blocks and compute only the prompt's

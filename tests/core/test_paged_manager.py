@@ -35,6 +35,17 @@ def test_a_second_sequence_with_the_same_prompt_hits_the_prefix_cache():
     assert manager.hit_rate == pytest.approx(0.4)
 
 
+def test_a_cached_prefix_shorter_than_min_cached_tokens_is_computed_afresh():
+    (prompt,) = create_prompts(1, 10)
+    for min_cached_tokens, cached in ((8, 8), (9, 0)):
+        manager = make_manager(min_cached_tokens=min_cached_tokens)
+        assert prefill(manager, 1, prompt) == 0
+        assert prefill(manager, 2, prompt) == cached
+        assert manager.num_cached_blocks == 2  # the fresh copy joins the cache all the same
+    with pytest.raises(ValueError, match="min_cached_tokens"):
+        make_manager(min_cached_tokens=-1)
+
+
 def test_a_prompt_of_whole_blocks_leaves_its_last_block_to_compute():
     manager = make_manager()
     (prompt,) = create_prompts(1, 8)

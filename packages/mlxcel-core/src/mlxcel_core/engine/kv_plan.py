@@ -76,14 +76,18 @@ def plan_kv_cache(
     return KVCachePlan(groups, num_blocks, layer_groups, draft_layer_groups)
 
 
-def make_kv_manager(plan: KVCachePlan, block_size: int, *, prefix_caching: bool) -> KVCacheManager:
+def make_kv_manager(
+    plan: KVCachePlan, block_size: int, *, prefix_caching: bool, min_cached_tokens: int = 0
+) -> KVCacheManager:
     """The KV manager of the plan's groups: the first with its window as the manager's
-    `sliding_window`, the others as its `window_groups`."""
+    `sliding_window`, the others as its `window_groups`; `min_cached_tokens` as
+    `KVCacheManager` takes it."""
     groups = plan.groups
     return KVCacheManager(
         plan.num_blocks[0],
         block_size,
         enable_prefix_caching=prefix_caching,
+        min_cached_tokens=min_cached_tokens,
         sliding_window=groups.windows[0],
         window_groups=[
             WindowGroup(window, count)

@@ -111,10 +111,16 @@ def make_engine_parts(
     plan = plan_kv_cache(
         config, profile, layout, draft_cache, separate_windows=make_remote_prefill is None
     )
+    # With a residual window, a prompt computed afresh reads its first prefill chunk's
+    # positions exactly, and one continuing a cached prefix reads that prefix as stored: a
+    # short prompt after a cached chat template could answer otherwise than afresh (q4_0,
+    # turbo). So a cached prefix is used only from one chunk on, where a fresh prompt too
+    # reads its earlier chunks as stored (docs/kv-cache.md).
     kv = make_kv_manager(
         plan,
         config.block_size,
         prefix_caching=config.enable_prefix_caching and layout.supports_prefix_caching,
+        min_cached_tokens=config.scheduler.max_prefill_chunk if config.cache_residual else 0,
     )
     storage = make_planned_storage(config, profile, plan)
     storages = [storage]

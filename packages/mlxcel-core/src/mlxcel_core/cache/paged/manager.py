@@ -95,9 +95,12 @@ class KVCacheManager:
             still read: blocks behind it are freed (see the module); None keeps every block.
         window_groups: further groups of windowed layers, each with its own pool
             (`BlockGroups` orders them: the first group is the widest).
+        min_cached_tokens: a cached prefix shorter than this is not used: the sequence
+            computes its prompt afresh (its full blocks still join the prefix cache).
 
     Raises:
-        ValueError: a pool has < 2 blocks, `block_size` or a window is < 1.
+        ValueError: a pool has < 2 blocks, `block_size` or a window is < 1, or
+            `min_cached_tokens` is < 0.
     """
 
     def __init__(
@@ -108,9 +111,12 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
         window_groups: Sequence[WindowGroup] = (),
+        min_cached_tokens: int = 0,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if min_cached_tokens < 0:
+            raise ValueError(f"min_cached_tokens must be >= 0, got {min_cached_tokens}")
         self._groups = [GroupTables(0, num_blocks, block_size, sliding_window)]
         self._groups += [
             GroupTables(i, group.num_blocks, block_size, group.window)
@@ -118,6 +124,7 @@ class KVCacheManager:
         ]
         self._block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.min_cached_tokens = min_cached_tokens
         # Hashes of each sequence's leading blocks that are committed (full and computed).
         self._hashes: dict[int, list[BlockHash]] = {}
         # Each sequence's further hash keys (adapter scales, images), from admission to free.
@@ -144,7 +151,8 @@ class KVCacheManager:
         """Give a new sequence its cached prefix plus blocks for `num_new_tokens` more tokens.
 
         The cached prefix is the longest run of full blocks every group finds in the prefix
-        cache (`prefix_hit`), capped to leave at least one token to compute. The sequence
+        cache (`prefix_hit`), capped to leave at least one token to compute, and none if
+        shorter than `min_cached_tokens`. The sequence
         then holds blocks for positions
         [0, num_cached + min(num_new_tokens, len(token_ids) - num_cached)) in every group.
 
@@ -182,6 +190,8 @@ class KVCacheManager:
         if self.enable_prefix_caching and use_cached:
             pools = [(group.pool, group.window) for group in self._groups]
             hit = longest_common_hit(pools, hashes, self._block_size)
+            if hit * self._block_size < self.min_cached_tokens:
+                hit = 0
         cached = [
             hit_blocks(group.pool, hashes, self._block_size, window=group.window, hit=hit)
             for group in self._groups
