@@ -368,7 +368,7 @@ def generate_one(
         display.finish()
         _write_now(out, "\n")
         print(format_stats(interrupted.stats, loaded.load_seconds, setup_seconds), file=err)
-        _print_setup(loaded, engine_config, err)
+        _print_setup(loaded, engine.config, err)
         raise
     finally:
         engine.shutdown()
@@ -382,7 +382,7 @@ def generate_one(
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
     print(format_stats(stats, loaded.load_seconds, setup_seconds), file=err)
-    _print_setup(loaded, engine_config, err)
+    _print_setup(loaded, engine.config, err)
     return 0
 
 
