@@ -3,6 +3,7 @@
 
 import io
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -57,6 +58,8 @@ def test_the_residual_window_comes_from_its_flag_and_needs_a_stored_type():
     assert engine_config([], {}).cache_residual == 0
     windowed = engine_config(["-ctk", "turbo4", "--cache-residual", "16"], {})
     assert windowed.cache_residual == 16 and windowed.num_residual_blocks == 2 * 4 * 2
+    long = replace(engine_config(["-ctk", "q8_0", "--cache-residual", "5000"], {}), context_size=64)
+    assert (long.cache_residual, long.residual_window) == (5000, 64)
     for argv in (["--cache-residual", "16"], ["-ctk", "f16", "--cache-residual", "16"]):
         with pytest.raises(
             UsageError, match=r"^--cache-residual keeps .* needs -ctk/--cache-type-k"
@@ -140,6 +143,20 @@ def test_generate_says_which_kv_cache_types_and_residual_window_it_ran(tiny_gguf
         "-ctk", "f16", "-ctv", "turbo3", "--cache-residual", "8",
     )  # fmt: skip
     assert (code, err.splitlines()[-1]) == (0, "KV cache: K f16, V turbo3, residual window 8")
+
+
+def test_the_residual_window_said_is_the_one_kept_at_most_the_context(tiny_gguf, tmp_path):
+    window = ["-c", "64", "-ctk", "turbo4", "--cache-residual", "99999999999", "-n", "2"]
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "-p", "hello", "-no-cnv", "--temp", "0", *window
+    )
+    assert (code, err.splitlines()[-1]) == (0, "KV cache: K turbo4, V auto, residual window 64")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\nthere\n")
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "--prompts-file", str(prompts), *window
+    )
+    assert (code, err.splitlines()[-1]) == (0, "KV cache: K turbo4, V auto, residual window 64")
 
 
 def test_a_type_the_models_head_dim_cannot_take_is_a_usage_error(tiny_gguf, tmp_path):

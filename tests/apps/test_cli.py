@@ -12,6 +12,7 @@ from mlxcel import cli
 from mlxcel.cli import main, make_parser
 from mlxcel.common import loading
 from mlxcel.common.flags import UsageError, import_extra, resolve_defaults, sampling_params_from
+from mlxcel.generation import batch_generate, generate_command
 from mlxcel.generation.generate_command import FLAGS
 from mlxcel_core.kernels import cpu_matvec
 from mlxcel_models.store import StoreConfig
@@ -353,3 +354,28 @@ def test_the_load_progress_bar_is_drawn_on_a_terminal_only(tiny_gguf, monkeypatc
         store = StoreConfig(models_dir=tiny_gguf.parent, hf_cache_dir=tiny_gguf.parent)
         loading.load_for_command(str(tiny_gguf), store=store)
         assert ("loading" in stream.getvalue()) is drawn
+
+
+def test_generate_sets_aside_one_sequence_for_one_prompt_and_at_most_np_for_a_file(
+    tiny_gguf, tmp_path, monkeypatch
+):
+    """-np applies only with --prompts-file: one prompt's engine keeps residual blocks and
+    recurrent state for one sequence, a file's for at most -np and at most its prompts."""
+    seen = []
+
+    def open_engine(args, loaded, config, **kwargs):
+        seen.append(config.scheduler.max_num_seqs)
+        return real_open_engine(args, loaded, config, **kwargs)
+
+    real_open_engine = generate_command.open_engine
+    monkeypatch.setattr(generate_command, "open_engine", open_engine)
+    monkeypatch.setattr(batch_generate, "open_engine", open_engine)
+    argv = ("generate", "-m", str(tiny_gguf), "-n", "2", "--temp", "0", "-c", "64")
+    assert run_cli(*argv, "-p", "hello", "-no-cnv")[0] == 0
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\nthere\nbye\n")
+    assert run_cli(*argv, "--prompts-file", str(prompts))[0] == 0
+    assert run_cli(*argv, "--prompts-file", str(prompts), "-np", "2")[0] == 0
+    assert seen == [1, 3, 2]
+    code, _, err = run_cli(*argv, "-p", "hello", "-no-cnv", "-np", "0")
+    assert_one_line_error(code, err, 2, "-np/--parallel must be >= 1, got 0")

@@ -232,6 +232,9 @@ def test_inspect_counts_the_residual_window_of_one_and_of_all_sequences(tiny_ggu
     code, out, _ = run_cli(*argv)
     assert "(-ctk turbo4, -ctv auto, --cache-residual 16)" in out
     assert f"+ residual window {memory['residual'] / 1024:.1f} KiB + activations" in out
+    # A window longer than the context keeps the context, as the engine does.
+    code, out, _ = run_cli(*argv, "--cache-residual", "5000")
+    assert "(-ctk turbo4, -ctv auto, --cache-residual 100)" in out
 
 
 def test_the_check_reads_the_budget_it_is_given(tiny_gguf):

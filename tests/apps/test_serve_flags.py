@@ -43,6 +43,24 @@ def test_key_options_that_give_no_key_are_refused(tmp_path, argv):
         settings([str(empty) if a == "EMPTY" else a for a in argv], {})
 
 
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        (["-c", "-5"], {}, "-c/--ctx-size must be >= 0, got -5"),
+        ([], {"LLAMA_ARG_CTX_SIZE": "-5"}, "LLAMA_ARG_CTX_SIZE must be >= 0, got -5"),
+        (["-n", "-5"], {}, "-n/--n-predict must be -1 or >= 0, got -5"),
+        ([], {"LLAMA_ARG_N_PREDICT": "-5"}, "LLAMA_ARG_N_PREDICT must be -1 or >= 0, got -5"),
+    ],
+)  # fmt: skip
+def test_a_context_size_or_token_limit_out_of_range_names_its_flag_or_variable(
+    tiny_gguf, argv, environ, message
+):
+    err = io.StringIO()
+    code = main(["serve", "-m", str(tiny_gguf), *argv], environ=environ, out=io.StringIO(), err=err)
+    assert code == 2
+    assert err.getvalue() == f"mlxcel: error: {message}\n"
+
+
 def test_a_port_in_use_is_reported_before_serving(tiny_gguf):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

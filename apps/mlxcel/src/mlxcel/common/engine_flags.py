@@ -158,14 +158,15 @@ _FLAG_NAMES = {
 
 def describe_kv_cache(loaded: LoadedModel, config: EngineConfig) -> str | None:
     """The KV cache types and residual window `config` runs `loaded` with, for the lines on
-    stderr ("KV cache: K q8_0, V q8_0, residual window 16"): the window's default differs
-    by device (`default_residual_window`). None for a model whose layers keep no keys and
+    stderr ("KV cache: K q8_0, V q8_0, residual window 16"): the window kept, at most
+    `config`'s context size (`EngineConfig.residual_window`), whose default differs by
+    device (`default_residual_window`). None for a model whose layers keep no keys and
     values."""
     if not model_cache_layout(loaded.model).attention_parts:
         return None
     return (
         f"KV cache: K {config.cache_type_k}, V {config.cache_type_v}, "
-        f"residual window {config.cache_residual}"
+        f"residual window {config.residual_window}"
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from typing import TextIO
 
 from mlxcel.common.engine_flags import describe_kv_cache, open_engine
@@ -75,6 +76,7 @@ def run_batch(
     """
     tokenizer = loaded.tokenizer
     context_size = args.ctx_size or loaded.config.context_length
+    engine_config = replace(engine_config, context_size=context_size)
     refused = {
         index: problem
         for index, ids in enumerate(token_ids)

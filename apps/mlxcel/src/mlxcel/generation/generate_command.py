@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TextIO
 
 from mlxcel.common.adapter_flags import ADAPTER_FLAGS, adapter_specs_from
@@ -229,9 +230,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     check_draft_model_path(args)
     check_parallel(args, engine_config)
     surgery = surgery_plan_from(args)
-    # One prompt decodes alone; a prompts file decodes -np at once. Ranks that split the
-    # model keep the dense weights their sharding was measured with.
+    # One prompt decodes alone; a prompts file decodes -np at once, so the engine sets
+    # aside residual blocks and recurrent state for that many sequences. Ranks that split
+    # the model keep the dense weights their sharding was measured with.
     batch = 1 if len(prompts) == 1 else min(args.parallel, len(prompts))
+    engine_config = replace(
+        engine_config, scheduler=replace(engine_config.scheduler, max_num_seqs=batch)
+    )
     compute = compute_options(None if parallel_mode_from(args) is not None else batch)
     check_memory(args, err, compute)
     with parallel_rank(args, environ, err) as rank:
@@ -368,7 +373,7 @@ def generate_one(
         display.finish()
         _write_now(out, "\n")
         print(format_stats(interrupted.stats, loaded.load_seconds, setup_seconds), file=err)
-        _print_setup(loaded, engine_config, err)
+        _print_setup(loaded, engine.config, err)
         raise
     finally:
         engine.shutdown()
@@ -382,7 +387,7 @@ def generate_one(
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
     print(format_stats(stats, loaded.load_seconds, setup_seconds), file=err)
-    _print_setup(loaded, engine_config, err)
+    _print_setup(loaded, engine.config, err)
     return 0
 
 

@@ -203,7 +203,7 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
         "state_layers": len(geometry.state_layers),
         "cache_type_k": request.cache_type_k,
         "cache_type_v": request.cache_type_v,
-        "cache_residual": request.cache_residual,
+        "cache_residual": request.residual_window(tokens),
         "memory": {
             "weights": estimate.weights,
             "kv_cache": estimate.kv_cache,

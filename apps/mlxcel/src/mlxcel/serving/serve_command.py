@@ -263,7 +263,7 @@ async def serve_until_stopped(
                     flush=True,
                 )
                 print(f"mlxcel: {describe_weights(loaded)}", file=err, flush=True)
-                kv_cache = describe_kv_cache(loaded, settings.engine)
+                kv_cache = describe_kv_cache(loaded, serving.engine.config)
                 if kv_cache is not None:
                     print(f"mlxcel: {kv_cache}", file=err, flush=True)
         except (ModelLoadError, UsageError, RunError) as error:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from mlxcel.common.engine_flags import engine_config_from
-from mlxcel.common.flags import Flag, UsageError, sampling_params_from
+from mlxcel.common.flags import Flag, UsageError, flag_error, sampling_params_from
 from mlxcel.common.media_flags import image_decoder_from
 from mlxcel.serving.webui_flags import static_path_from
 from mlxcel_core.errors import InputError
@@ -110,4 +110,11 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
             static_path=static_path_from(args),
         )
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        raise flag_error(str(error), _FLAG_NAMES) from error
+
+
+# The flags behind `ServerSettings`' own fields, for its errors.
+_FLAG_NAMES = {
+    "context_size": "-c/--ctx-size",
+    "n_predict": "-n/--n-predict",
+}

@@ -184,11 +184,18 @@ class EngineConfig:
         object.__setattr__(self, "cache_residual", window)
 
     @property
+    def residual_window(self) -> int:
+        """Positions at the end of each sequence kept exact: `cache_residual`, at most the
+        context size (a longer window keeps no more)."""
+        return min(self.cache_residual, self.context_size)
+
+    @property
     def num_residual_blocks(self) -> int:
         """Residual blocks the KV storage allocates for every running sequence's window
-        (at most the context; `num_residual_blocks`)."""
-        window = min(self.cache_residual, self.context_size)
-        return num_residual_blocks(window, self.block_size, self.scheduler.max_num_seqs)
+        (`residual_window`; `num_residual_blocks`)."""
+        return num_residual_blocks(
+            self.residual_window, self.block_size, self.scheduler.max_num_seqs
+        )
 
     def residual_bytes(self, profile: ModelProfile) -> int:
         """Bytes the residual blocks take (`residual_window_bytes`)."""
@@ -196,7 +203,7 @@ class EngineConfig:
             profile.layers,
             self.cache_type_k,
             self.cache_type_v,
-            window=min(self.cache_residual, self.context_size),
+            window=self.residual_window,
             block_size=self.block_size,
             num_sequences=self.scheduler.max_num_seqs,
         )

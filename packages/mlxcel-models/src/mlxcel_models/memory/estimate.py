@@ -269,6 +269,11 @@ class ContextRequest:
         """The context size in tokens, the trained one for 0."""
         return self.context_size or inventory.architecture.context_length
 
+    def residual_window(self, tokens: int) -> int:
+        """Positions kept exact at the end of a sequence of `tokens`: `cache_residual`, at
+        most `tokens` (as `EngineConfig.residual_window`)."""
+        return min(self.cache_residual, tokens)
+
     def tokens_held(self, tokens: int, window: int | None) -> int:
         """Positions whose blocks one sequence of `tokens` holds at once in a block group:
         all of them, or, in a group of layers with a window, its window before a chunk,
@@ -289,7 +294,7 @@ def sequences_residual_bytes(
         geometry.layers,
         request.cache_type_k,
         request.cache_type_v,
-        window=min(request.cache_residual, tokens),
+        window=request.residual_window(tokens),
         block_size=request.block_size,
         num_sequences=num_sequences,
     )
