@@ -379,3 +379,14 @@ def test_generate_sets_aside_one_sequence_for_one_prompt_and_at_most_np_for_a_fi
     assert seen == [1, 3, 2]
     code, _, err = run_cli(*argv, "-p", "hello", "-no-cnv", "-np", "0")
     assert_one_line_error(code, err, 2, "-np/--parallel must be >= 1, got 0")
+
+
+def test_a_failed_runs_advice_names_the_variable_the_value_came_from(tiny_gguf):
+    code, _, err = run_cli(
+        "generate", "-m", str(tiny_gguf), "-p", "hello there", "-c", "256", "-ctk", "turbo4",
+        "--gpu-memory-utilization", "0.000001", "--no-memory-check",
+        environ={"LLAMA_ARG_CACHE_RESIDUAL": "64"},
+    )  # fmt: skip
+    assert code == 1
+    assert "lower LLAMA_ARG_CACHE_RESIDUAL or -np/--parallel" in err
+    assert "--cache-residual" not in err

@@ -168,14 +168,15 @@ def main(
         args = make_parser(command).parse_args(argv, args)
         args.argv = tuple(argv)  # other ranks of `--tp`/`--pp` run the same command line
         return args.command(args, environ, out, err)
-    # A value out of range is named as the user gave it: by its environment variable
-    # when it came from one (`resolve_defaults` records which).
+    # A flag is named as the user gave it: by its environment variable when its value
+    # came from one (`resolve_defaults` records which), in a refusal or in the advice of
+    # a run that failed ("lower --cache-residual or -np/--parallel").
     except UsageError as error:
         _report(err, name_environment_values(str(error), args))
         return EXIT_USAGE
     # Every mlxcel input error: the prompt, a model file, an image, a value out of range.
     except (InputError, RunError) as error:
-        _report(err, error)
+        _report(err, name_environment_values(str(error), args))
         return EXIT_FAILURE
     except BrokenPipeError:
         raise
