@@ -37,4 +37,4 @@ def test_the_environment_mirror_turns_it_on(smollm2_path, no_spawning):
     code, err = run_mlxcel(
         ["serve", "-m", str(smollm2_path), "--tp", "3"], {"MLXCEL_DISAGGREGATE": "1"}
     )
-    assert (code, err) == (2, "mlxcel: error: --disaggregate does not support --tp or --pp\n")
+    assert (code, err) == (2, "mlxcel: error: MLXCEL_DISAGGREGATE does not support --tp or --pp\n")
