@@ -14,6 +14,7 @@ from typing import TextIO
 import mlx.core as mx
 
 from mlxcel.common.flags import Flag, RunError, UsageError, flag_error
+from mlxcel.common.loading import describe_weights
 from mlxcel.common.speculative_flags import (
     SPECULATIVE_FLAGS,
     load_draft_model,
@@ -168,6 +169,15 @@ def describe_kv_cache(loaded: LoadedModel, config: EngineConfig) -> str | None:
         f"KV cache: K {config.cache_type_k}, V {config.cache_type_v}, "
         f"residual window {config.residual_window}"
     )
+
+
+def print_setup(loaded: LoadedModel, config: EngineConfig, err: TextIO) -> None:
+    """How the weights are held, then the KV cache types and residual window
+    (`describe_kv_cache`), on `err`: `generate`'s last lines."""
+    print(describe_weights(loaded), file=err)
+    kv_cache = describe_kv_cache(loaded, config)
+    if kv_cache is not None:
+        print(kv_cache, file=err)
 
 
 def check_cache_types_fit(args: argparse.Namespace, loaded: LoadedModel) -> None:

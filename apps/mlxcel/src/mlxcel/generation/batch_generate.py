@@ -16,9 +16,8 @@ import time
 from dataclasses import replace
 from typing import TextIO
 
-from mlxcel.common.engine_flags import describe_kv_cache, open_engine
+from mlxcel.common.engine_flags import open_engine, print_setup
 from mlxcel.common.flags import RunError
-from mlxcel.common.loading import describe_weights
 from mlxcel.generation.engine_outputs import next_output
 from mlxcel.generation.reply_reasoning import ReplyReasoning
 from mlxcel_core.engine import (
@@ -124,10 +123,7 @@ def run_batch(
         writer.write(rows)
     seconds = time.perf_counter() - start
     _print_throughput(replies, token_ids, seconds, err)
-    print(describe_weights(loaded), file=err)
-    kv_cache = describe_kv_cache(loaded, engine_config)
-    if kv_cache is not None:
-        print(kv_cache, file=err)
+    print_setup(loaded, engine_config, err)
     if refused:
         first = min(refused)
         print(

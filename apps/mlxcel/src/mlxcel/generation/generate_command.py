@@ -26,9 +26,9 @@ from mlxcel.common.chat_prompt import (
 )
 from mlxcel.common.engine_flags import (
     ENGINE_FLAGS,
-    describe_kv_cache,
     engine_config_from,
     open_engine,
+    print_setup,
 )
 from mlxcel.common.flags import (
     BATCH_SIZE_FLAG,
@@ -46,7 +46,7 @@ from mlxcel.common.flags import (
 from mlxcel.common.gguf_flags import GGUF_DEQUANT_FLAG
 from mlxcel.common.kernel_flags import METAL_KERNELS_FLAG, apply_kernel_flags
 from mlxcel.common.llama_server_flags import LLAMA_SERVER_FLAGS, apply_llama_server_flags
-from mlxcel.common.loading import compute_options, describe_weights, load_target_model
+from mlxcel.common.loading import compute_options, load_target_model
 from mlxcel.common.media_flags import IMAGE_FLAGS, check_image_mode, read_images
 from mlxcel.common.memory_preflight import MEMORY_FLAGS, check_memory
 from mlxcel.common.speculative_flags import check_draft_model_path
@@ -373,7 +373,7 @@ def generate_one(
         display.finish()
         _write_now(out, "\n")
         print(format_stats(interrupted.stats, loaded.load_seconds, setup_seconds), file=err)
-        _print_setup(loaded, engine.config, err)
+        print_setup(loaded, engine.config, err)
         raise
     finally:
         engine.shutdown()
@@ -387,17 +387,8 @@ def generate_one(
     ):
         print("the reply stopped at the end of the context; raise -c/--ctx-size", file=err)
     print(format_stats(stats, loaded.load_seconds, setup_seconds), file=err)
-    _print_setup(loaded, engine.config, err)
+    print_setup(loaded, engine.config, err)
     return 0
-
-
-def _print_setup(loaded: LoadedModel, engine_config: EngineConfig, err: TextIO) -> None:
-    """How the weights are held, then the KV cache types and residual window, after the
-    timings on stderr."""
-    print(describe_weights(loaded), file=err)
-    kv_cache = describe_kv_cache(loaded, engine_config)
-    if kv_cache is not None:
-        print(kv_cache, file=err)
 
 
 def _write_now(out: TextIO, text: str) -> None:
