@@ -167,7 +167,7 @@ def test_a_draft_model_adds_its_weights_and_kv_cache(tiny_gguf):
         resolve_defaults(args, GENERATE_FLAGS, {})
         resolve_store_flags(args, {})
         err = io.StringIO()
-        check_memory(args, err, ComputeOptions.for_device(mx.default_device()))
+        check_memory(args, err, ComputeOptions.for_device(mx.default_device()), running_sequences=1)
         return err.getvalue()
 
     alone, with_draft = estimate_line(), estimate_line("-md", str(tiny_gguf))
@@ -176,13 +176,14 @@ def test_a_draft_model_adds_its_weights_and_kv_cache(tiny_gguf):
     assert [float(x) for x in doubled] == pytest.approx([2 * float(x) for x in weights], rel=0.01)
 
 
-def estimate_line(*argv: str, budget: MemoryBudget | None = None) -> str:
-    """What `generate --estimate-memory` prints for `argv`, checked against `budget`."""
+def estimate_line(*argv: str, budget: MemoryBudget | None = None, running: int = 1) -> str:
+    """What `generate --estimate-memory` prints for `argv` with `running` sequences at once,
+    checked against `budget`."""
     args = make_parser("generate").parse_args(["generate", *argv, "--estimate-memory"])
     resolve_defaults(args, GENERATE_FLAGS, {})
     resolve_store_flags(args, {})
     err = io.StringIO()
-    check_memory(args, err, compute_options(1), budget=budget)
+    check_memory(args, err, compute_options(1), running_sequences=running, budget=budget)
     return err.getvalue()
 
 
@@ -206,11 +207,49 @@ def test_the_check_refuses_what_fits_only_without_the_residual_window(tiny_gguf)
     args = make_parser("generate").parse_args(["generate", *model, "--cache-residual", "0"])
     resolve_defaults(args, GENERATE_FLAGS, {})
     resolve_store_flags(args, {})
-    without = estimate_for_start(args, compute_options(1)).total
+    without = estimate_for_start(args, compute_options(1), running_sequences=1).total
     budget = MemoryBudget(2**40, without + WINDOW_BYTES // 2, 0.9)
     estimate_line(*model, "--cache-residual", "0", budget=budget)
     with pytest.raises(RunError, match=r"\+ residual window 20\.0 KiB \+ activations"):
         estimate_line(*model, budget=budget)
+
+
+def test_the_check_counts_the_windows_of_every_sequence_decoded_at_once(tiny_gguf):
+    model = ["-m", str(tiny_gguf), "-p", "x", "-ctk", "turbo4", "-ctv", "turbo4"]
+    # 3 sequences: the 2 blocks each can touch, twice, and the null block.
+    three_windows = 13 * 16 * 2 * 2 * 32 * 2
+    assert f"+ residual window {three_windows / 1024:.1f} KiB" in estimate_line(*model, running=3)
+    args = make_parser("generate").parse_args(["generate", *model, "--cache-residual", "0"])
+    resolve_defaults(args, GENERATE_FLAGS, {})
+    resolve_store_flags(args, {})
+    without = estimate_for_start(args, compute_options(1), running_sequences=3).total
+    budget = MemoryBudget(2**40, without + WINDOW_BYTES, 0.9)
+    estimate_line(*model, budget=budget)  # one sequence's window fits
+    with pytest.raises(RunError) as refusal:
+        estimate_line(*model, budget=budget, running=3)
+    message = str(refusal.value)
+    assert message.startswith(
+        "the model and one sequence of the context size, with what 3 sequences at once set "
+        "aside, need "
+    )
+    assert "lower --cache-residual, lower -np/--parallel, or pass --no-memory-check" in message
+
+
+def test_serve_checks_the_windows_of_its_parallel_sequences(tiny_gguf):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["serve", "-m", str(tiny_gguf), "-ctk", "turbo4", "--cache-residual", "100000"]
+    windows = {}
+    for parallel in ("1", "4"):
+        # A budget nothing fits: serve refuses (exit 1) after printing the estimate.
+        code, _, err = run_cli(
+            *argv, "-np", parallel, "--port", str(port), "--estimate-memory",
+            "--gpu-memory-utilization", "0.000001",
+        )  # fmt: skip
+        assert code == 1, err
+        windows[parallel] = float(re.search(r"residual window ([\d.]+) MiB", err).group(1))
+    assert windows["4"] > 3.5 * windows["1"]
 
 
 def test_inspect_counts_the_residual_window_of_one_and_of_all_sequences(tiny_gguf):
@@ -242,11 +281,17 @@ def test_the_check_reads_the_budget_it_is_given(tiny_gguf):
     resolve_defaults(args, GENERATE_FLAGS, {"LLAMA_ARG_ESTIMATE_MEMORY": "1"})
     resolve_store_flags(args, {})
     err = io.StringIO()
-    check_memory(args, err, compute_options(1), budget=MemoryBudget(2**40, 2**40, 0.9))
+    check_memory(
+        args, err, compute_options(1), running_sequences=1, budget=MemoryBudget(2**40, 2**40, 0.9)
+    )
     assert "mlxcel: memory: needs " in err.getvalue()
     with pytest.raises(RunError, match=r"but 1\.0 MiB is available"):
         check_memory(
-            args, io.StringIO(), compute_options(1), budget=MemoryBudget(2**40, 2**20, 0.9)
+            args,
+            io.StringIO(),
+            compute_options(1),
+            running_sequences=1,
+            budget=MemoryBudget(2**40, 2**20, 0.9),
         )
 
 

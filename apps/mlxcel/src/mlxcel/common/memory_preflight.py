@@ -1,10 +1,11 @@
 """The memory check `generate` and `serve` run before loading a model (docs/memory.md).
 
 From the model's headers alone it estimates the resident weights, the KV cache of one
-sequence of the context size (with the residual window's exact copies beside a quantized
-cache type) and the largest step's activations, and refuses to start
-when they do not fit in the memory the device can give (`--no-memory-check` starts
-anyway); `--estimate-memory` prints the estimate on stderr.
+sequence of the context size, the largest step's activations, and what the engine sets
+aside for each sequence it decodes at once (the residual window's exact copies beside a
+quantized cache type, a recurrent model's states), and refuses to start when they do not
+fit in the memory the device can give (`--no-memory-check` starts anyway);
+`--estimate-memory` prints the estimate on stderr.
 """
 
 from __future__ import annotations
@@ -84,10 +85,13 @@ _FLAG_NAMES = {
 }
 
 
-def estimate_for_start(args: argparse.Namespace, options: ComputeOptions) -> MemoryEstimate:
+def estimate_for_start(
+    args: argparse.Namespace, options: ComputeOptions, *, running_sequences: int
+) -> MemoryEstimate:
     """What the model `-m` (and the draft model `-md`, if any) will take with one sequence
-    of `-c` tokens, loaded with `options`, from their headers. A Hugging Face id is resolved
-    through `args.model_store` first, downloaded if the store does not hold it yet.
+    of `-c` tokens and `running_sequences` decoded at once (`estimate_memory`), loaded with
+    `options`, from their headers. A Hugging Face id is resolved through
+    `args.model_store` first, downloaded if the store does not hold it yet.
 
     Raises:
         ModelLoadError: a model is missing, corrupt or unsupported, its config is
@@ -100,14 +104,21 @@ def estimate_for_start(args: argparse.Namespace, options: ComputeOptions) -> Mem
     else:
         path = resolve_model(args.model, args.model_store, revision=args.revision)
     try:
-        estimate = estimate_memory(read_model_inventory(path), request, options)
+        estimate = estimate_memory(
+            read_model_inventory(path), request, options, running_sequences=running_sequences
+        )
         if args.model_draft is not None:
             # The draft's KV is kept in its own dtype, whatever -ctk/-ctv say, so it keeps
             # no residual window.
             draft_request = replace(request, cache_type_k=AUTO, cache_type_v=AUTO, cache_residual=0)
             draft_path = resolve_model(args.model_draft, args.model_store)
             draft_options = ComputeOptions.for_device(mx.default_device())
-            draft = estimate_memory(read_model_inventory(draft_path), draft_request, draft_options)
+            draft = estimate_memory(
+                read_model_inventory(draft_path),
+                draft_request,
+                draft_options,
+                running_sequences=running_sequences,
+            )
             estimate = estimate.beside(draft)
     except CacheTypeError as error:
         raise flag_error(str(error), _FLAG_NAMES) from error
@@ -144,14 +155,18 @@ def check_memory(
     err: TextIO,
     options: ComputeOptions,
     *,
+    running_sequences: int,
     budget: MemoryBudget | None = None,
 ) -> None:
-    """Refuse to start when the model and one sequence of `-c` tokens do not fit.
+    """Refuse to start when the model and one sequence of `-c` tokens do not fit, with
+    what the engine sets aside for `running_sequences` decoded at once.
 
     Args:
         args: resolved `generate` / `serve` flags, `args.model_store` set.
         err: where `--estimate-memory` prints the estimate.
         options: the compute options the model will be loaded with.
+        running_sequences: the engine's sequences at once (`max_num_seqs`): each has a
+            residual window's exact copies and a recurrent model's states set aside.
         budget: the memory to check against; None asks the device
             (`device_memory_budget` with `--gpu-memory-utilization`).
 
@@ -162,15 +177,21 @@ def check_memory(
     """
     if args.no_memory_check and not args.estimate_memory:
         return
-    estimate = estimate_for_start(args, options)
+    estimate = estimate_for_start(args, options, running_sequences=running_sequences)
     if budget is None:
         budget = device_memory_budget(args.memory_utilization)
     if args.estimate_memory:
         message = f"needs {breakdown(estimate)}; {describe_budget(budget)}"
         print(f"mlxcel: memory: {message}", file=err, flush=True)
     if estimate.total > budget.usable_bytes and not args.no_memory_check:
+        what = "the model and one sequence of the context size"
+        remedies = ["lower -c/--ctx-size", "store the KV cache in a smaller type (-ctk/-ctv)"]
+        if estimate.residual:
+            remedies.append("lower --cache-residual")
+        if running_sequences > 1 and (estimate.residual or estimate.states):
+            what += f", with what {running_sequences} sequences at once set aside,"
+            remedies.append("lower -np/--parallel")
         raise RunError(
-            f"the model and one sequence of the context size need {breakdown(estimate)} but "
-            f"{format_bytes(budget.usable_bytes)} is available; lower -c/--ctx-size, store "
-            "the KV cache in a smaller type (-ctk/-ctv q8_0), or pass --no-memory-check"
+            f"{what} need {breakdown(estimate)} but {format_bytes(budget.usable_bytes)} is "
+            f"available; {', '.join(remedies)}, or pass --no-memory-check"
         )

@@ -238,7 +238,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
         engine_config, scheduler=replace(engine_config.scheduler, max_num_seqs=batch)
     )
     compute = compute_options(None if parallel_mode_from(args) is not None else batch)
-    check_memory(args, err, compute)
+    check_memory(args, err, compute, running_sequences=batch)
     with parallel_rank(args, environ, err) as rank:
         loaded = load_target_model(args, adapters, surgery, compute)
         if rank is None:

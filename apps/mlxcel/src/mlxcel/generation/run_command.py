@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
     engine_config = engine_config_from(args, max_waiting=1)
     check_draft_model_path(args)
     compute = compute_options(1)  # one reply at a time
-    check_memory(args, err, compute)
+    check_memory(args, err, compute, running_sequences=1)
     template = chat_template_from(args)
     system = system_messages(args)
     prompt = None if args.prompt is None else check_text(args.prompt, "prompt")

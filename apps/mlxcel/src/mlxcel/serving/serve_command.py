@@ -191,7 +191,7 @@ def _loader(
     compute = _serving_compute(args)
 
     def load() -> Models:
-        check_memory(args, err, compute)
+        check_memory(args, err, compute, running_sequences=args.parallel)
         with thread_stream():
             loaded = load_target_model(args, adapters, surgery, compute)
             check_cache_types_fit(args, loaded)
@@ -341,7 +341,7 @@ def _follow(
     adapters = adapter_specs_from(args)
     surgery = surgery_plan_from(args)
     compute = _serving_compute(args)
-    check_memory(args, err, compute)
+    check_memory(args, err, compute, running_sequences=args.parallel)
     loaded = rank.prepare(load_target_model(args, adapters, surgery, compute))
     return rank.follow(loaded, settings.engine)
 
@@ -353,7 +353,7 @@ def _prefill(
     adapters = adapter_specs_from(args)
     surgery = surgery_plan_from(args)
     compute = _serving_compute(args)
-    check_memory(args, err, compute)
+    check_memory(args, err, compute, running_sequences=args.parallel)
     loaded = load_target_model(args, adapters, surgery, compute)
     context_size = settings.context_size or loaded.config.context_length
     return pair.serve_prefills(loaded, settings.engine, context_size)

@@ -72,6 +72,13 @@ def resolve_residual_window(
     return cache_residual
 
 
+def kept_residual_window(cache_residual: int, context_tokens: int) -> int:
+    """Positions kept exact at the end of a sequence of `context_tokens` with a residual
+    window of `cache_residual`: the window, at most the context (a longer one keeps no
+    more)."""
+    return min(cache_residual, context_tokens)
+
+
 def num_residual_blocks(window: int, block_size: int, num_sequences: int) -> int:
     """Residual blocks the KV storage allocates for `num_sequences` running sequences with
     a window of `window` positions: twice what their windows can touch, so that those of
@@ -185,9 +192,8 @@ class EngineConfig:
 
     @property
     def residual_window(self) -> int:
-        """Positions at the end of each sequence kept exact: `cache_residual`, at most the
-        context size (a longer window keeps no more)."""
-        return min(self.cache_residual, self.context_size)
+        """Positions at the end of each sequence kept exact (`kept_residual_window`)."""
+        return kept_residual_window(self.cache_residual, self.context_size)
 
     @property
     def num_residual_blocks(self) -> int:

@@ -23,7 +23,11 @@ from mlxcel_core.cache.block_groups import BlockGroups
 from mlxcel_core.cache.paged import LayerGeometry
 from mlxcel_core.cache.quant import check_cache_type
 from mlxcel_core.cache.state import state_bytes_per_sequence
-from mlxcel_core.engine.config import residual_window_bytes, resolve_residual_window
+from mlxcel_core.engine.config import (
+    kept_residual_window,
+    residual_window_bytes,
+    resolve_residual_window,
+)
 from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.memory.cache_geometry import ModelCacheGeometry, model_cache_geometry
 from mlxcel_models.memory.inventory import ModelInventory, WeightTensor
@@ -270,9 +274,9 @@ class ContextRequest:
         return self.context_size or inventory.architecture.context_length
 
     def residual_window(self, tokens: int) -> int:
-        """Positions kept exact at the end of a sequence of `tokens`: `cache_residual`, at
-        most `tokens` (as `EngineConfig.residual_window`)."""
-        return min(self.cache_residual, tokens)
+        """Positions kept exact at the end of a sequence of `tokens`
+        (`kept_residual_window`, as the engine keeps them)."""
+        return kept_residual_window(self.cache_residual, tokens)
 
     def tokens_held(self, tokens: int, window: int | None) -> int:
         """Positions whose blocks one sequence of `tokens` holds at once in a block group:
@@ -301,15 +305,23 @@ def sequences_residual_bytes(
 
 
 def estimate_memory(
-    inventory: ModelInventory, request: ContextRequest, options: ComputeOptions
+    inventory: ModelInventory,
+    request: ContextRequest,
+    options: ComputeOptions,
+    *,
+    running_sequences: int = 1,
 ) -> MemoryEstimate:
-    """Weights, one full context's KV cache (with its residual window's exact copies) and
-    the largest step's activations.
+    """Weights, one full context's KV cache, the largest step's activations, and the
+    residual windows' exact copies and recurrent states of `running_sequences` sequences
+    decoded at once, which the engine sets aside whatever their lengths
+    (`EngineConfig.residual_bytes`, `EngineConfig.state_bytes`).
 
     Raises:
-        ValueError: a cache type is unknown; `CacheTypeError` where it cannot take the
-            model's head dim.
+        ValueError: a cache type is unknown, or `running_sequences` < 1;
+            `CacheTypeError` where a cache type cannot take the model's head dim.
     """
+    if running_sequences < 1:
+        raise ValueError(f"running_sequences must be >= 1, got {running_sequences}")
     tokens = request.tokens(inventory)
     geometry = cache_geometry(inventory, options)
     return MemoryEstimate(
@@ -321,8 +333,8 @@ def estimate_memory(
             cache_type_k=request.cache_type_k,
             cache_type_v=request.cache_type_v,
         ),
-        states=state_bytes_per_sequence(geometry.state_layers),
-        residual=sequences_residual_bytes(geometry, request, tokens),
+        states=running_sequences * state_bytes_per_sequence(geometry.state_layers),
+        residual=sequences_residual_bytes(geometry, request, tokens, running_sequences),
         activations=activation_bytes(
             inventory,
             activation_dtype(inventory, options),
