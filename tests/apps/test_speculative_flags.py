@@ -49,6 +49,7 @@ def test_drafters_leave_greedy_text_unchanged_and_report_their_drafts(tiny_safet
         (("--prompt-lookup-max", "2", "-md", "DRAFT"), "pick one"),
         (("-md", "DRAFT", "--spec-acceptance", "typical"), "rejection, exact"),
         (("-md", "DRAFT", "--draft-max", "2", "--draft-min", "3"), "--draft-min must be in"),
+        (("-md", "DRAFT", "--draft", "-1"), "--draft/--draft-n/--draft-max must be >= 1"),
         (("-md", "DRAFT", "--draft-p-min", "1.5"), "--draft-p-min must be in [0, 1]"),
         (("--prompt-lookup-max", "-1"), "--prompt-lookup-max must be >= 0"),
         (("--prompt-lookup-max", "2", "--prompt-lookup-min", "3"), "--prompt-lookup-max must"),

@@ -122,8 +122,8 @@ def load_draft_model(args: argparse.Namespace, loaded: LoadedModel) -> LoadedMod
 
 
 _FLAG_NAMES = {
-    "num_draft_tokens": "--draft-max",
-    "min_draft_tokens": "--draft-min",
+    "num_draft_tokens": "--draft/--draft-n/--draft-max",
+    "min_draft_tokens": "--draft-n-min/--draft-min",
     "draft_p_min": "--draft-p-min",
     "prompt_lookup_min": "--prompt-lookup-min",
     "prompt_lookup_max": "--prompt-lookup-max",
