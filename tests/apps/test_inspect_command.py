@@ -252,7 +252,7 @@ def test_serve_checks_the_windows_of_its_parallel_sequences(tiny_gguf):
     assert windows["4"] > 3.5 * windows["1"]
 
 
-def test_inspect_counts_the_residual_window_of_one_and_of_all_sequences(tiny_gguf):
+def test_inspect_counts_the_residual_windows_of_the_parallel_sequences(tiny_gguf):
     argv = ["inspect", "-m", str(tiny_gguf), "-c", "100", "-np", "3", "-ctk", "turbo4"]
     code, out, err = run_cli(*argv, "--json")
     assert code == 0, err
@@ -261,13 +261,14 @@ def test_inspect_counts_the_residual_window_of_one_and_of_all_sequences(tiny_ggu
     assert (windowed["cache_residual"], without["cache_residual"]) == (16, 0)
     memory, base = windowed["memory"], without["memory"]
     keys_per_position = 2 * 2 * 16 * 2  # -ctv auto: the values are exact already
-    assert (memory["residual"], base["residual"]) == (5 * 16 * keys_per_position, 0)
+    # 3 sequences (-np), as the engine sets them aside: 2 blocks each, twice, and the null
+    # block; with one sequence's KV blocks or with all of them.
+    assert (memory["residual"], base["residual"]) == (13 * 16 * keys_per_position, 0)
     assert memory["total"] == (
         memory["weights"] + memory["kv_cache"] + memory["residual"] + memory["activations"]
     )
     assert memory["total"] - base["total"] == memory["residual"]
-    # 3 sequences: 2 blocks each, twice, and the null block.
-    assert memory["total_parallel"] - base["total_parallel"] == 13 * 16 * keys_per_position
+    assert memory["total_parallel"] - base["total_parallel"] == memory["residual"]
     code, out, _ = run_cli(*argv)
     assert "(-ctk turbo4, -ctv auto, --cache-residual 16)" in out
     assert f"+ residual window {memory['residual'] / 1024:.1f} KiB + activations" in out

@@ -11,7 +11,7 @@ import argparse
 import json
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 import mlx.core as mx
@@ -35,13 +35,10 @@ from mlxcel.common.memory_preflight import (
 )
 from mlxcel.models.store_flags import STORE_FLAGS, resolve_store_flags
 from mlxcel_core.cache.quant import AUTO, CACHE_TYPES, CacheTypeError
-from mlxcel_models.compute import ComputeOptions
 from mlxcel_models.default_model import default_model_path
 from mlxcel_models.memory import (
-    ContextRequest,
     MemoryBudget,
     MemoryEstimate,
-    ModelInventory,
     activation_dtype,
     cache_geometry,
     device_memory_budget,
@@ -50,7 +47,6 @@ from mlxcel_models.memory import (
     kv_bytes_per_token,
     read_model_inventory,
     sequences_kv_bytes,
-    sequences_residual_bytes,
 )
 from mlxcel_models.memory.cache_geometry import ModelCacheGeometry
 from mlxcel_models.store import resolve_model
@@ -162,10 +158,22 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
             "no KV cache, only recurrent state: there are no keys or values to store"
         )
     try:
-        estimate = estimate_memory(inventory, request, options)
+        # What the check before loading tests for `serve -np`: one sequence's KV blocks,
+        # and what the engine sets aside for each of -np sequences.
+        estimate = estimate_memory(inventory, request, options, running_sequences=args.parallel)
     except CacheTypeError as error:
         raise UsageError(str(error)) from error
-    all_sequences = _all_sequences(inventory, request, options, estimate, args.parallel)
+    all_sequences = replace(
+        estimate,
+        kv_cache=sequences_kv_bytes(
+            geometry,
+            request,
+            tokens,
+            cache_type_k=request.cache_type_k,
+            cache_type_v=request.cache_type_v,
+            num_sequences=args.parallel,
+        ),
+    )
     weights = estimate_weights(inventory, options)
     arch = inventory.architecture
     warning = trained_context_warning(tokens, arch.context_length)
@@ -221,31 +229,6 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
         "margin_bytes": verdict.margin_bytes,
         "warnings": [] if warning is None else [warning],
     }
-
-
-def _all_sequences(
-    inventory: ModelInventory,
-    request: ContextRequest,
-    options: ComputeOptions,
-    estimate: MemoryEstimate,
-    parallel: int,
-) -> MemoryEstimate:
-    tokens = request.tokens(inventory)
-    geometry = cache_geometry(inventory, options)
-    return MemoryEstimate(
-        estimate.weights,
-        sequences_kv_bytes(
-            geometry,
-            request,
-            tokens,
-            cache_type_k=request.cache_type_k,
-            cache_type_v=request.cache_type_v,
-            num_sequences=parallel,
-        ),
-        estimate.activations,
-        estimate.states * parallel,
-        sequences_residual_bytes(geometry, request, tokens, parallel),
-    )
 
 
 def _dtype_name(dtype: mx.Dtype) -> str:
