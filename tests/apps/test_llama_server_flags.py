@@ -77,12 +77,24 @@ def test_threads_set_the_blas_thread_count(tiny_gguf, monkeypatch):
     monkeypatch.setattr(
         llama_server_flags, "limit_own_blas_threads", lambda n: counts.append(n) or True
     )
+    monkeypatch.setattr(llama_server_flags, "machine_cores", lambda: 8)
     assert run_cli("generate", "-m", str(tiny_gguf), "-p", "hi", "-n", "1", "-t", "3")[0] == 0
     assert run_cli("generate", "-m", str(tiny_gguf), "-p", "hi", "-n", "1")[0] == 0
     assert counts == [3]
     monkeypatch.setattr(llama_server_flags, "limit_own_blas_threads", lambda n: False)
     _, _, err = run_cli("generate", "-m", str(tiny_gguf), "-p", "hi", "-n", "1", "-t", "2")
     assert "mlxcel: -t/--threads ignored: this process's BLAS is not OpenBLAS" in err
+
+
+def test_threads_above_the_cores_run_one_per_core(tiny_gguf, monkeypatch):
+    counts = []
+    monkeypatch.setattr(
+        llama_server_flags, "limit_own_blas_threads", lambda n: counts.append(n) or True
+    )
+    monkeypatch.setattr(llama_server_flags, "machine_cores", lambda: 2)
+    code, _, err = run_cli("generate", "-m", str(tiny_gguf), "-p", "hi", "-n", "1", "-t", "8")
+    assert code == 0 and counts == [2]
+    assert "mlxcel: -t/--threads 8 is above this machine's 2 cores; OpenBLAS runs 2 threads" in err
 
 
 def test_verbose_logs_mlxcels_own_messages(tmp_path):

@@ -32,10 +32,15 @@ def sets_threads(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name) for name in _THREAD_COUNT_VARIABLES)
 
 
+def machine_cores() -> int:
+    """The machine's cores, as the BLAS thread counts here read them."""
+    return os.cpu_count() or 1
+
+
 def process_threads() -> int:
     """The BLAS threads of one `mlxcel` process: the cores MLX's own CPU work leaves,
     at least 1."""
-    return max(1, (os.cpu_count() or 1) - MLX_CORES)
+    return max(1, machine_cores() - MLX_CORES)
 
 
 def with_process_threads(environ: Mapping[str, str]) -> dict[str, str]:
@@ -54,7 +59,7 @@ def limit_process_blas_threads(environ: Mapping[str, str]) -> bool:
 
 def threads_per_rank(num_ranks: int) -> int:
     """The BLAS threads each of `num_ranks` ranks on this machine gets (>= 1)."""
-    return max(1, (os.cpu_count() or 1) // num_ranks)
+    return max(1, machine_cores() // num_ranks)
 
 
 def rank_blas_environment(environ: Mapping[str, str], num_ranks: int) -> dict[str, str]:
