@@ -388,6 +388,8 @@ def _serve(
     config.read_timeout = args.timeout
     config.graceful_timeout = GRACEFUL_SHUTDOWN_SECONDS + ENGINE_STOP_SECONDS
     config.accesslog = None if args.log_disable else access_logger(err)
+    if args.log_disable:
+        config.loglevel = "WARNING"  # Hypercorn's own "Running on" line is INFO
     _check_can_listen(args.host, args.port)
     if not args.log_disable:
         print(f"mlxcel: listening on http://{args.host}:{args.port}", file=err, flush=True)
