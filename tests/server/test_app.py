@@ -263,3 +263,68 @@ def test_more_choices_than_the_queue_holds_is_a_400_not_a_retry(make_client, tin
     assert reply.status == 400 and "Retry-After" not in reply.headers
     assert reply.json()["error"]["param"] == "n"
     assert client.post("/v1/completions", {"prompt": "hi", "n": 2, "max_tokens": 2}).status == 200
+
+
+# OpenAI's fields about its hosted service, as clients and agent frameworks send them.
+HOSTED_FIELDS = {
+    "user": "user-1",
+    "safety_identifier": "hash-of-user-1",
+    "prompt_cache_key": "conversation-7",
+    "metadata": {"session": "7", "team": "search"},
+    "store": False,
+    "service_tier": "auto",
+    "modalities": ["text"],
+}
+
+
+def test_hosted_service_fields_are_taken_without_effect(client):
+    greedy = {"temperature": 0, "max_tokens": 6}
+    plain = chat(client, **greedy).json()["choices"][0]["message"]["content"]
+    reply = chat(client, **greedy, **HOSTED_FIELDS)
+    assert reply.status == 200, reply.body
+    assert reply.json()["choices"][0]["message"]["content"] == plain
+    assert chat(client, **greedy, service_tier="default", store=None).status == 200
+    completion = {"prompt": "hello", **greedy}
+    plain = client.post("/v1/completions", completion).json()["choices"][0]["text"]
+    reply = client.post("/v1/completions", {**completion, "user": "user-1"})
+    assert reply.status == 200 and reply.json()["choices"][0]["text"] == plain
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "text"),
+    [
+        ({"user": 7}, "user", "string"),
+        ({"safety_identifier": ["x"]}, "safety_identifier", "string"),
+        ({"prompt_cache_key": 1}, "prompt_cache_key", "string"),
+        ({"metadata": "tag"}, "metadata", "dictionary"),
+        ({"metadata": {"k": 1}}, "metadata.k", "string"),
+        ({"metadata": {"k": "v" * 513}}, "metadata.k", "512"),
+        ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", "16"),
+        ({"store": "false"}, "store", "boolean"),
+        ({"store": True}, "store", "stored chat completions are not offered"),
+        ({"service_tier": "priority"}, "service_tier", "one service tier"),
+        ({"service_tier": 1}, "service_tier", "string"),
+        ({"modalities": ["text", "audio"]}, "modalities", "text only"),
+        ({"modalities": ["audio"]}, "modalities", "text only"),
+        ({"modalities": "text"}, "modalities", "list"),
+        ({"reasoning_effort": "low"}, "reasoning_effort", "does not implement"),
+        ({"verbosity": "low"}, "verbosity", "does not implement"),
+    ],
+)
+def test_hosted_service_fields_of_the_wrong_type_or_value_are_400s(client, fields, param, text):
+    assert_error(chat(client, **fields), 400, param, text=text)
+
+
+def test_completions_take_only_the_hosted_fields_openai_gives_them(client):
+    reply = client.post("/v1/completions", {"prompt": "hi", "metadata": {"k": "v"}})
+    assert_error(reply, 400, "metadata", text="does not implement")
+    assert_error(client.post("/v1/completions", {"prompt": "hi", "user": 1}), 400, "user")
+
+
+@pytest.mark.parametrize("name", ["tiny", "gpt-4o-mini", "org/some-model"])
+def test_one_model_is_described_under_any_name(client, name):
+    (listed,) = client.get("/v1/models").json()["data"]
+    for path in (f"/v1/models/{name}", f"/models/{name}"):
+        reply = client.get(path)
+        assert reply.status == 200, reply.body
+        assert reply.json() == listed

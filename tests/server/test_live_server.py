@@ -59,11 +59,46 @@ def test_openai_client_reads_logprobs_and_metrics_count_them(tiny_server):
 
 def test_openai_client_sees_typed_errors(tiny_server):
     client = tiny_server.client()
-    with pytest.raises(openai.NotFoundError):
-        client.models.retrieve("tiny")  # no such route
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="tiny", prompt="x", max_tokens=-3)
     assert caught.value.body["param"] == "max_tokens"
+
+
+def test_openai_client_retrieves_the_model_under_any_name(tiny_server):
+    client = tiny_server.client()
+    for name in ("tiny", "gpt-4o-mini"):
+        model = client.models.retrieve(name)
+        assert model.id == "tiny" and model.object == "model" and model.owned_by == "mlxcel"
+
+
+def test_openai_client_sends_hosted_service_fields(tiny_server):
+    client = tiny_server.client()
+    fields = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    plain = client.chat.completions.create(**fields, max_tokens=5).choices[0].message.content
+    hosted = client.chat.completions.create(
+        **fields,
+        max_tokens=5,
+        user="user-1",
+        metadata={"session": "7"},
+        store=False,
+        service_tier="auto",
+        prompt_cache_key="conversation-7",
+        safety_identifier="hash-of-user-1",
+        modalities=["text"],
+    )
+    assert hosted.choices[0].message.content == plain
+    refused = [({"store": True}, "store"), ({"modalities": ["text", "audio"]}, "modalities")]
+    for extra, param in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(**fields, max_tokens=1, **extra)
+        assert caught.value.body["param"] == param
+    response = client.responses.create(
+        model="tiny", input="hi", max_output_tokens=2, user="user-1", truncation="disabled"
+    )
+    assert response.status == "incomplete"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="tiny", input="hi", truncation="auto")
+    assert caught.value.body["param"] == "truncation"
 
 
 def test_raw_http_error_cases(tiny_server):

@@ -152,6 +152,39 @@ def test_unsupported_or_invalid_fields_are_400s(client, fields, param):
         assert reply.json()["error"]["param"] == param
 
 
+def test_hosted_service_fields_are_taken_without_effect(client):
+    greedy = {"input": "hello", "temperature": 0, "max_output_tokens": 6}
+    plain = client.post(RESPONSES, greedy).json()["output"][0]["content"][0]["text"]
+    hosted = {
+        "user": "user-1",
+        "safety_identifier": "hash-of-user-1",
+        "prompt_cache_key": "conversation-7",
+        "metadata": {"session": "7"},
+        "service_tier": "default",
+        "truncation": "disabled",
+    }
+    reply = client.post(RESPONSES, {**greedy, **hosted})
+    assert reply.status == 200, reply.body
+    assert reply.json()["output"][0]["content"][0]["text"] == plain
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "text"),
+    [
+        ({"truncation": "auto"}, "truncation", "drops no input items"),
+        ({"truncation": "middle"}, "truncation", "'disabled'"),
+        ({"metadata": {"k": 2}}, "metadata.k", "string"),
+        ({"user": None, "service_tier": "flex"}, "service_tier", "one service tier"),
+        ({"modalities": ["text"]}, "modalities", "does not implement"),
+    ],
+)
+def test_hosted_service_fields_of_the_wrong_value_are_400s(client, fields, param, text):
+    reply = client.post(RESPONSES, {"input": "hello", **fields})
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert error["param"] == param and text in error["message"]
+
+
 def test_plain_text_format_and_empty_input_work(client):
     body = {"input": "hello", "text": {"format": {"type": "text"}}, "max_output_tokens": 2}
     assert client.post(RESPONSES, body).status == 200

@@ -160,6 +160,12 @@ OPERATIONS = (
         ("/apply-template",), "post", "Render messages with the chat template", ApplyTemplateRequest
     ),
     Operation(("/v1/models", "/models"), "get", "List the served model", errors=(401, 503)),
+    Operation(
+        ("/v1/models/{model_id}", "/models/{model_id}"),
+        "get",
+        "Describe a model (any name other than a speech model's is the text model)",
+        errors=(401, 503),
+    ),
     Operation(("/health",), "get", "Whether the model is loaded", errors=(503,)),
     Operation(("/props",), "get", "Server properties (llama-server)", errors=(401, 503)),
     Operation(("/props",), "post", "Change server properties (not supported)", errors=(401, 501)),

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
+from mlxcel_server.service_fields import ChatServiceFields, EndUserFields
+
 # OpenAI's rule for function and schema names.
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
@@ -279,7 +281,7 @@ class GenerationFields(_Strict):
     id_slot: int | None = None
 
 
-class ChatCompletionRequest(GenerationFields):
+class ChatCompletionRequest(GenerationFields, ChatServiceFields):
     """A chat completion; `top_logprobs` (0-20) needs `logprobs: true`.
 
     `tool_choice` defaults to "auto" with tools and "none" without. `parallel_tool_calls`
@@ -288,7 +290,8 @@ class ChatCompletionRequest(GenerationFields):
     small models asked for a list of calls tend to repeat a call until the token limit.
     `reasoning_format` overrides the server's `--reasoning-format` for this request, and
     `chat_template_kwargs` passes extra variables to the chat template (`enable_thinking`),
-    as llama-server accepts them.
+    as llama-server accepts them. OpenAI's fields about its hosted service (`user`,
+    `metadata`, `store: false`, ...) are taken without effect: `ChatServiceFields`.
     """
 
     messages: list[ChatMessage]
@@ -301,10 +304,11 @@ class ChatCompletionRequest(GenerationFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class CompletionRequest(GenerationFields):
+class CompletionRequest(GenerationFields, EndUserFields):
     """A completion; `logprobs` (0-5) counts the alternatives reported per token.
 
-    `prompt` is one prompt (text, or token ids used as they are) or a list of them.
+    `prompt` is one prompt (text, or token ids used as they are) or a list of them. `user`
+    is taken without effect: `EndUserFields`.
     """
 
     prompt: str | list[str] | list[int] | list[list[int]]

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlxcel_server.schemas import FUNCTION_NAME, JsonSchemaFormat, ResponseFormat
+from mlxcel_server.service_fields import ResponsesServiceFields
 
 
 class _Strict(BaseModel):
@@ -191,14 +192,15 @@ class TextConfig(_Strict):
     format: TextFormat | None = None
 
 
-class ResponseRequest(_Strict):
+class ResponseRequest(_Strict, ResponsesServiceFields):
     """A request to create a response.
 
     Sampling fields left out (None) take the server's defaults; `max_output_tokens` left out
     takes the server's `-n`. `tool_choice` defaults to "auto" with tools;
     `parallel_tool_calls` left out is decided as for chat completions; `include` takes
     no entries (mlxcel adds no optional output), an empty list is accepted as clients send
-    it.
+    it. OpenAI's fields about its hosted service (`user`, `metadata`, `truncation:
+    "disabled"`, ...) are taken without effect: `ResponsesServiceFields`.
     """
 
     model: str | None = None

@@ -1,11 +1,30 @@
-"""`GET /health` and `GET /v1/models` (and `/models`): the text model and any speech models."""
+"""`GET /health`, `GET /v1/models` and `GET /v1/models/{id}` (and unversioned): the text
+model and any speech models."""
 
 from __future__ import annotations
 
 from quart import Blueprint, Response, jsonify
 
+from mlxcel_server.audio_models import STT_ALIASES, TTS_ALIASES, answers_to
 from mlxcel_server.errors import ApiError
-from mlxcel_server.state import ServerState
+from mlxcel_server.state import ServerState, ServingModel
+
+
+def _text_entry(model: ServingModel) -> dict:
+    config = model.loaded.config
+    return {
+        "id": model.model_id,
+        "object": "model",
+        "created": model.created,
+        "owned_by": "mlxcel",
+        "meta": {
+            "n_ctx_train": config.context_length,
+            "n_ctx": model.context_size,
+            "n_vocab": config.vocab_size,
+            "n_params": config.num_parameters,
+            "size": config.weight_bytes,
+        },
+    }
 
 
 def make_blueprint(state: ServerState) -> Blueprint:
@@ -27,33 +46,31 @@ def make_blueprint(state: ServerState) -> Blueprint:
             return jsonify({"status": "ok"})
         return jsonify({"status": "ok", "audio_models": list(audio.model_names)})
 
+    def speech_entries(name: str | None = None) -> list[dict]:
+        """The speech models' entries; with `name`, only the one it names (its own name or
+        OpenAI's, as the speech routes take them)."""
+        audio = state.audio
+        if audio is None:
+            return []
+        served = ((audio.stt, STT_ALIASES), (audio.tts, TTS_ALIASES))
+        return [
+            {"id": model.name, "object": "model", "created": audio.created, "owned_by": "mlxcel"}
+            for model, aliases in served
+            if model is not None and (name is None or answers_to(model, aliases, name))
+        ]
+
     @blueprint.get("/v1/models")
     @blueprint.get("/models")
     async def models() -> Response:
-        model = state.require_model()
-        config = model.loaded.config
-        entry = {
-            "id": model.model_id,
-            "object": "model",
-            "created": model.created,
-            "owned_by": "mlxcel",
-            "meta": {
-                "n_ctx_train": config.context_length,
-                "n_ctx": model.context_size,
-                "n_vocab": config.vocab_size,
-                "n_params": config.num_parameters,
-                "size": config.weight_bytes,
-            },
-        }
-        audio = state.audio
-        speech = (
-            []
-            if audio is None
-            else [
-                {"id": name, "object": "model", "created": audio.created, "owned_by": "mlxcel"}
-                for name in audio.model_names
-            ]
-        )
-        return jsonify({"object": "list", "data": [entry, *speech]})
+        entry = _text_entry(state.require_model())
+        return jsonify({"object": "list", "data": [entry, *speech_entries()]})
+
+    @blueprint.get("/v1/models/<path:model_id>")
+    @blueprint.get("/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        """One entry of `/v1/models`: the speech model `model_id` names, else the text model,
+        which serves any other name (ADR 0033), under its own id."""
+        text = _text_entry(state.require_model())
+        return jsonify(next(iter(speech_entries(model_id)), text))
 
     return blueprint
