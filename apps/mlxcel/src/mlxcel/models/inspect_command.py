@@ -11,7 +11,7 @@ import argparse
 import json
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import mlx.core as mx
@@ -161,19 +161,15 @@ def inspect_model(args: argparse.Namespace, budget: MemoryBudget) -> dict[str, A
         # What the check before loading tests for `serve -np`: one sequence's KV blocks,
         # and what the engine sets aside for each of -np sequences.
         estimate = estimate_memory(inventory, request, options, running_sequences=args.parallel)
+        all_sequences = estimate_memory(
+            inventory,
+            request,
+            options,
+            running_sequences=args.parallel,
+            full_contexts=args.parallel,
+        )
     except CacheTypeError as error:
         raise UsageError(str(error)) from error
-    all_sequences = replace(
-        estimate,
-        kv_cache=sequences_kv_bytes(
-            geometry,
-            request,
-            tokens,
-            cache_type_k=request.cache_type_k,
-            cache_type_v=request.cache_type_v,
-            num_sequences=args.parallel,
-        ),
-    )
     weights = estimate_weights(inventory, options)
     arch = inventory.architecture
     warning = trained_context_warning(tokens, arch.context_length)

@@ -310,18 +310,20 @@ def estimate_memory(
     options: ComputeOptions,
     *,
     running_sequences: int = 1,
+    full_contexts: int = 1,
 ) -> MemoryEstimate:
-    """Weights, one full context's KV cache, the largest step's activations, and the
-    residual windows' exact copies and recurrent states of `running_sequences` sequences
-    decoded at once, which the engine sets aside whatever their lengths
-    (`EngineConfig.residual_bytes`, `EngineConfig.state_bytes`).
+    """Weights, the KV blocks of `full_contexts` sequences of the full context, the largest
+    step's activations, and the residual windows' exact copies and recurrent states of
+    `running_sequences` sequences decoded at once, which the engine sets aside whatever
+    their lengths (`EngineConfig.residual_bytes`, `EngineConfig.state_bytes`).
 
     Raises:
-        ValueError: a cache type is unknown, or `running_sequences` < 1;
-            `CacheTypeError` where a cache type cannot take the model's head dim.
+        ValueError: a cache type is unknown, or a count is < 1; `CacheTypeError` where a
+            cache type cannot take the model's head dim.
     """
-    if running_sequences < 1:
-        raise ValueError(f"running_sequences must be >= 1, got {running_sequences}")
+    for name, count in (("running_sequences", running_sequences), ("full_contexts", full_contexts)):
+        if count < 1:
+            raise ValueError(f"{name} must be >= 1, got {count}")
     tokens = request.tokens(inventory)
     geometry = cache_geometry(inventory, options)
     return MemoryEstimate(
@@ -332,6 +334,7 @@ def estimate_memory(
             tokens,
             cache_type_k=request.cache_type_k,
             cache_type_v=request.cache_type_v,
+            num_sequences=full_contexts,
         ),
         states=running_sequences * state_bytes_per_sequence(geometry.state_layers),
         residual=sequences_residual_bytes(geometry, request, tokens, running_sequences),
